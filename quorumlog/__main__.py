@@ -1,0 +1,3 @@
+from quorumlog.cli.main import main
+
+main()

@@ -1,0 +1,34 @@
+"""The `quorumlog` command: one click group; each area adds its subcommands in its own module."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from quorumlog import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="quorumlog")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """quorumlog: a replicated, durable log store, wire-compatible with Apache BookKeeper."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+@cli.command()
+def demo() -> None:
+    """End-to-end tour on the embedded default."""
+    click.echo("quorumlog demo: the standalone cluster is not built yet (issue 6).")
+    click.echo("What exists: the wire codec (quorumlog.proto) and the Env seam (quorumlog.env).")
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(cli.main(args=argv, prog_name="quorumlog", standalone_mode=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The seam for deterministic testing: every source of nondeterminism (STYLE.md §4).
+
+Client and bookie code take their clock, randomness, sockets and files from an `Env` instead of calling
+`time`, `random`, `asyncio`'s network functions or `os` directly. Production wires `OsEnv` (uvloop, real
+sockets, real files and fdatasync). The simulator (`quorumlog.sim`) wires a virtual clock, a seeded RNG, an
+in-memory network that drops, delays, reorders and partitions, and a disk that loses unsynced writes on
+crash -- and the same client and bookie code runs on both.
+
+Rules the rest of the code keeps:
+- Time: `env.clock.monotonic_s()` for durations and deadlines, `env.clock.wall_ms()` only for values stored
+  or shown to people (ctime, timestamps). Sleeping and timeouts use asyncio (`asyncio.sleep`,
+  `asyncio.timeout`), whose time is the event loop's: the simulator runs a loop with virtual time, so they
+  need no wrapper.
+- Randomness: `env.rng` only.
+- Network: `env.net.create_connection` / `env.net.create_server`, with asyncio `Protocol`s (no streams on
+  hot paths: protocols avoid a copy and a task per message).
+- Files: `env.disk`. Durability is explicit: data is durable only after `fdatasync` returns (the simulated
+  disk throws away everything written since the last sync when a node crashes).
+- Blocking work (fdatasync, large reads) runs through `env.run_blocking`, never directly on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+
+class Clock(ABC):
+    @abstractmethod
+    def monotonic_s(self) -> float:
+        """Seconds on a clock that never goes backwards (the event loop's clock)."""
+
+    @abstractmethod
+    def wall_ms(self) -> int:
+        """Milliseconds since the Unix epoch, for timestamps people or other systems read."""
+
+
+class File(ABC):
+    """An open file with positional I/O and explicit durability."""
+
+    path: str
+
+    @abstractmethod
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int: ...
+
+    @abstractmethod
+    def pread(self, size: int, offset: int) -> bytes: ...
+
+    @abstractmethod
+    def fdatasync(self) -> None:
+        """Make every byte written so far durable (blocking: call through Env.run_blocking)."""
+
+    @abstractmethod
+    def truncate(self, size: int) -> None: ...
+
+    @abstractmethod
+    def size(self) -> int: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    total_bytes: int
+    free_bytes: int
+
+    @property
+    def used_fraction(self) -> float:
+        return 0.0 if self.total_bytes == 0 else 1.0 - self.free_bytes / self.total_bytes
+
+
+class Disk(ABC):
+    @abstractmethod
+    def open(self, path: str, *, create: bool = False, exclusive: bool = False) -> File:
+        """Open for read and write. `create` makes a missing file; `exclusive` fails if it exists."""
+
+    @abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abstractmethod
+    def listdir(self, path: str) -> list[str]: ...
+
+    @abstractmethod
+    def makedirs(self, path: str) -> None: ...
+
+    @abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic replace of dst by src (durable once the directory is synced)."""
+
+    @abstractmethod
+    def remove(self, path: str) -> None: ...
+
+    @abstractmethod
+    def sync_dir(self, path: str) -> None:
+        """Make creations, renames and removals in a directory durable."""
+
+    @abstractmethod
+    def usage(self, path: str) -> DiskUsage: ...
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Replace a small file's content atomically and durably (write temp, fsync, rename, sync dir)."""
+        tmp = path + ".tmp"
+        f = self.open(tmp, create=True)
+        try:
+            f.truncate(0)
+            f.pwrite(data, 0)
+            f.fdatasync()
+        finally:
+            f.close()
+        self.rename(tmp, path)
+        self.sync_dir(os.path.dirname(path) or ".")
+
+    def read_all(self, path: str) -> bytes:
+        f = self.open(path)
+        try:
+            return f.pread(f.size(), 0)
+        finally:
+            f.close()
+
+
+class Server(Protocol):
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+class Network(ABC):
+    @abstractmethod
+    async def create_connection(
+        self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int
+    ) -> tuple[asyncio.Transport, asyncio.Protocol]: ...
+
+    @abstractmethod
+    async def create_server(
+        self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *, backlog: int = 1024
+    ) -> Server: ...
+
+
+class Env(ABC):
+    """Clock, randomness, network and disk for one process (or one simulated node)."""
+
+    clock: Clock
+    rng: random.Random
+    net: Network
+    disk: Disk
+
+    @abstractmethod
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work (fdatasync, bulk file I/O) off the event loop."""
+
+
+# --- production -----------------------------------------------------------------------------------------------
+
+
+class OsClock(Clock):
+    def monotonic_s(self) -> float:
+        try:
+            return asyncio.get_running_loop().time()
+        except RuntimeError:
+            return time.monotonic()
+
+    def wall_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+
+class OsFile(File):
+    __slots__ = ("_fd", "path")
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd = fd
+
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        view = memoryview(data)
+        written = 0
+        while written < len(view):  # os.pwrite may write less than asked (signals, large buffers)
+            written += os.pwrite(self._fd, view[written:], offset + written)
+        return written
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def fdatasync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self._fd, size)
+
+    def size(self) -> int:
+        return os.fstat(self._fd).st_size
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class OsDisk(Disk):
+    def open(self, path: str, *, create: bool = False, exclusive: bool = False) -> File:
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        if create:
+            flags |= os.O_CREAT
+        if exclusive:
+            flags |= os.O_EXCL | os.O_CREAT
+        return OsFile(path, os.open(path, flags, 0o644))
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+
+    def remove(self, path: str) -> None:
+        os.remove(path)
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def usage(self, path: str) -> DiskUsage:
+        u = shutil.disk_usage(path)
+        return DiskUsage(total_bytes=u.total, free_bytes=u.free)
+
+
+class OsNetwork(Network):
+    async def create_connection(
+        self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int
+    ) -> tuple[asyncio.Transport, asyncio.Protocol]:
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.create_connection(protocol_factory, host, port)
+        return transport, protocol  # type: ignore[return-value]
+
+    async def create_server(
+        self, protocol_factory: Callable[[], asyncio.Protocol], host: str, port: int, *, backlog: int = 1024
+    ) -> Server:
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(protocol_factory, host, port, backlog=backlog, reuse_address=True)
+
+
+class OsEnv(Env):
+    """The real world: uvloop-compatible asyncio, OS sockets and files, a small thread pool for blocking work."""
+
+    def __init__(self, *, seed: int | None = None, blocking_threads: int = 4) -> None:
+        self.clock = OsClock()
+        self.rng = random.Random(seed)
+        self.net = OsNetwork()
+        self.disk = OsDisk()
+        self._blocking_threads = blocking_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self._blocking_threads, thread_name_prefix="ql-blocking")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+_default_env: OsEnv | None = None
+
+
+def default_env() -> OsEnv:
+    """The process-wide production Env."""
+    global _default_env
+    if _default_env is None:
+        _default_env = OsEnv()
+    return _default_env
+
+
+def run(main: Coroutine[Any, Any, T], *, debug: bool = False) -> T:
+    """Run a coroutine on uvloop (falls back to the default loop where uvloop is missing)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a hard dependency, but keep scripts usable
+        return asyncio.run(main, debug=debug)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop, debug=debug) as runner:
+        return runner.run(main)
