@@ -1,0 +1,180 @@
+"""A simulated disk that keeps only what was made durable.
+
+Each file has a *durable* image (what survives a crash) and a *current* image (what reads see). `fdatasync`
+copies current to durable. Names are durable only after `sync_dir` of their directory (a file created or
+renamed but whose directory was never synced may vanish on a crash, as on a real journaling file system).
+On `crash()` every file goes back to its durable image plus a random prefix of the writes made since its
+last sync, the last of them possibly torn -- the way a page cache flushes some but not all dirty data.
+
+Capacity is bounded (`capacity_bytes`): a write that would exceed it raises ENOSPC, like a full disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from dataclasses import dataclass, field
+
+from quorumlog.env import Disk, DiskUsage, File
+
+
+@dataclass
+class _Inode:
+    durable: bytearray = field(default_factory=bytearray)
+    current: bytearray = field(default_factory=bytearray)
+    unsynced: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, data); size change = (-1, b"")
+    syncs: int = 0
+
+
+class SimFile(File):
+    def __init__(self, disk: SimDisk, path: str, inode: _Inode) -> None:
+        self._disk = disk
+        self.path = path
+        self._inode = inode
+        self._closed = False
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ValueError(f"I/O on closed file {self.path}")
+        if self._disk.crashed:
+            raise OSError(errno.EIO, f"simulated disk of crashed node: {self.path}")
+
+    def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
+        self._check()
+        data = bytes(data)
+        cur = self._inode.current
+        grow = max(0, offset + len(data) - len(cur))
+        if grow and self._disk.used_bytes() + grow > self._disk.capacity_bytes:
+            raise OSError(errno.ENOSPC, f"simulated disk full writing {self.path}")
+        if offset > len(cur):
+            cur.extend(bytes(offset - len(cur)))
+        cur[offset : offset + len(data)] = data
+        self._inode.unsynced.append((offset, data))
+        return len(data)
+
+    def pread(self, size: int, offset: int) -> bytes:
+        self._check()
+        return bytes(self._inode.current[offset : offset + size])
+
+    def fdatasync(self) -> None:
+        self._check()
+        self._inode.durable = bytearray(self._inode.current)
+        self._inode.unsynced.clear()
+        self._inode.syncs += 1
+        self._disk.sync_count += 1
+
+    def truncate(self, size: int) -> None:
+        self._check()
+        cur = self._inode.current
+        if size < len(cur):
+            del cur[size:]
+        else:
+            cur.extend(bytes(size - len(cur)))
+        self._inode.unsynced.append((-1, size.to_bytes(8, "big")))
+
+    def size(self) -> int:
+        self._check()
+        return len(self._inode.current)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class SimDisk(Disk):
+    """The disk of one simulated node."""
+
+    def __init__(self, rng: random.Random, capacity_bytes: int = 1 << 34) -> None:
+        self.rng = rng
+        self.capacity_bytes = capacity_bytes
+        self.crashed = False
+        self.sync_count = 0
+        self._names: dict[str, _Inode] = {}  # what the directory tree shows now
+        self._durable_names: dict[str, _Inode] = {}  # what survives a crash
+        self._dirs: set[str] = {"/"}
+
+    # --- Disk ---
+    def open(self, path: str, *, create: bool = False, exclusive: bool = False) -> File:
+        path = os.path.normpath(path)
+        inode = self._names.get(path)
+        if inode is not None and exclusive:
+            raise FileExistsError(errno.EEXIST, f"file exists: {path}")
+        if inode is None:
+            if not (create or exclusive):
+                raise FileNotFoundError(errno.ENOENT, f"no such file: {path}")
+            if os.path.dirname(path) not in self._dirs:
+                raise FileNotFoundError(errno.ENOENT, f"no such directory: {os.path.dirname(path)}")
+            inode = self._names[path] = _Inode()
+        return SimFile(self, path, inode)
+
+    def exists(self, path: str) -> bool:
+        path = os.path.normpath(path)
+        return path in self._names or path in self._dirs
+
+    def listdir(self, path: str) -> list[str]:
+        path = os.path.normpath(path)
+        if path not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, f"no such directory: {path}")
+        names = {p for p in self._names if os.path.dirname(p) == path}
+        names |= {d for d in self._dirs if d != path and os.path.dirname(d) == path}
+        return sorted(os.path.basename(n) for n in names)
+
+    def makedirs(self, path: str) -> None:
+        path = os.path.normpath(path)
+        while path not in self._dirs:
+            self._dirs.add(path)
+            path = os.path.dirname(path)
+
+    def rename(self, src: str, dst: str) -> None:
+        src, dst = os.path.normpath(src), os.path.normpath(dst)
+        if src not in self._names:
+            raise FileNotFoundError(errno.ENOENT, f"no such file: {src}")
+        self._names[dst] = self._names.pop(src)
+
+    def remove(self, path: str) -> None:
+        path = os.path.normpath(path)
+        if path not in self._names:
+            raise FileNotFoundError(errno.ENOENT, f"no such file: {path}")
+        del self._names[path]
+
+    def sync_dir(self, path: str) -> None:
+        path = os.path.normpath(path)
+        for name in [n for n in self._durable_names if os.path.dirname(n) == path]:
+            if self._names.get(name) is not self._durable_names[name]:
+                del self._durable_names[name]
+        for name, inode in self._names.items():
+            if os.path.dirname(name) == path:
+                self._durable_names[name] = inode
+
+    def usage(self, path: str) -> DiskUsage:
+        used = self.used_bytes()
+        return DiskUsage(total_bytes=self.capacity_bytes, free_bytes=max(0, self.capacity_bytes - used))
+
+    # --- simulation ---
+    def used_bytes(self) -> int:
+        return sum(len(i.current) for i in self._names.values())
+
+    def crash(self) -> None:
+        """Lose what was not made durable. Files of the crashed node fail I/O until `restart`."""
+        self.crashed = True
+        survivors: dict[str, _Inode] = {}
+        for name, inode in self._durable_names.items():
+            image = bytearray(inode.durable)
+            # The page cache may already have written back some of the unsynced writes, in order.
+            kept = self.rng.randint(0, len(inode.unsynced))
+            for i, (offset, data) in enumerate(inode.unsynced[:kept]):
+                if offset < 0:
+                    size = int.from_bytes(data, "big")
+                    del image[size:]
+                    continue
+                if i == kept - 1 and self.rng.random() < 0.5:
+                    data = data[: self.rng.randint(0, len(data))]  # torn last write
+                if offset > len(image):
+                    image.extend(bytes(offset - len(image)))
+                image[offset : offset + len(data)] = data
+            survivors[name] = _Inode(durable=bytearray(image), current=bytearray(image))
+        self._names = dict(survivors)
+        self._durable_names = dict(survivors)
+
+    def restart(self) -> None:
+        self.crashed = False
