@@ -1,0 +1,71 @@
+"""Positions in a log: `Position(segment, entry, slot)`.
+
+A log is a sequence of ledger segments (numbered from 1 by `seq`); each segment's ledger holds entries; each
+entry is a batch of records (the record's index in the batch is its `slot`). Positions are frozen and totally
+ordered, so "everything before p" and "resume after p" are plain comparisons, and `str(p)` /
+`Position.parse(text)` round-trip so a position can be stored anywhere (a subscription, a Spark offset).
+
+Two sentinels: `Position.HEAD` sorts before every record (start of the log, even after truncation) and
+`Position.TAIL` after every record ("only records written from now on").
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from quorumlog.errors import InvalidArgumentError
+
+_MAX = (1 << 63) - 1
+_TEXT = re.compile(r"^(\d+):(\d+):(\d+)$")
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    segment: int
+    entry: int
+    slot: int
+
+    HEAD: ClassVar[Position]
+    TAIL: ClassVar[Position]
+
+    def __post_init__(self) -> None:
+        for name in ("segment", "entry", "slot"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= _MAX:
+                raise InvalidArgumentError(
+                    f"Position.{name} must be an integer in [0, 2^63-1], got {value!r}"
+                )
+
+    def __str__(self) -> str:
+        if self == Position.HEAD:
+            return "HEAD"
+        if self == Position.TAIL:
+            return "TAIL"
+        return f"{self.segment}:{self.entry}:{self.slot}"
+
+    def __repr__(self) -> str:
+        return f"Position({self.segment}, {self.entry}, {self.slot})"
+
+    @classmethod
+    def parse(cls, text: str) -> Position:
+        """Inverse of `str()`: "HEAD", "TAIL" or "segment:entry:slot"."""
+        text = text.strip()
+        if text == "HEAD":
+            return cls.HEAD
+        if text == "TAIL":
+            return cls.TAIL
+        m = _TEXT.match(text)
+        if m is None:
+            raise InvalidArgumentError(
+                f"not a position: {text!r} (expected HEAD, TAIL or segment:entry:slot)"
+            )
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+
+    def next_slot(self) -> Position:
+        return Position(self.segment, self.entry, self.slot + 1)
+
+
+Position.HEAD = Position(0, 0, 0)
+Position.TAIL = Position(_MAX, _MAX, _MAX)
