@@ -1,0 +1,465 @@
+"""The writer's add path as a state machine: pending adds, acks, in-order completion, failures, timeouts.
+
+Owns everything a `WriteHandle` decides about its adds, and no I/O: the driver (asyncio handle or simulator)
+calls a method with what happened -- an append, an ack, an error, the time -- and performs the actions it gets
+back (`SendAdd`, `EnsembleChangeNeeded`), resolving futures from the events (`AddCompleted`, `AddFailed`).
+
+Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
+- Entry ids are assigned at call time, consecutively; each entry's piggybacked LAC and cumulative length are
+  fixed then too, because the entry bytes (and their digest) are built once.
+- An entry completes once A distinct bookies of its write set acknowledged it, and completions happen strictly
+  in entry-id order: the LAC is the last completed entry, so it never has a hole below it.
+- At most `outstanding_adds_max` adds are pending; `append` refuses past that (back-pressure) and the driver
+  waits for `has_capacity` instead of queueing without bound.
+- A bookie failure asks for an ensemble change (mode "immediate"), or only once some pending entry can no
+  longer reach A acks (mode "delayed"), or fails the ledger then (mode "disabled").
+- While an ensemble change is in flight nothing is acknowledged: the new ensemble is not durable in metadata
+  yet, so an entry acknowledged through a replacement bookie could be unreadable after a crash.
+- On commit of a change starting at entry S, every pending entry >= S whose write set contains a replaced
+  index loses that index's ack and is resent to the replacement (the new ensemble must really hold it).
+- Fencing (`LedgerFencedError`), a wrong password and an add-quorum timeout are fatal: every pending add fails
+  and the tracker refuses further appends. The driver then closes the ledger at the LAC.
+- Timeouts are decided from times passed in (`now_s`, from `env.clock.monotonic_s()`); 0 turns one off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from quorumlog.client.distribution import AckSet, Quorum, ensemble_for, last_ensemble
+from quorumlog.errors import (
+    AddQuorumTimeoutError,
+    IllegalOperationError,
+    InvalidArgumentError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    QuorumLogError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+
+EnsembleChangeMode = Literal["immediate", "delayed", "disabled"]
+
+# Default bound on pending adds per handle (the benchmark's deepest pipeline is 1000 outstanding).
+OUTSTANDING_ADDS_MAX_DEFAULT = 10_000
+
+# Errors after which this writer can never succeed again: retrying or changing the ensemble cannot help.
+_FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
+    LedgerFencedError,
+    UnauthorizedError,
+    NoSuchLedgerError,
+)
+
+
+# --- actions and events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendAdd:
+    """Send ADD of `entry_id` to `bookie_id` (ensemble index `index`). The driver keeps the entry bytes."""
+
+    entry_id: int
+    index: int
+    bookie_id: str
+    recovery: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EnsembleChangeNeeded:
+    """Replace the bookies in `failed` (index -> bookie id of the last ensemble) for entries >= first_entry_id.
+
+    Emitted once per change; the tracker holds completions until `ensemble_change_committed` or
+    `ensemble_change_failed` is called.
+    """
+
+    first_entry_id: int
+    failed: Mapping[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class AddCompleted:
+    """`entry_id` is acknowledged; it is the new LAC. `length` is the ledger length through this entry."""
+
+    entry_id: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddFailed:
+    entry_id: int
+    error: QuorumLogError
+
+
+AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """What `append` fixed at call time: the entry header fields, and where to send the entry."""
+
+    entry_id: int
+    last_add_confirmed: int  # piggybacked in the entry header
+    length: int  # cumulative ledger length after this entry
+    actions: list[SendAdd]
+
+
+@dataclass(slots=True)
+class _Pending:
+    acks: AckSet
+    length: int
+    recovery: bool
+    first_sent_s: float
+    # index -> when the request now outstanding at that index was sent (absent once acked or failed).
+    sent_s: dict[int, float] = field(default_factory=dict)
+
+
+class AddTracker:
+    """Pending adds of one open ledger handle (see the module docstring for the rules)."""
+
+    def __init__(
+        self,
+        quorum: Quorum,
+        ensembles: Mapping[int, Sequence[str]],
+        *,
+        last_add_confirmed: int = -1,
+        length: int = 0,
+        outstanding_adds_max: int = OUTSTANDING_ADDS_MAX_DEFAULT,
+        add_timeout_s: float = 0.0,
+        add_quorum_timeout_s: float = 0.0,
+        ensemble_change: EnsembleChangeMode = "immediate",
+    ) -> None:
+        if outstanding_adds_max < 1:
+            raise InvalidArgumentError(f"outstanding_adds_max={outstanding_adds_max}: must be >= 1")
+        if add_timeout_s < 0 or add_quorum_timeout_s < 0:
+            raise InvalidArgumentError(
+                "add_timeout_s and add_quorum_timeout_s must be >= 0 (0 turns them off)"
+            )
+        if ensemble_change not in ("immediate", "delayed", "disabled"):
+            raise InvalidArgumentError(
+                f"ensemble_change={ensemble_change!r}: must be 'immediate', 'delayed' or 'disabled'"
+            )
+        for ens in ensembles.values():
+            quorum.check_ensemble(ens)
+        self.quorum = quorum
+        self.ensembles: dict[int, list[str]] = {k: list(v) for k, v in sorted(ensembles.items())}
+        last_ensemble(self.ensembles)  # refuses empty metadata
+        self.last_add_confirmed = last_add_confirmed
+        self.last_add_pushed = last_add_confirmed
+        self.length_confirmed = length
+        self.length_pushed = length
+        self.outstanding_adds_max = outstanding_adds_max
+        self.add_timeout_s = add_timeout_s
+        self.add_quorum_timeout_s = add_quorum_timeout_s
+        self.mode: EnsembleChangeMode = ensemble_change
+        self._pending: dict[int, _Pending] = {}  # insertion order == entry-id order
+        self._failed_bookies: set[str] = set()  # bookies of the last ensemble awaiting replacement
+        self._changing: EnsembleChangeNeeded | None = None
+        self._error: QuorumLogError | None = None
+        self._closed = False
+        # Highest LAC any bookie has seen (piggybacked or explicit): decides when explicit LAC is due.
+        self.lac_sent_to_bookies = last_add_confirmed
+        self._lac_sent_s: float | None = None
+
+    # --- state the driver reads -------------------------------------------------------------------------
+
+    @property
+    def has_capacity(self) -> bool:
+        return len(self._pending) < self.outstanding_adds_max
+
+    @property
+    def pending_count(self) -> int:
+        return len(self._pending)
+
+    @property
+    def changing_ensemble(self) -> bool:
+        return self._changing is not None
+
+    @property
+    def error(self) -> QuorumLogError | None:
+        """The fatal error that stopped this writer, if any."""
+        return self._error
+
+    @property
+    def current_ensemble(self) -> list[str]:
+        return self.ensembles[max(self.ensembles)]
+
+    # --- appends ----------------------------------------------------------------------------------------
+
+    def append(self, payload_len: int, now_s: float, *, recovery: bool = False) -> Appended:
+        """Assign the next entry id to a payload of `payload_len` bytes and say where to send it."""
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise LedgerClosedError("the ledger handle is closed: no more appends")
+        if not self.has_capacity:
+            raise TooManyRequestsError(
+                f"{len(self._pending)} adds outstanding (outstanding_adds_max={self.outstanding_adds_max}); "
+                "wait for has_capacity before appending"
+            )
+        if payload_len < 0:
+            raise InvalidArgumentError(f"payload_len={payload_len}: must be >= 0")
+        entry_id = self.last_add_pushed + 1
+        self.last_add_pushed = entry_id
+        self.length_pushed += payload_len
+        lac = self.last_add_confirmed
+        self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
+        pending = _Pending(AckSet(self.quorum, entry_id), self.length_pushed, recovery, now_s)
+        self._pending[entry_id] = pending
+        _, ensemble = ensemble_for(self.ensembles, entry_id)
+        actions: list[SendAdd] = []
+        for index in self.quorum.write_set(entry_id):
+            bookie = ensemble[index]
+            # A bookie awaiting replacement gets nothing new: the replacement receives it on commit.
+            if bookie in self._failed_bookies:
+                continue
+            pending.sent_s[index] = now_s
+            actions.append(SendAdd(entry_id, index, bookie, recovery))
+        return Appended(entry_id, lac, self.length_pushed, actions)
+
+    def close(self) -> tuple[int, int]:
+        """Stop accepting appends; returns (last entry id, length) to close the metadata with.
+
+        Only valid with nothing pending: the driver waits for every add to complete or fail first, so the
+        close never races an add that might still be acknowledged.
+        """
+        if self._pending:
+            raise IllegalOperationError(
+                f"{len(self._pending)} adds still pending; wait for them before closing"
+            )
+        self._closed = True
+        return self.last_add_confirmed, self.length_confirmed
+
+    # --- responses --------------------------------------------------------------------------------------
+
+    def on_ack(self, entry_id: int, bookie_id: str, now_s: float) -> list[AddAction]:
+        """A bookie acknowledged an add. Returns completions (in entry-id order), if any."""
+        pending = self._pending.get(entry_id)
+        if pending is None:
+            return []  # already completed or failed: a late or duplicate answer
+        index = self._index_in_write_set(entry_id, bookie_id)
+        if index is None or bookie_id in self._failed_bookies:
+            # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
+            return []
+        pending.sent_s.pop(index, None)
+        pending.acks.ack(index)
+        return list(self._drain_completions())
+
+    def on_error(self, entry_id: int, bookie_id: str, error: QuorumLogError, now_s: float) -> list[AddAction]:
+        """A bookie failed an add (error status, connection loss or per-request timeout)."""
+        if isinstance(error, _FATAL_ADD_ERRORS):
+            return self._fail_all(error)
+        pending = self._pending.get(entry_id)
+        if pending is None:
+            return []
+        index = self._index_in_write_set(entry_id, bookie_id)
+        if index is None:
+            return []
+        pending.sent_s.pop(index, None)
+        return self._bookie_failed(bookie_id)
+
+    def on_bookie_lost(self, bookie_id: str) -> list[AddAction]:
+        """A bookie's connection dropped: every add outstanding there fails (one decision, not one per entry)."""
+        if bookie_id not in self.current_ensemble or self._error is not None:
+            return []
+        for pending in self._pending.values():
+            index = self._index_in_write_set(pending.acks.entry_id, bookie_id)
+            if index is not None:
+                pending.sent_s.pop(index, None)
+        return self._bookie_failed(bookie_id)
+
+    # --- ensemble change --------------------------------------------------------------------------------
+
+    def ensemble_change_committed(
+        self, first_entry_id: int, new_ensemble: Sequence[str], now_s: float
+    ) -> list[AddAction]:
+        """The new ensemble starting at `first_entry_id` is stored in metadata (CAS won, or merged).
+
+        Returns the resends to replacement bookies, then any completions that were held back.
+        """
+        change = self._changing
+        if change is None or change.first_entry_id != first_entry_id:
+            raise IllegalOperationError(f"no ensemble change from entry {first_entry_id} is in flight")
+        self.quorum.check_ensemble(new_ensemble)
+        old = self.current_ensemble
+        replaced = {i for i in range(self.quorum.ensemble_size) if old[i] != new_ensemble[i]}
+        # An ensemble starting where the last one starts replaces it (two changes before any entry landed).
+        self.ensembles = {k: v for k, v in self.ensembles.items() if k < first_entry_id}
+        self.ensembles[first_entry_id] = list(new_ensemble)
+        self._changing = None
+        self._failed_bookies = {b for b in self._failed_bookies if b in new_ensemble}
+        actions: list[AddAction] = []
+        for entry_id, pending in self._pending.items():
+            if entry_id < first_entry_id:
+                continue  # cannot happen while changing (LAC is frozen), kept for clarity
+            for index in self.quorum.write_set(entry_id):
+                if index in replaced:
+                    pending.acks.unset(index)
+                    pending.sent_s[index] = now_s
+                    actions.append(SendAdd(entry_id, index, new_ensemble[index], pending.recovery))
+        actions.extend(self._drain_completions())
+        if self._failed_bookies and self._error is None:
+            # A bookie of the new ensemble failed while the change was in flight: change again.
+            actions.extend(self._maybe_change())
+        return actions
+
+    def ensemble_change_failed(self, error: QuorumLogError) -> list[AddAction]:
+        """The change could not be made (no replacement bookie, fenced, closed): the writer stops."""
+        self._changing = None
+        return self._fail_all(error)
+
+    # --- time -------------------------------------------------------------------------------------------
+
+    def check_timeouts(self, now_s: float) -> list[AddAction]:
+        """Decisions due at `now_s`: bookies slower than add_timeout_s count as failed; an entry without an
+        ack quorum after add_quorum_timeout_s fails the writer (AddQuorumTimeoutError)."""
+        if self._error is not None:
+            return []
+        if self.add_quorum_timeout_s > 0:
+            for entry_id, pending in self._pending.items():
+                if not pending.acks.complete and now_s - pending.first_sent_s >= self.add_quorum_timeout_s:
+                    return self._fail_all(
+                        AddQuorumTimeoutError(
+                            f"entry {entry_id} had {len(pending.acks.acked)} of {self.quorum.ack_quorum} acks "
+                            f"after add_quorum_timeout_s={self.add_quorum_timeout_s}"
+                        )
+                    )
+        actions: list[AddAction] = []
+        if self.add_timeout_s > 0:
+            slow: set[str] = set()
+            for entry_id, pending in self._pending.items():
+                _, ensemble = ensemble_for(self.ensembles, entry_id)
+                for index, sent_s in list(pending.sent_s.items()):
+                    if now_s - sent_s >= self.add_timeout_s:
+                        del pending.sent_s[index]
+                        slow.add(ensemble[index])
+            for bookie in sorted(slow):
+                actions.extend(self._bookie_failed(bookie))
+        return actions
+
+    def next_deadline_s(self) -> float | None:
+        """The earliest time at which `check_timeouts` may have something to do (None: nothing scheduled)."""
+        deadlines: list[float] = []
+        for pending in self._pending.values():
+            if self.add_quorum_timeout_s > 0 and not pending.acks.complete:
+                deadlines.append(pending.first_sent_s + self.add_quorum_timeout_s)
+            if self.add_timeout_s > 0 and pending.sent_s:
+                deadlines.append(min(pending.sent_s.values()) + self.add_timeout_s)
+        return min(deadlines, default=None)
+
+    # --- explicit LAC -----------------------------------------------------------------------------------
+
+    def explicit_lac_due(self, now_s: float, interval_s: float) -> int | None:
+        """The LAC to send with WRITE_LAC now, or None.
+
+        Due when the LAC moved past what the bookies last saw (piggybacked on an entry or sent explicitly)
+        and `interval_s` passed since the last explicit send: an idle writer's last entries then become
+        visible to readers without another write. 0 turns explicit LAC off.
+        """
+        if interval_s <= 0 or self.last_add_confirmed <= self.lac_sent_to_bookies:
+            return None
+        if self._lac_sent_s is not None and now_s - self._lac_sent_s < interval_s:
+            return None
+        return self.last_add_confirmed
+
+    def explicit_lac_sent(self, lac: int, now_s: float) -> None:
+        self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
+        self._lac_sent_s = now_s
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _index_in_write_set(self, entry_id: int, bookie_id: str) -> int | None:
+        _, ensemble = ensemble_for(self.ensembles, entry_id)
+        try:
+            index = ensemble.index(bookie_id)
+        except ValueError:
+            return None
+        return index if self.quorum.in_write_set(entry_id, index) else None
+
+    def _drain_completions(self) -> list[AddAction]:
+        if self._changing is not None:
+            return []
+        done: list[AddAction] = []
+        while self._pending:
+            entry_id = next(iter(self._pending))
+            pending = self._pending[entry_id]
+            if not pending.acks.complete:
+                break
+            del self._pending[entry_id]
+            self.last_add_confirmed = entry_id
+            self.length_confirmed = pending.length
+            done.append(AddCompleted(entry_id, pending.length))
+        return done
+
+    def _bookie_failed(self, bookie_id: str) -> list[AddAction]:
+        if self._error is not None or bookie_id not in self.current_ensemble:
+            return []
+        self._failed_bookies.add(bookie_id)
+        return self._maybe_change()
+
+    def _failed_indices(self) -> dict[int, str]:
+        return {i: b for i, b in enumerate(self.current_ensemble) if b in self._failed_bookies}
+
+    def _stuck_entry(self) -> int | None:
+        """The first pending entry that can no longer reach A acks with the failed bookies gone."""
+        failed = set(self._failed_indices())
+        last_start = max(self.ensembles)
+        for entry_id, pending in self._pending.items():
+            if entry_id < last_start or pending.acks.complete:
+                continue
+            alive = sum(
+                1
+                for i in self.quorum.write_set(entry_id)
+                if i not in failed or i in pending.acks.acked  # an ack already received still counts
+            )
+            if alive < self.quorum.ack_quorum:
+                return entry_id
+        return None
+
+    def _maybe_change(self) -> list[AddAction]:
+        if self._changing is not None:
+            return []  # recorded in _failed_bookies; handled when the change in flight commits
+        if self.mode == "delayed" and self._stuck_entry() is None:
+            return []
+        if self.mode == "disabled":
+            stuck = self._stuck_entry()
+            if stuck is None:
+                return []
+            return self._fail_all(
+                NotEnoughBookiesError(
+                    f"entry {stuck} cannot reach ack_quorum={self.quorum.ack_quorum}: bookies "
+                    f"{sorted(self._failed_bookies)} failed and ensemble changes are disabled"
+                )
+            )
+        change = EnsembleChangeNeeded(self.last_add_confirmed + 1, self._failed_indices())
+        self._changing = change
+        return [change]
+
+    def _fail_all(self, error: QuorumLogError) -> list[AddAction]:
+        if self._error is None:
+            self._error = error
+        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
+        self._pending.clear()
+        return failed
+
+
+def is_fatal_add_error(error: QuorumLogError) -> bool:
+    """Whether an add error means this writer can never be acknowledged again (fenced, unauthorized, gone)."""
+    return isinstance(error, _FATAL_ADD_ERRORS)
+
+
+__all__ = [
+    "OUTSTANDING_ADDS_MAX_DEFAULT",
+    "AddAction",
+    "AddCompleted",
+    "AddFailed",
+    "AddTracker",
+    "Appended",
+    "EnsembleChangeMode",
+    "EnsembleChangeNeeded",
+    "SendAdd",
+    "is_fatal_add_error",
+]
