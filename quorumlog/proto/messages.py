@@ -186,6 +186,19 @@ class AuthRequest:
     txn_id: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class UnsupportedRequest:
+    """Decode result only: a well-formed v3 request for an operation we do not serve (RANGE_*,
+    BATCH_READ_ENTRY, or a known operation without its part). The bookie answers
+    `ErrorResponse(operation, StatusCode.EBADREQ, txn_id)`, as BookKeeper does, instead of dropping the
+    connection."""
+
+    op: ClassVar[OpCode | None] = None
+    operation: int
+    txn_id: int = 0
+    priority: int = 0
+
+
 # --- responses ----------------------------------------------------------------------------------------------
 
 
@@ -301,6 +314,7 @@ Request = (
     | GetListOfEntriesOfLedgerRequest
     | StartTLSRequest
     | AuthRequest
+    | UnsupportedRequest
 )
 
 Response = (

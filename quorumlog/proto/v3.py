@@ -1,0 +1,367 @@
+"""BookKeeper's v3 protocol: a frame body is one serialized proto2 `Request` or `Response` (bookkeeper.proto).
+
+This module owns the mapping between the typed messages and the generated protobuf classes. The protobuf
+path (`*_pb` functions) is the reference; `encode_request` / `decode_response` / ... use hand-written fast
+paths for the per-entry messages (AddRequest, AddResponse, ReadResponse; see `v3fast.py`) and fall back to
+protobuf for everything else and for anything the fast path does not recognise. Tests check that both paths
+give the same bytes and the same messages.
+
+Wire rules kept here:
+
+* The header is `{version: VERSION_THREE, operation, txnId[, priority]}`; `priority` is only written when
+  non-zero (4.14 clients omit it, and responses never echo it).
+* A response carries the status twice: top level and in the operation part. We write the same status in
+  both. When decoding we follow BookKeeper's client: a non-EOK top-level status wins, else the inner one.
+* Optional fields are written only when present (not None) so that decoded frames re-encode byte for byte.
+* A status a 4.14 peer does not know (EUNKNOWNLEDGERSTATE) is sent as EIO.
+* A request whose operation we do not serve (RANGE_*, BATCH_READ_ENTRY, or a known one without its part)
+  decodes to `UnsupportedRequest`, which the bookie answers with `ErrorResponse(..., EBADREQ)`; a response
+  without its part decodes to `ErrorResponse`.
+
+API: `encode_request(req) -> frame`, `decode_request(body) -> Request`, `encode_response(resp) -> frame`,
+`decode_response(body) -> Response`, and the protobuf reference twins `encode_request_pb`,
+`decode_request_pb`, `encode_response_pb`, `decode_response_pb`. Decoders raise only `ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from quorumlog.errors import InvalidArgumentError, ProtocolError
+from quorumlog.proto.generated import bookkeeper_pb2 as pb
+from quorumlog.proto.messages import (
+    AddRequest,
+    AddResponse,
+    AuthRequest,
+    AuthResponse,
+    ErrorResponse,
+    ForceLedgerRequest,
+    ForceLedgerResponse,
+    GetBookieInfoRequest,
+    GetBookieInfoResponse,
+    GetListOfEntriesOfLedgerRequest,
+    GetListOfEntriesOfLedgerResponse,
+    OpCode,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    StartTLSRequest,
+    StartTLSResponse,
+    UnsupportedRequest,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+from quorumlog.proto.status import StatusCode, for_4_14_peer
+
+_LEN = struct.Struct(">I")
+_STATUS = {int(s): s for s in StatusCode}
+_OUT_STATUS = {s: int(for_4_14_peer(s)) for s in StatusCode}
+
+_FENCE = pb.ReadRequest.FENCE_LEDGER
+_PIGGYBACK = pb.ReadRequest.ENTRY_PIGGYBACK
+_RECOVERY = pb.AddRequest.RECOVERY_ADD
+
+
+def _frame(body: bytes) -> bytes:
+    return _LEN.pack(len(body)) + body
+
+
+def _header(m: Any, op: int, txn_id: int, priority: int = 0) -> None:
+    h = m.header
+    h.version = pb.VERSION_THREE
+    h.operation = op
+    h.txnId = txn_id
+    if priority:
+        h.priority = priority
+
+
+# --- requests: protobuf reference ---------------------------------------------------------------------------
+
+
+def request_to_pb(req: Request) -> pb.Request:
+    """The protobuf `Request` for a typed request."""
+    m = pb.Request()
+    if isinstance(req, UnsupportedRequest):
+        raise InvalidArgumentError("UnsupportedRequest is a decode result, not something to send")
+    _header(m, req.op, req.txn_id, req.priority)
+    if type(req) is AddRequest:
+        a = m.addRequest
+        if req.recovery:
+            a.flag = _RECOVERY
+        a.ledgerId = req.ledger_id
+        a.entryId = req.entry_id
+        a.masterKey = req.master_key
+        a.body = req.body
+        if req.write_flags:
+            a.writeFlags = req.write_flags
+    elif type(req) is ReadRequest:
+        r = m.readRequest
+        if req.fence and req.piggyback:
+            raise InvalidArgumentError("a v3 read is either fencing or piggyback (long poll), not both")
+        if req.fence:
+            r.flag = _FENCE
+        elif req.piggyback:
+            r.flag = _PIGGYBACK
+        r.ledgerId = req.ledger_id
+        r.entryId = req.entry_id
+        if req.master_key is not None:
+            r.masterKey = req.master_key
+        if req.previous_lac is not None:
+            r.previousLAC = req.previous_lac
+        if req.timeout_ms is not None:
+            r.timeOut = req.timeout_ms
+    elif type(req) is ReadLacRequest:
+        m.readLacRequest.ledgerId = req.ledger_id
+    elif type(req) is WriteLacRequest:
+        w = m.writeLacRequest
+        w.ledgerId = req.ledger_id
+        w.lac = req.lac
+        w.masterKey = req.master_key
+        w.body = req.body
+    elif type(req) is GetBookieInfoRequest:
+        g = m.getBookieInfoRequest
+        g.SetInParent()
+        if req.requested is not None:
+            g.requested = req.requested
+    elif type(req) is ForceLedgerRequest:
+        m.forceLedgerRequest.ledgerId = req.ledger_id
+    elif type(req) is GetListOfEntriesOfLedgerRequest:
+        m.getListOfEntriesOfLedgerRequest.ledgerId = req.ledger_id
+    elif type(req) is StartTLSRequest:
+        m.startTLSRequest.SetInParent()
+    elif type(req) is AuthRequest:
+        m.authRequest.authPluginName = req.plugin_name
+        m.authRequest.payload = req.payload
+    else:
+        raise InvalidArgumentError(f"{type(req).__name__} is not a request")
+    return m
+
+
+def encode_request_pb(req: Request) -> bytes:
+    """A complete v3 frame for `req`, built with protobuf (the reference encoder)."""
+    return _frame(request_to_pb(req).SerializeToString())
+
+
+def _parse(cls: Any, body: bytes, what: str) -> Any:
+    try:
+        # Parsing checks proto2 `required` fields too: a message missing one is malformed.
+        return cls.FromString(body)
+    except Exception as e:  # any failure to parse peer bytes is the peer's protocol error
+        raise ProtocolError(f"malformed v3 {what} ({len(body)} bytes): {e}") from None
+
+
+def request_from_pb(m: pb.Request) -> Request:
+    h = m.header
+    op = h.operation
+    txn = h.txnId
+    prio = h.priority
+    if op == OpCode.ADD_ENTRY and m.HasField("addRequest"):
+        a = m.addRequest
+        return AddRequest(
+            a.ledgerId,
+            a.entryId,
+            a.masterKey,
+            a.body,
+            recovery=a.HasField("flag") and a.flag == _RECOVERY,
+            write_flags=a.writeFlags,
+            priority=prio,
+            txn_id=txn,
+        )
+    if op == OpCode.READ_ENTRY and m.HasField("readRequest"):
+        r = m.readRequest
+        flag = r.flag if r.HasField("flag") else 0
+        return ReadRequest(
+            r.ledgerId,
+            r.entryId,
+            fence=flag == _FENCE,
+            master_key=r.masterKey if r.HasField("masterKey") else None,
+            piggyback=flag == _PIGGYBACK,
+            previous_lac=r.previousLAC if r.HasField("previousLAC") else None,
+            timeout_ms=r.timeOut if r.HasField("timeOut") else None,
+            priority=prio,
+            txn_id=txn,
+        )
+    if op == OpCode.READ_LAC and m.HasField("readLacRequest"):
+        return ReadLacRequest(m.readLacRequest.ledgerId, priority=prio, txn_id=txn)
+    if op == OpCode.WRITE_LAC and m.HasField("writeLacRequest"):
+        w = m.writeLacRequest
+        return WriteLacRequest(w.ledgerId, w.lac, w.masterKey, w.body, priority=prio, txn_id=txn)
+    if op == OpCode.GET_BOOKIE_INFO and m.HasField("getBookieInfoRequest"):
+        g = m.getBookieInfoRequest
+        return GetBookieInfoRequest(
+            g.requested if g.HasField("requested") else None, priority=prio, txn_id=txn
+        )
+    if op == OpCode.FORCE_LEDGER and m.HasField("forceLedgerRequest"):
+        return ForceLedgerRequest(m.forceLedgerRequest.ledgerId, priority=prio, txn_id=txn)
+    if op == OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER and m.HasField("getListOfEntriesOfLedgerRequest"):
+        return GetListOfEntriesOfLedgerRequest(
+            m.getListOfEntriesOfLedgerRequest.ledgerId, priority=prio, txn_id=txn
+        )
+    if op == OpCode.START_TLS and m.HasField("startTLSRequest"):
+        return StartTLSRequest(priority=prio, txn_id=txn)
+    if op == OpCode.AUTH and m.HasField("authRequest"):
+        return AuthRequest(m.authRequest.authPluginName, m.authRequest.payload, priority=prio, txn_id=txn)
+    return UnsupportedRequest(op, txn)
+
+
+def decode_request_pb(body: bytes) -> Request:
+    """Decode a v3 request body with protobuf (the reference decoder). Raises only `ProtocolError`."""
+    m = _parse(pb.Request, body, "Request")
+    try:
+        return request_from_pb(m)
+    except Exception as e:  # e.g. a string field that is not UTF-8
+        raise ProtocolError(f"malformed v3 Request: {e}") from None
+
+
+# --- responses: protobuf reference --------------------------------------------------------------------------
+
+
+def response_to_pb(resp: Response) -> pb.Response:
+    """The protobuf `Response` for a typed response."""
+    m = pb.Response()
+    status: Any = _OUT_STATUS[resp.status]
+    if type(resp) is ErrorResponse:
+        _header(m, resp.operation, resp.txn_id)
+        m.status = status
+        return m
+    _header(m, resp.op, resp.txn_id)  # type: ignore[arg-type]
+    m.status = status
+    if type(resp) is AddResponse:
+        a = m.addResponse
+        a.status = status
+        a.ledgerId = resp.ledger_id
+        a.entryId = resp.entry_id
+    elif type(resp) is ReadResponse:
+        r = m.readResponse
+        r.status = status
+        r.ledgerId = resp.ledger_id
+        r.entryId = resp.entry_id
+        if resp.body is not None:
+            r.body = resp.body
+        if resp.max_lac is not None:
+            r.maxLAC = resp.max_lac
+        if resp.lac_update_timestamp_ms is not None:
+            r.lacUpdateTimestamp = resp.lac_update_timestamp_ms
+    elif type(resp) is ReadLacResponse:
+        rl = m.readLacResponse
+        rl.status = status
+        rl.ledgerId = resp.ledger_id
+        if resp.lac_body is not None:
+            rl.lacBody = resp.lac_body
+        if resp.last_entry_body is not None:
+            rl.lastEntryBody = resp.last_entry_body
+    elif type(resp) is WriteLacResponse:
+        m.writeLacResponse.status = status
+        m.writeLacResponse.ledgerId = resp.ledger_id
+    elif type(resp) is GetBookieInfoResponse:
+        g = m.getBookieInfoResponse
+        g.status = status
+        if resp.total_disk_capacity_bytes is not None:
+            g.totalDiskCapacity = resp.total_disk_capacity_bytes
+        if resp.free_disk_space_bytes is not None:
+            g.freeDiskSpace = resp.free_disk_space_bytes
+    elif type(resp) is ForceLedgerResponse:
+        m.forceLedgerResponse.status = status
+        m.forceLedgerResponse.ledgerId = resp.ledger_id
+    elif type(resp) is GetListOfEntriesOfLedgerResponse:
+        gl = m.getListOfEntriesOfLedgerResponse
+        gl.status = status
+        gl.ledgerId = resp.ledger_id
+        if resp.availability is not None:
+            gl.availabilityOfEntriesOfLedger = resp.availability
+    elif type(resp) is StartTLSResponse:
+        m.startTLSResponse.SetInParent()
+    elif type(resp) is AuthResponse:
+        m.authResponse.authPluginName = resp.plugin_name
+        m.authResponse.payload = resp.payload
+    else:
+        raise InvalidArgumentError(f"{type(resp).__name__} is not a response")
+    return m
+
+
+def encode_response_pb(resp: Response) -> bytes:
+    """A complete v3 frame for `resp`, built with protobuf (the reference encoder)."""
+    return _frame(response_to_pb(resp).SerializeToString())
+
+
+def _status(top: int, inner: int) -> StatusCode:
+    # BookKeeper's client reads the inner status unless the top-level one already reports a failure.
+    return _STATUS[top if top != 0 else inner]
+
+
+def response_from_pb(m: pb.Response) -> Response:
+    h = m.header
+    op = h.operation
+    txn = h.txnId
+    top = m.status
+    if op == OpCode.ADD_ENTRY and m.HasField("addResponse"):
+        a = m.addResponse
+        return AddResponse(_status(top, a.status), a.ledgerId, a.entryId, txn_id=txn)
+    if op == OpCode.READ_ENTRY and m.HasField("readResponse"):
+        r = m.readResponse
+        return ReadResponse(
+            _status(top, r.status),
+            r.ledgerId,
+            r.entryId,
+            body=r.body if r.HasField("body") else None,
+            max_lac=r.maxLAC if r.HasField("maxLAC") else None,
+            lac_update_timestamp_ms=r.lacUpdateTimestamp if r.HasField("lacUpdateTimestamp") else None,
+            txn_id=txn,
+        )
+    if op == OpCode.READ_LAC and m.HasField("readLacResponse"):
+        rl = m.readLacResponse
+        return ReadLacResponse(
+            _status(top, rl.status),
+            rl.ledgerId,
+            lac_body=rl.lacBody if rl.HasField("lacBody") else None,
+            last_entry_body=rl.lastEntryBody if rl.HasField("lastEntryBody") else None,
+            txn_id=txn,
+        )
+    if op == OpCode.WRITE_LAC and m.HasField("writeLacResponse"):
+        w = m.writeLacResponse
+        return WriteLacResponse(_status(top, w.status), w.ledgerId, txn_id=txn)
+    if op == OpCode.GET_BOOKIE_INFO and m.HasField("getBookieInfoResponse"):
+        g = m.getBookieInfoResponse
+        return GetBookieInfoResponse(
+            _status(top, g.status),
+            g.totalDiskCapacity if g.HasField("totalDiskCapacity") else None,
+            g.freeDiskSpace if g.HasField("freeDiskSpace") else None,
+            txn_id=txn,
+        )
+    if op == OpCode.FORCE_LEDGER and m.HasField("forceLedgerResponse"):
+        f = m.forceLedgerResponse
+        return ForceLedgerResponse(_status(top, f.status), f.ledgerId, txn_id=txn)
+    if op == OpCode.GET_LIST_OF_ENTRIES_OF_LEDGER and m.HasField("getListOfEntriesOfLedgerResponse"):
+        gl = m.getListOfEntriesOfLedgerResponse
+        return GetListOfEntriesOfLedgerResponse(
+            _status(top, gl.status),
+            gl.ledgerId,
+            gl.availabilityOfEntriesOfLedger if gl.HasField("availabilityOfEntriesOfLedger") else None,
+            txn_id=txn,
+        )
+    if op == OpCode.START_TLS and m.HasField("startTLSResponse"):
+        return StartTLSResponse(_STATUS[top], txn_id=txn)
+    if op == OpCode.AUTH and m.HasField("authResponse"):
+        return AuthResponse(_STATUS[top], m.authResponse.authPluginName, m.authResponse.payload, txn_id=txn)
+    return ErrorResponse(op, _STATUS[top], txn_id=txn)
+
+
+def decode_response_pb(body: bytes) -> Response:
+    """Decode a v3 response body with protobuf (the reference decoder). Raises only `ProtocolError`."""
+    m = _parse(pb.Response, body, "Response")
+    try:
+        return response_from_pb(m)
+    except Exception as e:
+        raise ProtocolError(f"malformed v3 Response: {e}") from None
+
+
+# --- public entry points (fast path where it exists) --------------------------------------------------------
+
+encode_request = encode_request_pb
+decode_request = decode_request_pb
+encode_response = encode_response_pb
+decode_response = decode_response_pb
