@@ -1,0 +1,1 @@
+"""Codec tests against BookKeeper captures, round trips and fuzzing (quorumlog.proto)."""
