@@ -58,7 +58,7 @@ class Quorum:
 
     def in_write_set(self, entry_id: int, index: int) -> bool:
         """Whether ensemble index `index` stores `entry_id` (without building the tuple)."""
-        return (index - entry_id) % self.ensemble_size < self.write_quorum
+        return 0 <= index < self.ensemble_size and (index - entry_id) % self.ensemble_size < self.write_quorum
 
     def all_write_sets(self) -> tuple[tuple[int, ...], ...]:
         """Every distinct write set: one per rotation of the ensemble (only one when E == W)."""

@@ -1,0 +1,306 @@
+"""The add path (DESIGN.md §2 "Write", "Ensemble change"): ids, ordering, back-pressure, failures, timeouts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quorumlog.client.add_tracker import (
+    AddCompleted,
+    AddFailed,
+    AddTracker,
+    EnsembleChangeNeeded,
+    SendAdd,
+)
+from quorumlog.client.distribution import Quorum, ensemble_for
+from quorumlog.errors import (
+    AddQuorumTimeoutError,
+    BookieUnavailableError,
+    IllegalOperationError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+    TooManyRequestsError,
+)
+
+B = ["b0", "b1", "b2"]
+
+
+def completed(actions: list) -> list[int]:
+    return [a.entry_id for a in actions if isinstance(a, AddCompleted)]
+
+
+def sends(actions: list) -> list[tuple[int, str]]:
+    return [(a.entry_id, a.bookie_id) for a in actions if isinstance(a, SendAdd)]
+
+
+def test_entry_ids_lac_piggyback_and_length_are_fixed_at_call_time() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    a0 = t.append(10, 0.0)
+    a1 = t.append(5, 0.0)
+    assert (a0.entry_id, a0.last_add_confirmed, a0.length) == (0, -1, 10)
+    assert (a1.entry_id, a1.last_add_confirmed, a1.length) == (1, -1, 15)
+    # Striping: E3 W2 sends entry 0 to b0, b1 and entry 1 to b1, b2.
+    assert sends(a0.actions) == [(0, "b0"), (0, "b1")]
+    assert sends(a1.actions) == [(1, "b1"), (1, "b2")]
+    t.on_ack(0, "b0", 0.1)
+    assert completed(t.on_ack(0, "b1", 0.1)) == [0]
+    assert t.append(1, 0.2).last_add_confirmed == 0
+
+
+def test_completions_are_strictly_in_entry_order() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    for _ in range(3):
+        t.append(1, 0.0)
+    assert completed(t.on_ack(2, "b0", 0) + t.on_ack(2, "b1", 0)) == []
+    assert completed(t.on_ack(1, "b0", 0) + t.on_ack(1, "b2", 0)) == []
+    assert completed(t.on_ack(0, "b2", 0) + t.on_ack(0, "b1", 0)) == [0, 1, 2]
+    assert t.last_add_confirmed == 2
+    assert t.length_confirmed == 3
+
+
+def test_duplicate_acks_and_acks_from_outside_the_write_set_do_not_count() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    t.append(1, 0.0)
+    assert t.on_ack(0, "b0", 0) == []
+    assert t.on_ack(0, "b0", 0) == []
+    assert t.on_ack(0, "b2", 0) == []  # b2 is not in entry 0's write set (b0, b1)
+    assert t.on_ack(0, "stranger", 0) == []
+    assert completed(t.on_ack(0, "b1", 0)) == [0]
+    assert t.on_ack(0, "b1", 0) == []  # late duplicate after completion
+
+
+def test_outstanding_adds_are_bounded_and_refused_with_a_clear_error() -> None:
+    t = AddTracker(Quorum(1, 1, 1), {0: ["b0"]}, outstanding_adds_max=2)
+    t.append(1, 0)
+    t.append(1, 0)
+    assert not t.has_capacity
+    with pytest.raises(TooManyRequestsError, match="outstanding_adds_max=2"):
+        t.append(1, 0)
+    t.on_ack(0, "b0", 0)
+    assert t.has_capacity
+    assert t.append(1, 0).entry_id == 2
+
+
+def test_bookie_failure_changes_ensemble_from_first_unacknowledged_entry_and_resends() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    for _ in range(4):
+        t.append(1, 0.0)
+    t.on_ack(0, "b0", 0)
+    t.on_ack(0, "b1", 0)  # entry 0 completes: LAC 0
+    t.on_ack(1, "b1", 0)
+    t.on_ack(3, "b0", 0)
+    actions = t.on_error(1, "b2", BookieUnavailableError(), 0.5)
+    assert actions == [EnsembleChangeNeeded(1, {2: "b2"})]
+    assert t.changing_ensemble
+    # Nothing is acknowledged while the change is in flight, even with a full ack quorum.
+    assert completed(t.on_ack(3, "b1", 0.6)) == []  # entry 3 (b0, b1) has its quorum
+    assert completed(t.on_ack(2, "b0", 0.6)) == []
+    actions = t.ensemble_change_committed(1, ["b0", "b1", "b3"], 0.7)
+    # Entries 1..3 whose write set holds index 2 are resent to b3: 1 (1,2), 2 (2,0); 3 is (0,1).
+    assert sends(actions) == [(1, "b3"), (2, "b3")]
+    assert completed(actions) == []
+    assert t.ensembles == {0: B, 1: ["b0", "b1", "b3"]}
+    assert completed(t.on_ack(2, "b3", 0.8)) == []  # entry 1 still waits for b3
+    assert completed(t.on_ack(1, "b3", 0.8)) == [1, 2, 3]
+
+
+def test_acks_already_held_complete_when_the_change_commits() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(1, 0)
+    t.on_ack(0, "b0", 0)
+    t.on_error(0, "b2", BookieUnavailableError(), 0)
+    t.on_ack(0, "b1", 0)
+    actions = t.ensemble_change_committed(0, ["b0", "b1", "b9"], 1)
+    assert sends(actions) == [(0, "b9")]
+    assert completed(actions) == [0]
+
+
+def test_appends_during_a_change_skip_the_failed_bookie_and_reach_its_replacement_on_commit() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(1, 0)
+    t.on_error(0, "b1", BookieUnavailableError(), 0)
+    a = t.append(1, 0)
+    assert sends(a.actions) == [(1, "b2"), (1, "b0")]
+    actions = t.ensemble_change_committed(0, ["b0", "b7", "b2"], 1)
+    assert sends(actions) == [(0, "b7"), (1, "b7")]
+
+
+def test_a_failure_during_a_change_triggers_another_change_after_commit() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(1, 0)
+    assert t.on_error(0, "b1", BookieUnavailableError(), 0) == [EnsembleChangeNeeded(0, {1: "b1"})]
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0) == []  # recorded, not a second change
+    actions = t.ensemble_change_committed(0, ["b0", "b7", "b2"], 1)
+    assert EnsembleChangeNeeded(0, {2: "b2"}) in actions
+    assert t.changing_ensemble
+    actions = t.ensemble_change_committed(0, ["b0", "b7", "b8"], 2)
+    assert t.ensembles == {0: ["b0", "b7", "b8"]}
+    assert sends(actions) == [(0, "b8")]
+
+
+def test_late_ack_from_a_replaced_bookie_is_ignored() -> None:
+    t = AddTracker(Quorum(3, 3, 3), {0: B})
+    t.append(1, 0)
+    t.on_error(0, "b2", BookieUnavailableError(), 0)
+    t.ensemble_change_committed(0, ["b0", "b1", "b5"], 0)
+    t.on_ack(0, "b0", 0)
+    t.on_ack(0, "b1", 0)
+    assert t.on_ack(0, "b2", 0) == []
+    assert completed(t.on_ack(0, "b5", 0)) == [0]
+
+
+def test_fenced_writer_fails_every_pending_add_and_appends_no_more() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    t.append(1, 0)
+    t.append(1, 0)
+    actions = t.on_error(1, "b1", LedgerFencedError(), 0)
+    assert [a.entry_id for a in actions if isinstance(a, AddFailed)] == [0, 1]
+    assert all(isinstance(a.error, LedgerFencedError) for a in actions if isinstance(a, AddFailed))
+    with pytest.raises(LedgerFencedError):
+        t.append(1, 0)
+
+
+def test_failed_ensemble_change_fails_the_writer() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    t.append(1, 0)
+    t.on_error(0, "b0", BookieUnavailableError(), 0)
+    actions = t.ensemble_change_failed(NotEnoughBookiesError("none left"))
+    assert actions == [AddFailed(0, actions[0].error)]
+    assert isinstance(t.error, NotEnoughBookiesError)
+
+
+def test_delayed_mode_changes_only_when_an_entry_can_no_longer_reach_ack_quorum() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B}, ensemble_change="delayed")
+    t.append(1, 0)
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0) == []
+    t.on_ack(0, "b0", 0)
+    assert completed(t.on_ack(0, "b1", 0)) == [0]  # acknowledged by the two survivors
+    a = t.append(1, 0)
+    assert sends(a.actions) == [(1, "b1"), (1, "b0")]  # nothing to the failed bookie
+    assert t.on_error(1, "b1", BookieUnavailableError(), 0) == [EnsembleChangeNeeded(1, {1: "b1", 2: "b2"})]
+
+
+def test_disabled_mode_fails_once_an_entry_cannot_reach_ack_quorum() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B}, ensemble_change="disabled")
+    t.append(1, 0)
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0) == []
+    actions = t.on_error(0, "b1", BookieUnavailableError(), 0)
+    assert isinstance(actions[0], AddFailed) and isinstance(actions[0].error, NotEnoughBookiesError)
+
+
+def test_slow_bookie_past_add_timeout_counts_as_failed() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B}, add_timeout_s=1.0)
+    t.append(1, 10.0)
+    t.on_ack(0, "b0", 10.1)
+    assert t.next_deadline_s() == 11.0
+    assert t.check_timeouts(10.9) == []
+    assert t.check_timeouts(11.0) == [EnsembleChangeNeeded(0, {1: "b1"})]
+
+
+def test_add_quorum_timeout_fails_the_writer() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B}, add_quorum_timeout_s=2.0)
+    t.append(1, 0.0)
+    t.append(1, 1.0)
+    t.on_ack(1, "b1", 1.0)
+    t.on_ack(1, "b2", 1.0)  # entry 1 has its quorum but waits for entry 0
+    assert t.next_deadline_s() == 2.0
+    assert t.check_timeouts(1.9) == []
+    actions = t.check_timeouts(2.0)
+    assert [a.entry_id for a in actions if isinstance(a, AddFailed)] == [0, 1]
+    assert isinstance(t.error, AddQuorumTimeoutError)
+
+
+def test_zero_timeouts_are_off() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    t.append(1, 0.0)
+    assert t.next_deadline_s() is None
+    assert t.check_timeouts(1e9) == []
+
+
+def test_explicit_lac_is_sent_when_the_lac_moved_past_what_bookies_saw() -> None:
+    t = AddTracker(Quorum(1, 1, 1), {0: ["b0"]})
+    assert t.explicit_lac_due(0.0, 0.1) is None
+    t.append(1, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    assert t.explicit_lac_due(0.0, 0.0) is None  # interval 0: off
+    assert t.explicit_lac_due(0.0, 0.1) == 0
+    t.explicit_lac_sent(0, 1.0)
+    assert t.explicit_lac_due(2.0, 0.1) is None  # the bookies know LAC 0
+    t.append(1, 1.02)  # piggybacks LAC 0 -- nothing new
+    t.on_ack(1, "b0", 1.02)
+    assert t.explicit_lac_due(1.05, 0.1) is None  # within the interval since the last explicit send
+    assert t.explicit_lac_due(1.1, 0.1) == 1
+    t.append(1, 1.2)  # piggybacks LAC 1: bookies know it now
+    assert t.explicit_lac_due(5.0, 0.1) is None
+
+
+def test_close_needs_no_pending_adds_and_returns_last_entry_and_length() -> None:
+    t = AddTracker(Quorum(1, 1, 1), {0: ["b0"]})
+    t.append(7, 0)
+    with pytest.raises(IllegalOperationError):
+        t.close()
+    t.on_ack(0, "b0", 0)
+    assert t.close() == (0, 7)
+
+
+# --- property: any interleaving keeps the promises -----------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_random_interleavings_complete_in_order_with_real_ack_quorums(data: st.DataObject) -> None:
+    e = data.draw(st.integers(1, 5))
+    w = data.draw(st.integers(1, e))
+    a = data.draw(st.integers(1, w))
+    q = Quorum(e, w, a)
+    t = AddTracker(q, {0: [f"b{i}" for i in range(e)]}, outstanding_adds_max=8)
+    fresh = iter(f"n{i}" for i in range(1000))
+    acked: dict[int, set[str]] = {}  # oracle: bookies that hold each pending entry
+    done: list[int] = []
+    change: EnsembleChangeNeeded | None = None
+
+    def absorb(actions: list) -> None:
+        nonlocal change
+        for act in actions:
+            if isinstance(act, AddCompleted):
+                # Completions are consecutive and only ever outside an ensemble change.
+                assert change is None
+                assert act.entry_id == (done[-1] + 1 if done else 0)
+                _, ens = ensemble_for(t.ensembles, act.entry_id)
+                holders = acked[act.entry_id] & set(q.write_set_bookies(act.entry_id, ens))
+                assert len(holders) >= q.ack_quorum
+                done.append(act.entry_id)
+            elif isinstance(act, EnsembleChangeNeeded):
+                assert change is None
+                change = act
+            assert not isinstance(act, AddFailed)
+
+    for _ in range(data.draw(st.integers(1, 60))):
+        op = data.draw(st.sampled_from(["append", "ack", "ack", "ack", "fail", "commit"]))
+        if op == "append" and t.has_capacity:
+            entry = t.append(1, 0).entry_id
+            acked[entry] = set()
+        elif op == "ack" and t.pending_count:
+            entry = data.draw(st.sampled_from(sorted(set(acked) - set(done))))
+            _, ens = ensemble_for(t.ensembles, entry)
+            bookie = data.draw(st.sampled_from(q.write_set_bookies(entry, ens)))
+            before = t.last_add_confirmed
+            actions = t.on_ack(entry, bookie, 0)
+            if bookie not in t._failed_bookies:
+                acked[entry].add(bookie)
+            absorb(actions)
+            assert t.last_add_confirmed >= before
+        elif op == "fail" and t.pending_count:
+            bookie = data.draw(st.sampled_from(t.current_ensemble))
+            absorb(t.on_bookie_lost(bookie))
+        elif op == "commit" and change is not None:
+            c, change = change, None
+            new = list(t.current_ensemble)
+            for i in c.failed:
+                new[i] = next(fresh)
+            for entry in acked:
+                if entry >= c.first_entry_id:
+                    acked[entry] -= set(c.failed.values())
+            absorb(t.ensemble_change_committed(c.first_entry_id, new, 0))
+        assert t.last_add_confirmed == (done[-1] if done else -1)
