@@ -26,6 +26,11 @@ def demo() -> None:
     click.echo("What exists: the wire codec (quorumlog.proto) and the Env seam (quorumlog.env).")
 
 
+from quorumlog.cli.bookie import bookie as _bookie  # noqa: E402
+
+cli.add_command(_bookie)
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.exit(cli.main(args=argv, prog_name="quorumlog", standalone_mode=True))
 

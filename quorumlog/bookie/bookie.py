@@ -1,0 +1,492 @@
+"""The bookie: journal + ledger storage + ledger book, and the handling of every request type.
+
+What it owns: the order of effects for each request, durability waits, checkpoints, long polls, and the
+bookie's lifecycle (`start`: replay the journal and checkpoint; `close`: sync, flush and close everything).
+
+Rules it keeps (docs/BOOKIE.md "Durability rules"):
+- An add is answered EOK only from its journal record's callback, i.e. after the batch holding it was
+  fdatasync'ed. A failed journal answers EIO and the bookie acknowledges nothing more.
+- A ledger's master key is journaled (before its first entry) when the ledger is created; a fence is journaled
+  and the fencing read is answered only once the fence is durable; an explicit LAC is journaled before its
+  WRITE_LAC is answered.
+- The verdict (EUA, EFENCED, EREADONLY, ENOLEDGER) comes from `core.LedgerBook`, which does no I/O.
+- Corrupt stored data is EIO, never ENOENTRY.
+- Everything here runs on the event loop thread, except `LedgerStorage.flush` (the checkpoint thread) and the
+  journal's own sync thread.
+
+Entry points: `handle(request, reply)` takes a typed request from `quorumlog.proto.messages` and calls
+`reply(response)` exactly once, now or later. The server (`server.py`) is only a transport around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.core import LedgerBook, LedgerState
+from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
+from quorumlog.bookie.index import IndexError_, LedgerIndex
+from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType
+from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.env import Env, default_env
+from quorumlog.proto import messages as m
+from quorumlog.proto.status import StatusCode
+
+log = logging.getLogger(__name__)
+
+_I64 = struct.Struct(">q")
+_IDS = struct.Struct(">qq")
+Reply = Callable[[Any], None]
+
+
+def encode_availability(entry_ids: list[int]) -> bytes:
+    """BookKeeper's `AvailabilityOfEntriesOfLedger` bytes: a 64-byte header (version 0, group count) then one
+    24-byte group per run of consecutive ids (first start, last start, run size, period 0). One group per
+    run is the plainest form every reader of the format decodes the same way."""
+    runs: list[tuple[int, int]] = []
+    for eid in entry_ids:
+        if runs and runs[-1][0] + runs[-1][1] == eid:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        elif not runs or eid >= runs[-1][0] + runs[-1][1]:
+            runs.append((eid, 1))
+    out = bytearray(struct.pack(">ii", 0, len(runs)).ljust(64, b"\0"))
+    for start, size in runs:
+        out += struct.pack(">qqii", start, start, size, 0)
+    return bytes(out)
+
+
+class Bookie:
+    def __init__(self, config: BookieConfig, env: Env | None = None) -> None:
+        self.config = config
+        self.env = env or default_env()
+        self.journal = Journal(
+            self.env,
+            config.journal_dir,
+            file_size_bytes=config.journal_file_size_bytes,
+            max_batch_bytes=config.journal_max_batch_bytes,
+            max_wait_s=config.journal_max_wait_ms / 1000.0,
+            sync=config.journal_sync,
+        )
+        self.env.disk.makedirs(config.ledger_dir)
+        self.index = LedgerIndex(os.path.join(config.ledger_dir, "index"))
+        self.storage = LedgerStorage(
+            EntryLogs(
+                self.env,
+                os.path.join(config.ledger_dir, "entrylogs"),
+                log_size_bytes=config.entry_log_size_bytes,
+            ),
+            self.index,
+            write_cache_bytes=config.write_cache_bytes,
+            read_ahead_bytes=config.read_ahead_bytes,
+            read_cache_bytes=config.read_cache_bytes,
+        )
+        self.book = LedgerBook(self._load_state)
+        self._watchers: dict[int, list[asyncio.Future[None]]] = {}
+        self._parked: deque[tuple[m.AddRequest, Reply]] = deque()
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._periodic: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.failed: BaseException | None = None  # a storage failure: the bookie stops acknowledging
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def _load_state(self, ledger_id: int) -> LedgerState | None:
+        raw = self.index.ledger_state(ledger_id)
+        return None if raw is None else LedgerState.from_bytes(ledger_id, raw)
+
+    async def start(self) -> None:
+        """Replay the journal from the last checkpoint, checkpoint the result, start the journal thread."""
+        self._loop = asyncio.get_running_loop()
+        checkpoint = self.index.checkpoint()
+        replayed = await self.env.run_blocking(self._replay, checkpoint)
+        self.journal.start(self._loop)
+        # Everything replayed is now in the write cache: make it durable in the ledger storage and let the
+        # old journal files go, so a restart loop never grows the journal.
+        cache = self.storage.begin_flush()
+        states = self.book.take_dirty()
+        start_of_new = self.journal.start_position
+        await self.env.run_blocking(self.storage.flush, cache, states, start_of_new)
+        self.storage.end_flush(True)
+        await self.env.run_blocking(self.journal.release_before, start_of_new.seq)
+        log.info("bookie storage ready: replayed %d journal records since %s", replayed, checkpoint)
+        self._periodic = asyncio.create_task(self._checkpoint_every(), name="bookie-checkpoint-timer")
+
+    def _replay(self, checkpoint: JournalPosition | None) -> int:
+        """Re-apply journal records to the write cache and ledger book (startup, off the loop: nothing else
+        runs yet). A full cache is flushed on the way, with the position of the record that filled it."""
+        n = 0
+        for rec in self.journal.replay(checkpoint):
+            n += 1
+            p = rec.payload
+            if rec.rtype == RecordType.ADD:
+                if len(p) < 16:
+                    continue
+                lid, eid = _IDS.unpack_from(p)
+                if self.book.get(lid) is None:
+                    self.book.replay_master_key(lid, b"")  # (only if the MASTER_KEY record was lost)
+                self.storage.put(lid, eid, p)
+                self.book.record_add(lid, eid, p)
+                if not self.storage.has_room(0):
+                    cache = self.storage.begin_flush()
+                    self.storage.flush(cache, self.book.take_dirty(), rec.position)
+                    self.storage.end_flush(True)
+            elif rec.rtype == RecordType.MASTER_KEY:
+                self.book.replay_master_key(_I64.unpack_from(p)[0], p[8:])
+            elif rec.rtype == RecordType.FENCE:
+                lid = _I64.unpack_from(p)[0]
+                self.book.replay_fence(lid)
+            elif rec.rtype == RecordType.EXPLICIT_LAC:
+                lid = _I64.unpack_from(p)[0]
+                body = p[8:]
+                lac = _I64.unpack_from(body, 8)[0] if len(body) >= 16 else -1
+                if self.book.get(lid) is not None:
+                    self.book.record_explicit_lac(lid, lac, body)
+        return n
+
+    async def close(self) -> None:
+        """Clean shutdown: answer what is queued, sync the journal, checkpoint, close files."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._periodic is not None:
+            self._periodic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._periodic
+        if self._checkpoint_task is not None:
+            with contextlib.suppress(Exception):
+                await self._checkpoint_task
+        if self.failed is None and self.journal.failed is None:
+            with contextlib.suppress(Exception):
+                await self.checkpoint()
+        await self.env.run_blocking(self.journal.close)
+        await asyncio.sleep(0)  # let the last completion callbacks run before the loop moves on
+        for futs in self._watchers.values():
+            for f in futs:
+                if not f.done():
+                    f.cancel()
+        self._watchers.clear()
+        for req, reply in self._parked:
+            reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
+        self._parked.clear()
+        self.storage.close()
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+
+    async def _checkpoint_every(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval_s)
+            if self.storage.active.entries or self.book.dirty:
+                self._start_checkpoint()
+
+    def _start_checkpoint(self) -> None:
+        if self._checkpoint_task is None or self._checkpoint_task.done():
+            self._checkpoint_task = asyncio.create_task(self.checkpoint(), name="bookie-checkpoint")
+
+    async def checkpoint(self) -> None:
+        """Flush the write cache to an entry log + index and release the journal before it."""
+        while self.storage.flush_running:
+            assert self._checkpoint_task is not None
+            await asyncio.shield(self._checkpoint_task)
+        loop = asyncio.get_running_loop()
+        marked: asyncio.Future[JournalPosition] = loop.create_future()
+
+        def on_mark(pos: JournalPosition | None, exc: BaseException | None) -> None:
+            if not marked.done():
+                if exc is not None:
+                    marked.set_exception(exc)
+                else:
+                    assert pos is not None
+                    marked.set_result(pos)
+
+        # The mark, the cache swap and the state snapshot happen in one loop step: every record before the
+        # mark is in `cache` or `states`, every record after it is not.
+        self.journal.mark(on_mark)
+        cache = self.storage.begin_flush()
+        states = self.book.take_dirty()
+        try:
+            pos = await marked
+            await self.env.run_blocking(self.storage.flush, cache, states, pos)
+        except BaseException as exc:
+            self.storage.end_flush(False)
+            self.book.dirty.update(states)
+            if not isinstance(exc, asyncio.CancelledError):
+                self._storage_failed(exc)
+            raise
+        self.storage.end_flush(True)
+        await self.env.run_blocking(self.journal.release_before, pos.seq)
+        self._unpark()
+
+    def _storage_failed(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+            log.error("bookie storage failed, no more writes will be acknowledged: %r", exc)
+
+    def _unpark(self) -> None:
+        while self._parked and self.storage.has_room(len(self._parked[0][0].body)):
+            req, reply = self._parked.popleft()
+            self._add(req, reply)
+
+    # --- requests --------------------------------------------------------------------------------------------
+
+    def handle(self, req: m.Request, reply: Reply) -> None:
+        """Answer one request: `reply(response)` is called exactly once (maybe later)."""
+        try:
+            t = type(req)
+            if t is m.AddRequest:
+                self._add(req, reply)  # type: ignore[arg-type]
+            elif t is m.ReadRequest:
+                self._read(req, reply)  # type: ignore[arg-type]
+            elif t is m.ReadLacRequest:
+                reply(self._read_lac(req))  # type: ignore[arg-type]
+            elif t is m.WriteLacRequest:
+                self._write_lac(req, reply)  # type: ignore[arg-type]
+            elif t is m.GetBookieInfoRequest:
+                reply(self._bookie_info(req))  # type: ignore[arg-type]
+            elif t is m.ForceLedgerRequest:
+                self._force_ledger(req, reply)  # type: ignore[arg-type]
+            elif t is m.GetListOfEntriesOfLedgerRequest:
+                reply(self._list_entries(req))  # type: ignore[arg-type]
+            elif t is m.UnsupportedRequest:
+                reply(m.ErrorResponse(req.operation, StatusCode.EBADREQ, req.txn_id))  # type: ignore[union-attr]
+            else:
+                reply(error_response(req, StatusCode.EBADREQ))
+        except (CorruptEntryError, IndexError_, OSError) as exc:
+            log.error("request %s failed on storage: %r", type(req).__name__, exc)
+            reply(error_response(req, StatusCode.EIO))
+
+    def _add(self, req: m.AddRequest, reply: Reply) -> None:
+        body = req.body
+        if len(body) < 32 or _IDS.unpack_from(body) != (req.ledger_id, req.entry_id):
+            reply(m.AddResponse(StatusCode.EBADREQ, req.ledger_id, req.entry_id, req.txn_id))
+            return
+        if self.failed is not None or self.journal.failed is not None:
+            reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
+            return
+        if not self.storage.has_room(len(body)):
+            # Bounded memory: wait for the running checkpoint to empty the other half of the cache.
+            self._parked.append((req, reply))
+            self._start_checkpoint()
+            return
+        lid, eid = req.ledger_id, req.entry_id
+        verdict = self.book.check_add(lid, req.master_key, req.recovery)
+        if verdict.status is not StatusCode.EOK:
+            reply(m.AddResponse(verdict.status, lid, eid, req.txn_id))
+            return
+        journal = self.journal
+        if verdict.created:
+            journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
+        txn = req.txn_id
+
+        def durable(exc: BaseException | None) -> None:
+            if exc is None:
+                reply(m.AddResponse(StatusCode.EOK, lid, eid, txn))
+            else:
+                self._storage_failed(exc)
+                reply(m.AddResponse(StatusCode.EIO, lid, eid, txn))
+
+        journal.append(RecordType.ADD, body, durable)
+        self.storage.put(lid, eid, body)
+        if self.book.record_add(lid, eid, body):
+            self._wake(lid)
+        if self.storage.wants_flush():
+            self._start_checkpoint()
+
+    def _wake(self, ledger_id: int) -> None:
+        futs = self._watchers.pop(ledger_id, None)
+        if futs:
+            for f in futs:
+                if not f.done():
+                    f.set_result(None)
+
+    def _entry(self, state: LedgerState, entry_id: int) -> bytes | None:
+        """The stored entry (`entry_id` -1: the last one), None if absent; raises on corruption."""
+        if entry_id == m.LAST_ENTRY_ID:
+            if state.last_entry < 0:
+                return None
+            entry_id = state.last_entry
+        return self.storage.get(state.ledger_id, entry_id)
+
+    def _read(self, req: m.ReadRequest, reply: Reply) -> None:
+        lid, eid = req.ledger_id, req.entry_id
+        if req.fence:
+            self._fencing_read(req, reply)
+            return
+        if req.piggyback and req.previous_lac is not None:
+            asyncio.get_running_loop().create_task(self._long_poll(req, reply))
+            return
+        state = self.book.get(lid)
+        if state is None:
+            reply(m.ReadResponse(StatusCode.ENOLEDGER, lid, eid, txn_id=req.txn_id))
+            return
+        body = self._entry(state, eid)
+        if body is None:
+            reply(m.ReadResponse(StatusCode.ENOENTRY, lid, eid, txn_id=req.txn_id))
+            return
+        reply(m.ReadResponse(StatusCode.EOK, lid, eid, body, max_lac=state.lac, txn_id=req.txn_id))
+
+    def _fencing_read(self, req: m.ReadRequest, reply: Reply) -> None:
+        lid, eid, txn = req.ledger_id, req.entry_id, req.txn_id
+        if req.master_key is None:
+            reply(m.ReadResponse(StatusCode.EBADREQ, lid, eid, txn_id=txn))
+            return
+        verdict = self.book.check_fence(lid, req.master_key)
+        if verdict.status is not StatusCode.EOK:
+            reply(m.ReadResponse(verdict.status, lid, eid, txn_id=txn))
+            return
+        if verdict.created:
+            self.journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
+
+        def fenced(exc: BaseException | None) -> None:
+            # Fencing reads carry no maxLAC (as BookKeeper 4.14 answers them).
+            if exc is not None:
+                self._storage_failed(exc)
+                reply(m.ReadResponse(StatusCode.EIO, lid, eid, txn_id=txn))
+                return
+            try:
+                state = self.book.get(lid)
+                assert state is not None
+                body = self._entry(state, eid)
+            except (CorruptEntryError, IndexError_, OSError) as err:
+                log.error("fencing read of %d/%d failed on storage: %r", lid, eid, err)
+                reply(m.ReadResponse(StatusCode.EIO, lid, eid, txn_id=txn))
+                return
+            status = StatusCode.EOK if body is not None else StatusCode.ENOENTRY
+            reply(m.ReadResponse(status, lid, eid, body, txn_id=txn))
+
+        # Journaled every time, even when already fenced: the earlier fence may still be in flight, and the
+        # answer must not go out before some fence record of this ledger is durable.
+        self.journal.append(RecordType.FENCE, _I64.pack(lid), fenced)
+
+    async def _long_poll(self, req: m.ReadRequest, reply: Reply) -> None:
+        lid, txn = req.ledger_id, req.txn_id
+        previous = req.previous_lac if req.previous_lac is not None else -1
+        try:
+            state = self.book.get(lid)
+            if state is None:
+                reply(m.ReadResponse(StatusCode.ENOLEDGER, lid, req.entry_id, txn_id=txn))
+                return
+            waited = False
+            if state.lac <= previous and not self._closed:
+                waited = True
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._watchers.setdefault(lid, []).append(fut)
+                timeout_s = (req.timeout_ms or 0) / 1000.0
+                try:
+                    await asyncio.wait_for(fut, timeout_s)
+                except TimeoutError:
+                    pass
+                finally:
+                    futs = self._watchers.get(lid)
+                    if futs and fut in futs:
+                        futs.remove(fut)
+            if state.lac <= previous:
+                # Timed out: the LAC did not move. Answer with what we know and no entry.
+                reply(m.ReadResponse(StatusCode.EOK, lid, req.entry_id, None, max_lac=state.lac, txn_id=txn))
+                return
+            want = previous + 1
+            body = self.storage.get(lid, want)
+            stamp = self.env.clock.wall_ms() if waited else None
+            if body is None:
+                reply(m.ReadResponse(StatusCode.EOK, lid, req.entry_id, None, max_lac=state.lac, txn_id=txn))
+            else:
+                reply(m.ReadResponse(StatusCode.EOK, lid, want, body, state.lac, stamp, txn_id=txn))
+        except (CorruptEntryError, IndexError_, OSError) as exc:
+            log.error("long poll read of %d failed on storage: %r", lid, exc)
+            reply(m.ReadResponse(StatusCode.EIO, lid, req.entry_id, txn_id=txn))
+        except asyncio.CancelledError:
+            reply(m.ReadResponse(StatusCode.EIO, lid, req.entry_id, txn_id=txn))
+            raise
+
+    def _read_lac(self, req: m.ReadLacRequest) -> m.ReadLacResponse:
+        lid = req.ledger_id
+        state = self.book.get(lid)
+        if state is None:
+            return m.ReadLacResponse(StatusCode.ENOLEDGER, lid, txn_id=req.txn_id)
+        last = self._entry(state, m.LAST_ENTRY_ID)
+        if last is None and state.explicit_lac is None:
+            return m.ReadLacResponse(StatusCode.ENOENTRY, lid, txn_id=req.txn_id)
+        return m.ReadLacResponse(StatusCode.EOK, lid, state.explicit_lac, last, txn_id=req.txn_id)
+
+    def _write_lac(self, req: m.WriteLacRequest, reply: Reply) -> None:
+        lid, txn = req.ledger_id, req.txn_id
+        if self.failed is not None or self.journal.failed is not None:
+            reply(m.WriteLacResponse(StatusCode.EIO, lid, txn))
+            return
+        verdict = self.book.check_write_lac(lid, req.master_key)
+        if verdict.status is not StatusCode.EOK:
+            reply(m.WriteLacResponse(verdict.status, lid, txn))
+            return
+        if verdict.created:
+            self.journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
+        body = bytes(req.body)
+
+        def durable(exc: BaseException | None) -> None:
+            reply(m.WriteLacResponse(StatusCode.EOK if exc is None else StatusCode.EIO, lid, txn))
+
+        self.journal.append(RecordType.EXPLICIT_LAC, _I64.pack(lid) + body, durable)
+        if self.book.record_explicit_lac(lid, req.lac, body):
+            self._wake(lid)
+
+    def _bookie_info(self, req: m.GetBookieInfoRequest) -> m.GetBookieInfoResponse:
+        usage = self.env.disk.usage(self.config.ledger_dir)
+        return m.GetBookieInfoResponse(StatusCode.EOK, usage.total_bytes, usage.free_bytes, req.txn_id)
+
+    def _force_ledger(self, req: m.ForceLedgerRequest, reply: Reply) -> None:
+        # Every add is synced before it is acknowledged (DEFERRED_SYNC adds too), so forcing a ledger only
+        # has to wait for what is already queued: a journal mark is that barrier.
+        lid, txn = req.ledger_id, req.txn_id
+
+        def done(pos: JournalPosition | None, exc: BaseException | None) -> None:
+            reply(m.ForceLedgerResponse(StatusCode.EOK if exc is None else StatusCode.EIO, lid, txn))
+
+        self.journal.mark(done)
+
+    def _list_entries(self, req: m.GetListOfEntriesOfLedgerRequest) -> m.GetListOfEntriesOfLedgerResponse:
+        lid = req.ledger_id
+        if self.book.get(lid) is None:
+            return m.GetListOfEntriesOfLedgerResponse(StatusCode.ENOLEDGER, lid, txn_id=req.txn_id)
+        ids = self.storage.entries(lid)
+        return m.GetListOfEntriesOfLedgerResponse(StatusCode.EOK, lid, encode_availability(ids), req.txn_id)
+
+    # --- read-only mode --------------------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self.book.read_only
+
+    def set_read_only(self, read_only: bool) -> None:
+        self.book.read_only = read_only
+
+
+def error_response(req: m.Request, status: StatusCode) -> Any:
+    """The response type matching `req`, carrying only `status`."""
+    txn = req.txn_id
+    if isinstance(req, m.AddRequest):
+        return m.AddResponse(status, req.ledger_id, req.entry_id, txn)
+    if isinstance(req, m.ReadRequest):
+        return m.ReadResponse(status, req.ledger_id, req.entry_id, txn_id=txn)
+    if isinstance(req, m.ReadLacRequest):
+        return m.ReadLacResponse(status, req.ledger_id, txn_id=txn)
+    if isinstance(req, m.WriteLacRequest):
+        return m.WriteLacResponse(status, req.ledger_id, txn)
+    if isinstance(req, m.GetBookieInfoRequest):
+        return m.GetBookieInfoResponse(status, txn_id=txn)
+    if isinstance(req, m.ForceLedgerRequest):
+        return m.ForceLedgerResponse(status, req.ledger_id, txn)
+    if isinstance(req, m.GetListOfEntriesOfLedgerRequest):
+        return m.GetListOfEntriesOfLedgerResponse(status, req.ledger_id, txn_id=txn)
+    if isinstance(req, m.StartTLSRequest):
+        return m.StartTLSResponse(status, txn)
+    op = getattr(req, "op", None) or getattr(req, "operation", 0)
+    return m.ErrorResponse(int(op or 0), status, txn)
+
+
+__all__ = ["Bookie", "JournalError", "encode_availability", "error_response"]

@@ -1,0 +1,233 @@
+"""Bookie settings: one table of names, types, defaults and allowed ranges, read from a TOML file, environment
+variables and command-line flags (API.md, "Command line").
+
+What it owns: `BookieConfig` (frozen) and `load_config`. Precedence: flag > `QUORUMLOG_<NAME>` env var > TOML
+file > default. Every bad value raises `ConfigError` naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from quorumlog.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    kind: type  # int, float, bool, str, or list (of str)
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env_var(self) -> str:
+        return "QUORUMLOG_" + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("host", str, "127.0.0.1", "address to listen on"),
+    Setting(
+        "port", int, 3181, "port to listen on (v2 and v3 on the same port); 0 picks a free one", 0, 65535
+    ),
+    Setting("data_dir", str, "./data/bookie", "base directory; journal and ledger dirs default under it"),
+    Setting("journal_dirs", list, [], "journal directory (one; default <data_dir>/journal)"),
+    Setting("ledger_dirs", list, [], "ledger directory (one; default <data_dir>/ledgers)"),
+    Setting("metadata", str, "", "metadata store URI (zk://, etcd://, file://); empty: run unregistered"),
+    Setting("bookie_id", str, "", "bookie id (default host:port)"),
+    Setting("journal_sync", bool, True, "fdatasync the journal before acknowledging (false loses data!)"),
+    Setting(
+        "journal_max_wait_ms", float, 1.0, "longest a journal batch waits to grow before its sync", 0, 1000
+    ),
+    Setting(
+        "journal_max_batch_bytes", int, 512 << 10, "journal batch size that triggers a sync", 4096, 64 << 20
+    ),
+    Setting("journal_file_size_bytes", int, 64 << 20, "journal file size (preallocated)", 1 << 20, 4 << 30),
+    Setting("write_cache_bytes", int, 64 << 20, "write cache, both halves together", 1 << 20, 64 << 30),
+    Setting(
+        "read_ahead_bytes", int, 64 << 10, "bytes read ahead from an entry log on a cache miss", 0, 64 << 20
+    ),
+    Setting("read_cache_bytes", int, 16 << 20, "read-ahead cache size", 0, 64 << 30),
+    Setting("entry_log_size_bytes", int, 1 << 30, "entry log size before rolling", 1 << 20, 64 << 30),
+    Setting("checkpoint_interval_s", float, 10.0, "longest time between checkpoints", 0.01, 3600),
+    Setting("max_connections", int, 1000, "open client connections allowed", 1, 1_000_000),
+    Setting(
+        "max_pending_requests",
+        int,
+        10_000,
+        "in-flight requests per connection before ETOOMANYREQUESTS",
+        1,
+        10_000_000,
+    ),
+    Setting("max_frame_bytes", int, 5 << 20, "largest accepted frame", 1024, 1 << 30),
+    Setting("disk_usage_threshold", float, 0.95, "disk usage fraction that turns the bookie read-only", 0, 1),
+    Setting("disk_usage_lwm", float, 0.90, "disk usage fraction below which it becomes writable again", 0, 1),
+    Setting("disk_check_interval_s", float, 10.0, "how often disk usage is checked", 0.01, 3600),
+    Setting("read_only_mode", bool, True, "go read-only on a full disk (false: shut down instead)"),
+    Setting("gc_interval_s", float, 900.0, "garbage collection interval (GC is planned)", 0, 1e7),
+    Setting("minor_compaction_threshold", float, 0.2, "live ratio for minor compaction (planned)", 0, 1),
+    Setting("major_compaction_threshold", float, 0.8, "live ratio for major compaction (planned)", 0, 1),
+    Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
+)
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    host: str = "127.0.0.1"
+    port: int = 3181
+    data_dir: str = "./data/bookie"
+    journal_dirs: list[str] = field(default_factory=list)
+    ledger_dirs: list[str] = field(default_factory=list)
+    metadata: str = ""
+    bookie_id: str = ""
+    journal_sync: bool = True
+    journal_max_wait_ms: float = 1.0
+    journal_max_batch_bytes: int = 512 << 10
+    journal_file_size_bytes: int = 64 << 20
+    write_cache_bytes: int = 64 << 20
+    read_ahead_bytes: int = 64 << 10
+    read_cache_bytes: int = 16 << 20
+    entry_log_size_bytes: int = 1 << 30
+    checkpoint_interval_s: float = 10.0
+    max_connections: int = 1000
+    max_pending_requests: int = 10_000
+    max_frame_bytes: int = 5 << 20
+    disk_usage_threshold: float = 0.95
+    disk_usage_lwm: float = 0.90
+    disk_check_interval_s: float = 10.0
+    read_only_mode: bool = True
+    gc_interval_s: float = 900.0
+    minor_compaction_threshold: float = 0.2
+    major_compaction_threshold: float = 0.8
+    http_port: int = 0
+
+    def __post_init__(self) -> None:
+        for s in SETTINGS:
+            _check(s, getattr(self, s.name), "value")
+        if len(self.journal_dirs) > 1 or len(self.ledger_dirs) > 1:
+            raise ConfigError("journal_dirs / ledger_dirs: one directory each is supported for now")
+        if self.disk_usage_lwm > self.disk_usage_threshold:
+            raise ConfigError(
+                f"disk_usage_lwm={self.disk_usage_lwm} must not exceed "
+                f"disk_usage_threshold={self.disk_usage_threshold}"
+            )
+        if self.journal_file_size_bytes < 4096 + 2 * self.journal_max_batch_bytes:
+            raise ConfigError(
+                f"journal_file_size_bytes={self.journal_file_size_bytes} must hold two batches "
+                f"(>= 4096 + 2 * journal_max_batch_bytes = {4096 + 2 * self.journal_max_batch_bytes})"
+            )
+
+    @property
+    def journal_dir(self) -> str:
+        return os.path.abspath(
+            self.journal_dirs[0] if self.journal_dirs else os.path.join(self.data_dir, "journal")
+        )
+
+    @property
+    def ledger_dir(self) -> str:
+        return os.path.abspath(
+            self.ledger_dirs[0] if self.ledger_dirs else os.path.join(self.data_dir, "ledgers")
+        )
+
+    def replace(self, **changes: Any) -> BookieConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _check(s: Setting, value: Any, source: str) -> None:
+    if s.kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{s.name}: expected a list of paths, got {value!r} ({source})")
+        return
+    ok = isinstance(value, s.kind) and not (s.kind is int and isinstance(value, bool))
+    if s.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ConfigError(f"{s.name}: expected {s.kind.__name__}, got {value!r} ({source})")
+    if s.low is not None and s.high is not None and not (s.low <= value <= s.high):
+        raise ConfigError(f"{s.name}={value!r} is out of range: allowed {s.low:g} .. {s.high:g} ({source})")
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_text(s: Setting, text: str, source: str) -> Any:
+    """A setting's value from text (env var or flag)."""
+    t = text.strip()
+    try:
+        if s.kind is bool:
+            if t.lower() in _TRUE:
+                return True
+            if t.lower() in _FALSE:
+                return False
+            raise ValueError
+        if s.kind is int:
+            return int(t.replace("_", ""), 0)
+        if s.kind is float:
+            return float(t)
+        if s.kind is list:
+            return [p for p in t.split(",") if p]
+    except ValueError:
+        raise ConfigError(f"{s.name}: cannot parse {text!r} as {s.kind.__name__} ({source})") from None
+    return t
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> BookieConfig:
+    """Defaults < TOML file < environment < overrides (already-typed values from flags)."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        section = data.get("bookie", data) if isinstance(data.get("bookie"), dict) else data
+        for key, value in section.items():
+            s = _BY_NAME.get(key)
+            if s is None:
+                raise ConfigError(f"{key}: unknown setting in {path}; known: {', '.join(sorted(_BY_NAME))}")
+            if s.kind is list and isinstance(value, str):
+                value = [value]
+            _check(s, value, f"from {path}")
+            values[key] = value
+    env = os.environ if environ is None else environ
+    for s in SETTINGS:
+        if s.env_var in env:
+            values[s.name] = parse_text(s, env[s.env_var], f"from ${s.env_var}")
+            _check(s, values[s.name], f"from ${s.env_var}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        s = _BY_NAME.get(key)
+        if s is None:
+            raise ConfigError(f"{key}: unknown setting")
+        _check(s, value, f"from {s.flag}")
+        values[key] = value
+    return BookieConfig(**values)
+
+
+def setting_parsers() -> dict[str, Callable[[str], Any]]:
+    """Text parsers by setting name, for command-line flags."""
+
+    def parser(s: Setting) -> Callable[[str], Any]:
+        return lambda text: parse_text(s, text, f"from {s.flag}")
+
+    return {s.name: parser(s) for s in SETTINGS}

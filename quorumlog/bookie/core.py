@@ -1,0 +1,181 @@
+"""The bookie's decisions, without I/O: per-ledger state and what each request is allowed to do.
+
+What it owns: `LedgerState` (one per ledger the bookie knows: master key, fenced, LAC, last entry, explicit
+LAC) and `LedgerBook`, the table of them with the rules below. The I/O shell (`bookie.Bookie`) asks the book
+for a verdict, then journals, stores and answers. A deterministic simulator can drive the book directly.
+
+Rules (BookKeeper 4.14 semantics, DESIGN.md §1-§3):
+- The first add (or fence, or WRITE_LAC) of an unknown ledger creates it with the master key it carries;
+  later requests with another key get EUA. A fencing read of an unknown ledger creates it *fenced*: an old
+  writer that reaches this bookie later must still be refused.
+- After a fence, adds get EFENCED, except RECOVERY_ADD (the recovering client re-adds entries).
+- In read-only mode, adds and WRITE_LAC get EREADONLY; reads (fencing reads too) still work.
+- A non-fencing read of an unknown ledger is ENOLEDGER.
+- LAC only grows: it is the largest of the LAC piggybacked on stored entries and the explicit LAC.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quorumlog.proto.status import StatusCode
+
+_STATE = struct.Struct(">BqqH")  # flags, lac, last entry, master key length
+_FLAG_FENCED = 1
+_LAC_OFFSET = 16  # lastAddConfirmed inside an entry: ledgerId i64 | entryId i64 | lac i64 | ...
+_I64 = struct.Struct(">q")
+
+
+def entry_lac(body: bytes | memoryview) -> int:
+    """The LAC a writer piggybacked on an entry (-1 when the body is too short to carry one)."""
+    if len(body) < _LAC_OFFSET + 8:
+        return -1
+    return int(_I64.unpack_from(body, _LAC_OFFSET)[0])
+
+
+@dataclass(slots=True)
+class LedgerState:
+    ledger_id: int
+    master_key: bytes
+    fenced: bool = False
+    lac: int = -1
+    last_entry: int = -1
+    explicit_lac: bytes | None = None  # the WRITE_LAC body, returned as-is by READ_LAC
+
+    def to_bytes(self) -> bytes:
+        head = _STATE.pack(
+            _FLAG_FENCED if self.fenced else 0, self.lac, self.last_entry, len(self.master_key)
+        )
+        return head + self.master_key + (self.explicit_lac or b"")
+
+    @staticmethod
+    def from_bytes(ledger_id: int, raw: bytes) -> LedgerState:
+        flags, lac, last, klen = _STATE.unpack_from(raw)
+        key = bytes(raw[_STATE.size : _STATE.size + klen])
+        rest = bytes(raw[_STATE.size + klen :])
+        return LedgerState(ledger_id, key, bool(flags & _FLAG_FENCED), lac, last, rest or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    status: StatusCode
+    created: bool = False  # the request created the ledger: journal its master key first
+
+
+_OK = Verdict(StatusCode.EOK)
+_OK_CREATED = Verdict(StatusCode.EOK, created=True)
+_EUA = Verdict(StatusCode.EUA)
+_EFENCED = Verdict(StatusCode.EFENCED)
+_EREADONLY = Verdict(StatusCode.EREADONLY)
+_ENOLEDGER = Verdict(StatusCode.ENOLEDGER)
+
+
+class LedgerBook:
+    """Ledger states by id, loaded on demand through `load` (None: the bookie has never seen the ledger)."""
+
+    def __init__(self, load: Callable[[int], LedgerState | None]) -> None:
+        self._load = load
+        self._states: dict[int, LedgerState] = {}
+        self.dirty: set[int] = set()  # changed since the last checkpoint took its snapshot
+        self.read_only = False
+
+    def get(self, ledger_id: int) -> LedgerState | None:
+        st = self._states.get(ledger_id)
+        if st is None:
+            st = self._load(ledger_id)
+            if st is not None:
+                self._states[ledger_id] = st
+        return st
+
+    def _create(self, ledger_id: int, master_key: bytes) -> LedgerState:
+        st = LedgerState(ledger_id, bytes(master_key))
+        self._states[ledger_id] = st
+        self.dirty.add(ledger_id)
+        return st
+
+    # --- verdicts ------------------------------------------------------------------------------------------
+
+    def check_add(self, ledger_id: int, master_key: bytes, recovery: bool) -> Verdict:
+        if self.read_only:
+            return _EREADONLY
+        st = self.get(ledger_id)
+        if st is None:
+            self._create(ledger_id, master_key)
+            return _OK_CREATED
+        if st.master_key != master_key:
+            return _EUA
+        if st.fenced and not recovery:
+            return _EFENCED
+        return _OK
+
+    def check_fence(self, ledger_id: int, master_key: bytes) -> Verdict:
+        """A fencing read. EOK means: journal the fence, answer once it is durable."""
+        st = self.get(ledger_id)
+        if st is None:
+            st = self._create(ledger_id, master_key)
+            st.fenced = True
+            return _OK_CREATED
+        if st.master_key != master_key:
+            return _EUA
+        if not st.fenced:
+            st.fenced = True
+            self.dirty.add(ledger_id)
+        return _OK
+
+    def check_write_lac(self, ledger_id: int, master_key: bytes) -> Verdict:
+        if self.read_only:
+            return _EREADONLY
+        st = self.get(ledger_id)
+        if st is None:
+            self._create(ledger_id, master_key)
+            return _OK_CREATED
+        if st.master_key != master_key:
+            return _EUA
+        return _OK
+
+    def check_read(self, ledger_id: int) -> Verdict:
+        return _OK if self.get(ledger_id) is not None else _ENOLEDGER
+
+    # --- effects -------------------------------------------------------------------------------------------
+
+    def record_add(self, ledger_id: int, entry_id: int, body: bytes | memoryview) -> bool:
+        """Note a stored entry; True when the ledger's LAC advanced (long polls to wake)."""
+        st = self._states[ledger_id]
+        self.dirty.add(ledger_id)
+        if entry_id > st.last_entry:
+            st.last_entry = entry_id
+        lac = entry_lac(body)
+        if lac > st.lac:
+            st.lac = lac
+            return True
+        return False
+
+    def record_explicit_lac(self, ledger_id: int, lac: int, body: bytes) -> bool:
+        st = self._states[ledger_id]
+        st.explicit_lac = bytes(body)
+        self.dirty.add(ledger_id)
+        if lac > st.lac:
+            st.lac = lac
+            return True
+        return False
+
+    def replay_fence(self, ledger_id: int) -> None:
+        st = self._states.get(ledger_id) or self.get(ledger_id)
+        if st is not None and not st.fenced:
+            st.fenced = True
+            self.dirty.add(ledger_id)
+
+    def replay_master_key(self, ledger_id: int, master_key: bytes) -> None:
+        if self.get(ledger_id) is None:
+            self._create(ledger_id, master_key)
+
+    def take_dirty(self) -> dict[int, bytes]:
+        """Snapshot of every state changed since the last call (for a checkpoint)."""
+        out = {lid: self._states[lid].to_bytes() for lid in self.dirty}
+        self.dirty = set()
+        return out
+
+    def ledger_ids(self) -> list[int]:
+        return list(self._states)

@@ -1,0 +1,557 @@
+"""The bookie's write-ahead journal: group commit, preallocated files, checksummed records, replay.
+
+What it owns: the journal directory, its files `<seq:016x>.jnl`, and the one thread that writes and syncs them.
+
+Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
+- A record's callback runs (on the event loop) only after the batch holding it has been written *and*
+  fdatasync'ed. Callers acknowledge adds, fences and explicit LACs from that callback and from nowhere else.
+- One hand-off per batch: the loop appends records to a shared buffer under a lock; the sync thread swaps the
+  buffer out, writes it with one pwrite, syncs once, and wakes the loop once (`call_soon_threadsafe`) for the
+  whole batch. NOTES.md: a thread hand-off costs as much as an fdatasync, so never one per record.
+- The thread waits up to `max_wait_s` for a batch to grow to `max_batch_bytes` before syncing a small batch.
+- Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
+  from files a checkpoint released. Every record's CRC32C is salted with its file's sequence number, so stale
+  records in a recycled file, zeros, and torn writes all fail the check and mark the end of the log.
+- Every file but the last ends with a ROLL record, synced before anything is written to the next file. On
+  replay a file that ends without ROLL is the torn tail: it is truncated to its last valid record and sealed
+  with ROLL. A file without ROLL followed by a file with valid records is corruption, and replay refuses it
+  (something acknowledged may be missing), rather than silently skipping it.
+- If a write or sync fails, the journal is failed for good: every waiting and later record gets the error
+  (fdatasync errors cannot be retried safely on Linux: the dirty pages may already be dropped).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crc32c
+
+from quorumlog.env import Env, File
+
+log = logging.getLogger(__name__)
+
+FILE_MAGIC = b"QLJ1"
+FILE_VERSION = 1
+HEADER_SIZE = 4096  # records start on the second page, so a torn header write never tears a record
+_FILE_HEADER = struct.Struct(">4sIQI")  # magic, version, seq, crc32c(previous fields)
+_REC_HEADER = struct.Struct(">IIB")  # crc32c, payload length, record type
+REC_HEADER_SIZE = _REC_HEADER.size
+_SEQ = struct.Struct(">Q")
+_ZEROS = bytes(1 << 20)
+MAX_RECORD_BYTES = 64 << 20  # anything longer read back from disk is garbage, not a record
+
+
+class RecordType(IntEnum):
+    ADD = 1  # payload: the entry as the client sent it (ledgerId and entryId are its first 16 bytes)
+    FENCE = 2  # payload: ledgerId i64
+    MASTER_KEY = 3  # payload: ledgerId i64 + master key
+    EXPLICIT_LAC = 4  # payload: ledgerId i64 + explicit-LAC body as the client sent it
+    ROLL = 5  # empty: this file is complete, the log continues in the next file
+
+
+class JournalError(Exception):
+    """The journal cannot be written or read back safely."""
+
+
+class JournalCorruptError(JournalError):
+    """Replay found damage that is not a torn tail: acknowledged records may be missing."""
+
+
+@dataclass(frozen=True, order=True)
+class JournalPosition:
+    """A point in the journal: everything before `offset` in file `seq` and every earlier file."""
+
+    seq: int
+    offset: int
+
+
+Callback = Callable[[BaseException | None], None]
+MarkCallback = Callable[[JournalPosition | None, BaseException | None], None]
+
+
+def _record_crc(seq_salt: int, length: int, rtype: int, payload: bytes | memoryview) -> int:
+    return crc32c.crc32c(payload, crc32c.crc32c(struct.pack(">QIB", seq_salt, length, rtype)))
+
+
+def encode_record(seq: int, rtype: int, payload: bytes | memoryview) -> bytes:
+    n = len(payload)
+    return _REC_HEADER.pack(_record_crc(seq, n, rtype, payload), n, rtype) + payload
+
+
+def _file_name(seq: int) -> str:
+    return f"{seq:016x}.jnl"
+
+
+def _parse_file_name(name: str) -> int | None:
+    if not name.endswith(".jnl") or len(name) != 20:
+        return None
+    try:
+        return int(name[:16], 16)
+    except ValueError:
+        return None
+
+
+def _header_bytes(seq: int) -> bytes:
+    head = struct.pack(">4sIQ", FILE_MAGIC, FILE_VERSION, seq)
+    return _FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, seq, crc32c.crc32c(head)).ljust(HEADER_SIZE, b"\0")
+
+
+@dataclass(frozen=True)
+class ReplayedRecord:
+    rtype: RecordType
+    payload: bytes
+    position: JournalPosition  # where the record ends
+
+
+@dataclass
+class _Segment:
+    """One recordable journal file, as found on disk by replay."""
+
+    seq: int
+    valid_end: int
+    sealed: bool  # ends with a ROLL record
+    size: int
+
+
+@dataclass
+class _Batch:
+    data: bytearray
+    waiters: list[Callback]
+    marks: list[tuple[int, MarkCallback]]
+
+
+class Journal:
+    """A group-committing, checksummed write-ahead log in one directory.
+
+    Lifecycle: `replay(start)` (yields what is to be re-applied, then seals the tail), `start(loop)`,
+    `append(...)` / `mark(...)` from the loop thread, `release_before(seq)` after a checkpoint, `close()`.
+    """
+
+    def __init__(
+        self,
+        env: Env,
+        directory: str,
+        *,
+        file_size_bytes: int = 64 << 20,
+        max_batch_bytes: int = 512 << 10,
+        max_wait_s: float = 0.001,
+        sync: bool = True,
+        max_pending_bytes: int = 64 << 20,
+        spare_files_max: int = 4,
+    ) -> None:
+        if file_size_bytes < HEADER_SIZE + 2 * max_batch_bytes:
+            raise ValueError("journal file_size_bytes must hold at least two batches plus the header")
+        self.env = env
+        self.directory = directory
+        self.file_size_bytes = file_size_bytes
+        self.max_batch_bytes = max_batch_bytes
+        self.max_wait_s = max_wait_s
+        self.sync = sync
+        self.max_pending_bytes = max_pending_bytes
+        self.spare_files_max = spare_files_max
+        self._segments: list[_Segment] = []
+        self._next_seq = 1
+        # shared with the sync thread, guarded by _cond
+        self._cond = threading.Condition(threading.Lock())
+        self._buf = bytearray()
+        self._waiters: list[Callback] = []
+        self._marks: list[tuple[int, MarkCallback]] = []
+        self._first_append_s = 0.0
+        self._notify_at_bytes = 1
+        self._thread_waiting = False
+        self._closing = False
+        self._failed: BaseException | None = None
+        self._spares: list[str] = []  # paths of released files that can be recycled (owned under _cond)
+        # sync-thread state
+        self._file: File | None = None
+        self._file_seq = 0
+        self._offset = 0
+        self._next_file: tuple[int, File] | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed_files: list[int] = []  # sealed by the sync thread since start (guarded by _cond)
+        self.batches_synced = 0
+        self.bytes_written = 0
+
+    # --- replay ---------------------------------------------------------------------------------------
+
+    def _list(self) -> list[int]:
+        self.env.disk.makedirs(self.directory)
+        seqs = []
+        for name in self.env.disk.listdir(self.directory):
+            seq = _parse_file_name(name)
+            if seq is not None:
+                seqs.append(seq)
+            elif name.startswith("spare-"):
+                self._spares.append(os.path.join(self.directory, name))
+        return sorted(seqs)
+
+    def _path(self, seq: int) -> str:
+        return os.path.join(self.directory, _file_name(seq))
+
+    def replay(self, start: JournalPosition | None) -> Iterator[ReplayedRecord]:
+        """Yield every valid record from `start` to the end, then seal the tail so new writes start clean.
+
+        Raises JournalCorruptError for damage that is not at the tail (see the module rules).
+        """
+        seqs = self._list()
+        first = start.seq if start is not None else (seqs[0] if seqs else 1)
+        unsealed: _Segment | None = None
+        for seq in seqs:
+            if seq < first:
+                continue  # released by a checkpoint but not yet removed
+            f = self.env.disk.open(self._path(seq))
+            try:
+                size = f.size()
+                head = f.pread(HEADER_SIZE, 0)
+                if not self._header_ok(head, seq):
+                    # A file whose header never became durable was being prepared when the bookie stopped.
+                    seg = _Segment(seq, 0, False, size)
+                    self._segments.append(seg)
+                    unsealed = unsealed or seg
+                    continue
+                begin = start.offset if (start is not None and seq == start.seq) else HEADER_SIZE
+                seg = _Segment(seq, begin, False, size)
+                for rec in self._scan(f, seq, begin, size):
+                    if unsealed is not None:
+                        raise JournalCorruptError(
+                            f"journal file {self._path(unsealed.seq)} ends at offset {unsealed.valid_end} "
+                            f"without its ROLL record, but the later file {self._path(seq)} has records: "
+                            "the journal is damaged in the middle and acknowledged entries may be missing. "
+                            "Restore the journal directory from a backup, or decommission this bookie."
+                        )
+                    seg.valid_end = rec.position.offset
+                    if rec.rtype == RecordType.ROLL:
+                        seg.sealed = True
+                        break
+                    yield rec
+                self._segments.append(seg)
+                if not seg.sealed and unsealed is None:
+                    unsealed = seg
+            finally:
+                f.close()
+        self._next_seq = (max(seqs) + 1) if seqs else first
+        self._seal_tail()
+
+    def _header_ok(self, head: bytes, seq: int) -> bool:
+        if len(head) < _FILE_HEADER.size:
+            return False
+        magic, version, hseq, crc = _FILE_HEADER.unpack_from(head)
+        return (
+            magic == FILE_MAGIC
+            and version == FILE_VERSION
+            and hseq == seq
+            and crc == crc32c.crc32c(struct.pack(">4sIQ", magic, version, hseq))
+        )
+
+    def _scan(self, f: File, seq: int, offset: int, size: int) -> Iterator[ReplayedRecord]:
+        chunk = b""
+        chunk_at = offset
+        while offset + REC_HEADER_SIZE <= size:
+            # read in large chunks; a record that straddles a chunk boundary triggers a re-read
+            rel = offset - chunk_at
+            if rel + REC_HEADER_SIZE > len(chunk):
+                chunk, chunk_at, rel = f.pread(max(1 << 20, REC_HEADER_SIZE), offset), offset, 0
+                if len(chunk) < REC_HEADER_SIZE:
+                    return
+            crc, length, rtype = _REC_HEADER.unpack_from(chunk, rel)
+            if length > MAX_RECORD_BYTES or offset + REC_HEADER_SIZE + length > size:
+                return
+            end = rel + REC_HEADER_SIZE + length
+            if end > len(chunk):
+                chunk, chunk_at, rel = f.pread(max(1 << 20, REC_HEADER_SIZE + length), offset), offset, 0
+                end = REC_HEADER_SIZE + length
+                if end > len(chunk):
+                    return
+            payload = chunk[rel + REC_HEADER_SIZE : end]
+            if rtype not in _VALID_TYPES or crc != _record_crc(seq, length, rtype, payload):
+                return
+            offset += REC_HEADER_SIZE + length
+            yield ReplayedRecord(RecordType(rtype), payload, JournalPosition(seq, offset))
+
+    def _seal_tail(self) -> None:
+        """Cut every unsealed file at its last valid record and append ROLL, durably, before new writes."""
+        for seg in self._segments:
+            if seg.sealed:
+                continue
+            f = self.env.disk.open(self._path(seg.seq))
+            try:
+                if seg.valid_end < HEADER_SIZE:
+                    f.truncate(0)
+                    f.pwrite(_header_bytes(seg.seq), 0)
+                    seg.valid_end = HEADER_SIZE
+                else:
+                    f.truncate(seg.valid_end)  # the torn tail, and anything stale after it, is gone
+                roll = encode_record(seg.seq, RecordType.ROLL, b"")
+                f.pwrite(roll, seg.valid_end)
+                f.fdatasync()
+                log.info("journal %s: sealed at offset %d", self._path(seg.seq), seg.valid_end)
+                seg.valid_end += len(roll)
+                seg.sealed = True
+            finally:
+                f.close()
+        if self._segments:
+            self.env.disk.sync_dir(self.directory)
+
+    # --- running ---------------------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Open a fresh file and start the sync thread. Call after `replay`."""
+        self._loop = loop
+        self._file_seq, self._file = self._prepare_file(self._next_seq)
+        self._next_seq += 1
+        self._offset = HEADER_SIZE
+        if not self.sync:
+            log.warning(
+                "JOURNAL SYNC IS OFF (journal_sync=false): adds are acknowledged before they are on disk; "
+                "a machine crash or power loss WILL lose acknowledged entries. Never run this in production."
+            )
+        self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
+        self._thread.start()
+
+    def _prepare_file(self, seq: int) -> tuple[int, File]:
+        """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop."""
+        path = self._path(seq)
+        with self._cond:
+            spare = self._spares.pop() if self._spares else None
+        disk = self.env.disk
+        if spare is not None:
+            disk.rename(spare, path)
+            f = disk.open(path)
+        else:
+            f = disk.open(path, create=True)
+            f.truncate(0)
+            off = HEADER_SIZE
+            while off < self.file_size_bytes:
+                n = min(len(_ZEROS), self.file_size_bytes - off)
+                f.pwrite(memoryview(_ZEROS)[:n], off)
+                off += n
+        f.pwrite(_header_bytes(seq), 0)
+        f.fdatasync()
+        disk.sync_dir(self.directory)
+        return seq, f
+
+    @property
+    def start_position(self) -> JournalPosition:
+        """Where the file opened by `start` begins: everything replayed lies before it."""
+        return JournalPosition(self._file_seq, HEADER_SIZE)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buf)
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._failed
+
+    def append(self, rtype: RecordType, payload: bytes | memoryview, callback: Callback | None) -> None:
+        """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure.
+
+        Called only from the loop thread. The record's salt is filled in by the sync thread, which alone
+        knows the file it lands in, so the buffer holds records with a placeholder CRC until then.
+        """
+        n = len(payload)
+        with self._cond:
+            if self._failed is not None or self._closing:
+                err = self._failed or JournalError("journal is closed")
+                if callback is not None:
+                    self._loop.call_soon(callback, err)  # type: ignore[union-attr]
+                return
+            buf = self._buf
+            if not buf:
+                self._first_append_s = time.monotonic()
+            buf += _REC_HEADER.pack(0, n, rtype)
+            buf += payload
+            if callback is not None:
+                self._waiters.append(callback)
+            if self._thread_waiting and len(buf) >= self._notify_at_bytes:
+                self._cond.notify()
+
+    def mark(self, callback: MarkCallback) -> None:
+        """Report the exact journal position after every record appended so far (for checkpoints)."""
+        with self._cond:
+            if self._failed is not None or self._closing:
+                self._loop.call_soon(callback, None, self._failed or JournalError("journal is closed"))  # type: ignore[union-attr]
+                return
+            if not self._buf:
+                self._first_append_s = time.monotonic()
+            self._marks.append((len(self._buf), callback))
+            if self._thread_waiting:
+                self._cond.notify()
+
+    def release_before(self, seq: int) -> None:
+        """Files with a smaller sequence number hold nothing a checkpoint has not made durable elsewhere."""
+        kept = []
+        for seg in self._segments:
+            if seg.seq >= seq:
+                kept.append(seg)
+                continue
+            self._recycle(self._path(seg.seq))
+        self._segments = kept
+        with self._cond:
+            old = [s for s in self._closed_files if s < seq]
+            self._closed_files = [s for s in self._closed_files if s >= seq]
+        for s in old:
+            self._recycle(self._path(s))
+
+    def _recycle(self, path: str) -> None:
+        with self._cond:
+            if len(self._spares) < self.spare_files_max:
+                spare = os.path.join(self.directory, f"spare-{os.path.basename(path)}")
+                self.env.disk.rename(path, spare)
+                self._spares.append(spare)
+                return
+        self.env.disk.remove(path)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                batch = self._take_batch()
+                if batch is None:
+                    return
+                self._write(batch)
+        except BaseException as exc:  # the thread must never die silently: fail every waiter
+            log.exception("journal sync thread failed; the bookie can no longer acknowledge writes")
+            self._fail(exc)
+
+    def _take_batch(self) -> _Batch | None:
+        with self._cond:
+            while not self._buf and not self._marks and not self._closing:
+                self._notify_at_bytes = 1
+                self._thread_waiting = True
+                self._cond.wait()
+                self._thread_waiting = False
+            if self.max_wait_s > 0 and not self._closing:
+                deadline = self._first_append_s + self.max_wait_s
+                self._notify_at_bytes = self.max_batch_bytes
+                while len(self._buf) < self.max_batch_bytes and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._thread_waiting = True
+                    self._cond.wait(left)
+                    self._thread_waiting = False
+            if not self._buf and not self._marks:
+                return None  # closing with nothing left
+            batch = _Batch(self._buf, self._waiters, self._marks)
+            self._buf = bytearray()
+            self._waiters = []
+            self._marks = []
+            return batch
+
+    def _salt(self, data: bytearray, seq: int) -> None:
+        """Fill in each record's CRC now that its file (the CRC salt) is known."""
+        view = memoryview(data)
+        off = 0
+        end = len(data)
+        salt_crc = crc32c.crc32c(_SEQ.pack(seq))
+        while off < end:
+            _, length, _ = _REC_HEADER.unpack_from(data, off)
+            body = view[off + REC_HEADER_SIZE : off + REC_HEADER_SIZE + length]
+            crc = crc32c.crc32c(body, crc32c.crc32c(data[off + 4 : off + REC_HEADER_SIZE], salt_crc))
+            struct.pack_into(">I", data, off, crc)
+            off += REC_HEADER_SIZE + length
+
+    def _write(self, batch: _Batch) -> None:
+        data = batch.data
+        if (
+            data
+            and self._offset + len(data) + REC_HEADER_SIZE > self.file_size_bytes
+            and (self._offset > HEADER_SIZE)
+        ):
+            self._roll()
+        f = self._file
+        assert f is not None
+        start = self._offset
+        if data:
+            self._salt(data, self._file_seq)
+            f.pwrite(data, start)
+            if self.sync:
+                f.fdatasync()
+            self._offset += len(data)
+            self.bytes_written += len(data)
+        self.batches_synced += 1
+        marks = [(JournalPosition(self._file_seq, start + rel), cb) for rel, cb in batch.marks]
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._complete, batch.waiters, marks)
+
+    def _roll(self) -> None:
+        f = self._file
+        assert f is not None
+        roll = encode_record(self._file_seq, RecordType.ROLL, b"")
+        f.pwrite(roll, self._offset)
+        f.fdatasync()  # the ROLL must be durable before the next file holds anything (replay rule)
+        f.close()
+        with self._cond:
+            self._closed_files.append(self._file_seq)
+        if self._next_file is None:
+            self._next_file = self._prepare_file(self._next_seq)
+            self._next_seq += 1
+        self._file_seq, self._file = self._next_file
+        self._next_file = None
+        self._offset = HEADER_SIZE
+        # prepare the following file now, so the next roll does not zero 64 MiB on the sync path
+        threading.Thread(target=self._prepare_next, name="ql-journal-prealloc", daemon=True).start()
+
+    def _prepare_next(self) -> None:
+        try:
+            seq = self._next_seq
+            prepared = self._prepare_file(seq)
+            with self._cond:
+                if self._next_file is None and self._next_seq == seq:
+                    self._next_seq += 1
+                    self._next_file = prepared
+                    return
+            prepared[1].close()
+        except BaseException:
+            log.exception("journal: preparing the next file failed (will retry at the next roll)")
+
+    def _complete(self, waiters: list[Callback], marks: list[tuple[JournalPosition, MarkCallback]]) -> None:
+        for cb in waiters:
+            cb(None)
+        for pos, mcb in marks:
+            mcb(pos, None)
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._failed is None:
+                self._failed = exc
+            waiters, marks = self._waiters, self._marks
+            self._waiters, self._marks, self._buf = [], [], bytearray()
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        def fail_all() -> None:
+            for cb in waiters:
+                cb(exc)
+            for _, mcb in marks:
+                mcb(None, exc)
+
+        loop.call_soon_threadsafe(fail_all)
+
+    def close(self) -> None:
+        """Write and sync everything queued, stop the thread, close files. Blocking."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._next_file is not None:
+            self._next_file[1].close()
+            self._next_file = None
+
+
+_VALID_TYPES = frozenset(int(t) for t in RecordType)

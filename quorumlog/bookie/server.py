@@ -1,0 +1,182 @@
+"""The bookie's network front: one asyncio server, v2 and v3 on one port, a thin adapter around `Bookie`.
+
+What it owns: connections (an asyncio `Protocol` each, no streams), per-connection version detection (the
+codec's `ServerConnection`), response coalescing, limits and back-pressure.
+
+Rules it keeps:
+- Responses produced during one event-loop turn go out in one `transport.write` (a journal batch completes
+  hundreds of adds in one callback; NOTES.md: 1 KiB writes are syscall-bound).
+- Limits: at most `max_connections` connections (more are closed at once); at most `max_pending_requests`
+  unanswered requests per connection -- beyond it a request is answered ETOOMANYREQUESTS, and reading from
+  that socket pauses until half of them are answered. Adds are also refused with ETOOMANYREQUESTS while the
+  journal has more than its `max_pending_bytes` queued. When the peer does not read its responses
+  (`pause_writing`), reading from it pauses too.
+- A frame that cannot be decoded (garbage, oversized) closes that connection only: the stream position is
+  lost, and nothing else is affected. No exception escapes into the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from quorumlog.bookie.bookie import Bookie, error_response
+from quorumlog.env import Env, Server
+from quorumlog.errors import ProtocolError
+from quorumlog.proto import messages as m
+from quorumlog.proto.codec import ServerConnection
+from quorumlog.proto.status import StatusCode
+
+log = logging.getLogger(__name__)
+
+
+class BookieConnection(asyncio.Protocol):
+    def __init__(self, server: BookieServer) -> None:
+        self.server = server
+        self.bookie = server.bookie
+        self.codec = ServerConnection(server.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._pending = 0
+        self._max_pending = server.max_pending_requests
+        self._reading_paused = False
+        self._writing_paused = False
+        self._loop = asyncio.get_running_loop()
+
+    # --- asyncio.Protocol -------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self.server.admit(self):
+            log.warning("connection refused: max_connections=%d reached", self.server.max_connections)
+            transport.abort()
+            self.transport = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.forget(self)
+        self.transport = None
+        self._out.clear()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            requests = self.codec.receive(data)
+        except ProtocolError as exc:
+            peer = self.transport.get_extra_info("peername") if self.transport else None
+            log.warning("closing connection from %s: %s", peer, exc)
+            if self.transport is not None:
+                self._flush()
+                self.transport.close()
+            return
+        journal = self.bookie.journal
+        for req in requests:
+            if self._pending >= self._max_pending or (
+                type(req) is m.AddRequest and journal.pending_bytes > journal.max_pending_bytes
+            ):
+                self._pending += 1
+                self.reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
+                continue
+            self._pending += 1
+            try:
+                self.bookie.handle(req, self.reply)
+            except Exception:  # a bug must cost one request, not the bookie
+                log.exception("request %r failed", type(req).__name__)
+                self.reply(error_response(req, StatusCode.EIO))
+        self._update_reading()
+
+    # --- responses --------------------------------------------------------------------------------------
+
+    def reply(self, response: Any) -> None:
+        self._pending -= 1
+        if self.transport is None:
+            return
+        self._out.append(self.codec.send(response))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        if self._reading_paused and self._pending <= self._max_pending // 2:
+            self._update_reading()
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None:
+            out = self._out
+            self._out = []
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def _update_reading(self) -> None:
+        t = self.transport
+        if t is None:
+            return
+        pause = self._writing_paused or self._pending >= self._max_pending
+        if pause and not self._reading_paused:
+            self._reading_paused = True
+            t.pause_reading()
+        elif not pause and self._reading_paused and self._pending <= self._max_pending // 2:
+            self._reading_paused = False
+            t.resume_reading()
+
+
+class BookieServer:
+    """Listens on host:port and feeds every connection's requests to one `Bookie`."""
+
+    def __init__(
+        self,
+        bookie: Bookie,
+        env: Env,
+        host: str,
+        port: int,
+        *,
+        max_connections: int = 1000,
+        max_pending_requests: int = 10_000,
+        max_frame_bytes: int = 5 << 20,
+    ) -> None:
+        self.bookie = bookie
+        self.env = env
+        self.host = host
+        self.port = port
+        self.max_connections = max_connections
+        self.max_pending_requests = max_pending_requests
+        self.max_frame_bytes = max_frame_bytes
+        self.connections: set[BookieConnection] = set()
+        self._server: Server | None = None
+
+    def admit(self, conn: BookieConnection) -> bool:
+        if len(self.connections) >= self.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def forget(self, conn: BookieConnection) -> None:
+        self.connections.discard(conn)
+
+    async def start(self) -> None:
+        self._server = await self.env.net.create_server(lambda: BookieConnection(self), self.host, self.port)
+        sockets = getattr(self._server, "sockets", None)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]  # port 0 picks a free port
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self) -> None:
+        """Stop listening and close every connection (after flushing what was answered)."""
+        self.stop_accepting()
+        for conn in list(self.connections):
+            conn._flush()
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None

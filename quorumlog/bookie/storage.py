@@ -1,0 +1,175 @@
+"""Ledger storage: a double-buffered write cache in front of entry logs and the LMDB index, plus read-ahead.
+
+What it owns: where an entry lives between its journal record and its place in an entry log, and the
+checkpoint that moves it there.
+
+Rules it keeps:
+- Adds go to the *active* write cache (bounded bytes). A checkpoint swaps it with the empty *flushing* cache
+  and writes the flushing one, sorted by (ledger, entry), to an entry log (one pwrite, fdatasync), then commits
+  its locations, the ledger states and the journal position to the index in one synced transaction. Only then
+  may journal files before that position go (`Journal.release_before`).
+- Reads look in the active cache, then the flushing cache, then the read-ahead cache, then the index and the
+  entry log. Index entries are written only after their bytes are synced, so a location always resolves.
+- When the active cache is full while a flush runs, `has_room` says no and the caller waits: memory is bounded
+  and nothing is dropped.
+- Corrupt stored bytes raise `CorruptEntryError` (EIO); only a missing index entry is `None` (ENOENTRY).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs, Location
+from quorumlog.bookie.index import LedgerIndex, location_key
+from quorumlog.bookie.journal import JournalPosition
+
+
+@dataclass
+class WriteCache:
+    """Entries not yet in an entry log, by (ledger, entry)."""
+
+    entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    size_bytes: int = 0
+
+    def put(self, ledger_id: int, entry_id: int, body: bytes) -> None:
+        key = (ledger_id, entry_id)
+        old = self.entries.get(key)
+        if old is not None:
+            self.size_bytes -= len(old)
+        self.entries[key] = body
+        self.size_bytes += len(body)
+
+    def clear(self) -> None:
+        self.entries = {}
+        self.size_bytes = 0
+
+
+class ReadAheadCache:
+    """Recently read-ahead entries, bounded by bytes, least recently inserted out first."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._size = 0
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        return self._entries.get(key)
+
+    def put(self, key: tuple[int, int], data: bytes) -> None:
+        if key in self._entries:
+            return
+        self._entries[key] = data
+        self._size += len(data)
+        while self._size > self.max_bytes and self._entries:
+            _, old = self._entries.popitem(last=False)
+            self._size -= len(old)
+
+    def invalidate(self, key: tuple[int, int]) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._size -= len(old)
+
+
+class LedgerStorage:
+    def __init__(
+        self,
+        entry_logs: EntryLogs,
+        index: LedgerIndex,
+        *,
+        write_cache_bytes: int = 64 << 20,
+        read_ahead_bytes: int = 64 << 10,
+        read_cache_bytes: int = 16 << 20,
+    ) -> None:
+        self.entry_logs = entry_logs
+        self.index = index
+        self.cache_half_bytes = max(1, write_cache_bytes // 2)
+        self.read_ahead_bytes = read_ahead_bytes
+        self.active = WriteCache()
+        self.flushing = WriteCache()
+        self.read_cache = ReadAheadCache(read_cache_bytes)
+        self.flush_running = False
+
+    # --- loop thread -------------------------------------------------------------------------------------
+
+    def put(self, ledger_id: int, entry_id: int, body: bytes) -> None:
+        self.active.put(ledger_id, entry_id, body)
+        self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
+
+    def has_room(self, nbytes: int) -> bool:
+        return self.active.size_bytes + nbytes <= self.cache_half_bytes or not self.active.entries
+
+    def wants_flush(self) -> bool:
+        return self.active.size_bytes >= self.cache_half_bytes // 2
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        key = (ledger_id, entry_id)
+        data = self.active.entries.get(key)
+        if data is None:
+            data = self.flushing.entries.get(key)
+        if data is None:
+            data = self.read_cache.get(key)
+        if data is not None:
+            return data
+        raw = self.index.location(ledger_id, entry_id)
+        if raw is None:
+            return None
+        loc = Location.unpack(raw)
+        if self.read_ahead_bytes <= loc.length:
+            return self.entry_logs.read(ledger_id, entry_id, loc)
+        records = self.entry_logs.read_ahead(loc, self.read_ahead_bytes)
+        lid, eid, data = records[0]
+        if (lid, eid) != key:
+            raise CorruptEntryError(
+                f"entry log {loc.log_id} offset {loc.offset} holds {lid}/{eid}, not {key}"
+            )
+        for rlid, reid, rdata in records[1:]:
+            if rlid != ledger_id:
+                break  # checkpoints write ledgers contiguously: the rest belongs to other readers
+            self.read_cache.put((rlid, reid), rdata)
+        return data
+
+    def entries(self, ledger_id: int) -> list[int]:
+        ids = set(self.index.entries(ledger_id))
+        for cache in (self.active, self.flushing):
+            ids.update(e for (lid, e) in cache.entries if lid == ledger_id)
+        return sorted(ids)
+
+    def begin_flush(self) -> WriteCache:
+        """Swap caches (loop thread). The returned cache stays readable until `end_flush`."""
+        assert not self.flush_running, "one checkpoint at a time"
+        self.flush_running = True
+        self.active, self.flushing = self.flushing, self.active
+        return self.flushing
+
+    def end_flush(self, ok: bool) -> None:
+        """After a successful flush the flushed entries are readable from the logs; after a failed one they
+        go back into the active cache, so nothing acknowledged becomes unreadable."""
+        if ok:
+            self.flushing.clear()
+        else:
+            for (lid, eid), body in self.flushing.entries.items():
+                if (lid, eid) not in self.active.entries:
+                    self.active.put(lid, eid, body)
+            self.flushing.clear()
+        self.flush_running = False
+
+    # --- checkpoint thread -------------------------------------------------------------------------------
+
+    def flush(self, cache: WriteCache, states: dict[int, bytes], checkpoint: JournalPosition | None) -> None:
+        """Write `cache` to an entry log and commit the index (blocking; runs off the loop)."""
+        keys = sorted(cache.entries)
+        locations: list[Location] = []
+        if keys:
+            locations = self.entry_logs.write_batch(
+                [(lid, eid, cache.entries[(lid, eid)]) for lid, eid in keys]
+            )
+        self.index.commit(
+            ((location_key(lid, eid), loc.pack()) for (lid, eid), loc in zip(keys, locations, strict=True)),
+            states,
+            checkpoint,
+        )
+
+    def close(self) -> None:
+        self.entry_logs.close()
+        self.index.close()

@@ -1,0 +1,77 @@
+"""`quorumlog bookie`: run one bookie in this process until SIGTERM (API.md, "Command line").
+
+Every setting of `quorumlog.bookie.config.SETTINGS` is a `--kebab-case` flag, a `QUORUMLOG_UPPER_CASE`
+environment variable and a key of the `--config` TOML file (flag > env > file > default). A bad value exits
+with status 2 and a message naming the key and the allowed range.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from quorumlog.bookie.config import SETTINGS, load_config, setting_parsers
+from quorumlog.errors import ConfigError, QuorumLogError
+
+_PARSERS = setting_parsers()
+
+
+def _settings_options(fn: Any) -> Any:
+    for s in reversed(SETTINGS):
+        fn = click.option(
+            s.flag,
+            s.name,
+            default=None,
+            metavar=s.kind.__name__.upper(),
+            help=f"{s.help} [env {s.env_var}; default {s.default!r}]",
+        )(fn)
+    return fn
+
+
+@click.command("bookie")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML file with bookie settings (top level or a [bookie] table).",
+)
+@click.option(
+    "--ready-fd",
+    type=int,
+    default=None,
+    help="Write 'ready HOST:PORT' and a newline to this file descriptor once serving.",
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@_settings_options
+def bookie(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
+    """Run one bookie (storage server) until SIGTERM; shuts down cleanly (journal synced, unregistered)."""
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        overrides = {k: _PARSERS[k](v) for k, v in flags.items() if v is not None}
+        config = load_config(config_path, overrides=overrides)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+    def ready(service: Any) -> None:
+        host, port = service.address
+        line = f"ready {host}:{port}\n".encode()
+        if ready_fd is not None:
+            os.write(ready_fd, line)
+        else:
+            click.echo(f"bookie {service.bookie_id} serving on {host}:{port}", err=True)
+
+    from quorumlog.bookie.service import run_until_signalled
+    from quorumlog.env import run
+
+    try:
+        run(run_until_signalled(config, ready=ready))
+    except QuorumLogError as exc:
+        click.echo(f"quorumlog bookie: {exc}", err=True)
+        sys.exit(1)
