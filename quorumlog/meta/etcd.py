@@ -1,0 +1,493 @@
+"""The etcd v3 driver (`etcd://host:port[,host:port]/prefix`), over etcd's JSON gRPC gateway with aiohttp.
+
+Why the gateway: etcd serves its v3 API as JSON over plain HTTP (`/v3/kv/txn`, `/v3/watch`, ...) next to
+gRPC. Talking to it with aiohttp keeps the driver native to asyncio (no gRPC runtime and its threads, no
+generated stubs to keep in step with our protobuf version) and the whole protocol we use fits in this
+file. The Python gRPC etcd clients are thin or unmaintained; metadata operations are rare and small, so
+JSON costs nothing that matters (docs/PERFORMANCE.md, "Metadata", has the numbers).
+
+How ZooKeeper's model maps onto etcd's flat, revisioned key space:
+- A node is one key: `<prefix>/<depth:03d><path>` (`/quorumlog/002/ledgers/LAYOUT`). The depth keeps a
+  node's children in one contiguous key range (`<prefix>/003/ledgers/LAYOUT/...` holds no grandchildren),
+  so `children` is a single keys-only range read and a children watch is a single range watch.
+- A node's version is its key's `mod_revision`; compare-and-set is a transaction comparing it.
+- Create is a transaction: parent exists (and is not ephemeral), node absent -> put. Delete additionally
+  compares "no key in the children range" (ZooKeeper refuses to delete a node with children).
+- Ephemeral nodes are attached to this store's lease (TTL = session timeout), kept alive every third of
+  the TTL; the lease is the session. When a keep-alive finds the lease gone, a new lease is granted and
+  session-expired listeners run.
+- Sequential suffixes come from a per-parent counter key (`<prefix>/seq<path>`): each put bumps the key's
+  etcd `version` atomically, and the previous version (returned with `prev_kv`) is the sequence number.
+- Watches are etcd watch streams (one HTTP stream each), resumed from the last seen revision after a
+  disconnect (with a RESYNC, as changes may have been compacted away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import math
+from typing import Any
+
+import aiohttp
+
+from quorumlog.errors import (
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataStoreError,
+    MetadataVersionError,
+)
+from quorumlog.meta.store import (
+    ANY_VERSION,
+    DEFAULT_LEDGERS_ROOT,
+    SEQUENCE_DIGITS,
+    EventType,
+    MetadataStore,
+    StoreOptions,
+    Versioned,
+    Watch,
+    WatchEvent,
+    parent,
+    validate_path,
+)
+
+log = logging.getLogger("quorumlog.meta.etcd")
+
+MIN_LEASE_TTL_S = 1
+WATCH_RECONNECT_PAUSE_S = 0.2
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+def _unb64(s: str | None) -> bytes:
+    return base64.b64decode(s) if s else b""
+
+
+def _range_end(prefix: bytes) -> bytes:
+    """The smallest key after every key starting with `prefix`."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] < 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return b"\x00"
+
+
+def _depth(path: str) -> int:
+    return 0 if path == "/" else path.count("/")
+
+
+class _NotSent(Exception):
+    """The request never reached etcd (connection refused / no route): retrying any operation is safe."""
+
+
+class _Ambiguous(Exception):
+    """The connection failed after the request may have been sent."""
+
+
+class EtcdStore(MetadataStore):
+    def __init__(self, uri: str, endpoints: list[str], prefix: str, options: StoreOptions) -> None:
+        super().__init__(uri, DEFAULT_LEDGERS_ROOT, options)
+        self.endpoints = endpoints
+        self.prefix = prefix.rstrip("/").encode()
+        self._endpoint = 0
+        self._http: aiohttp.ClientSession | None = None
+        self._lease = 0
+        self._ttl_s = max(MIN_LEASE_TTL_S, math.ceil(options.session_timeout_s))
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watch_tasks: dict[Watch, asyncio.Task[None]] = {}
+        self._lease_lock = asyncio.Lock()
+
+    @classmethod
+    async def connect(
+        cls, uri: str, hosts: list[tuple[str, int]], prefix: str, options: StoreOptions
+    ) -> EtcdStore:
+        if not hosts:
+            raise MetadataStoreError(f"metadata URI {uri!r} names no etcd endpoint")
+        store = cls(uri, [f"http://{h}:{p}" for h, p in hosts], prefix, options)
+        store._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(2.0, options.connect_timeout_s)),
+        )
+        try:
+            async with asyncio.timeout(options.connect_timeout_s):
+                while True:
+                    try:
+                        store._lease = await store._grant()
+                        break
+                    except _NotSent:
+                        await asyncio.sleep(options.retry_backoff_s)
+        except (TimeoutError, _Ambiguous, MetadataStoreError) as e:
+            await store._http.close()
+            raise MetadataStoreError(
+                f"cannot reach etcd at {', '.join(store.endpoints)} within {options.connect_timeout_s}s: {e!r}"
+            ) from None
+        store._tasks.append(asyncio.create_task(store._keepalive_loop(), name="meta-etcd-keepalive"))
+        return store
+
+    # -- keys --
+    def _key(self, path: str) -> bytes:
+        return self.prefix + b"/%03d" % _depth(path) + path.encode()
+
+    def _children_prefix(self, path: str) -> bytes:
+        base = b"" if path == "/" else path.encode()
+        return self.prefix + b"/%03d" % (_depth(path) + 1) + base + b"/"
+
+    def _seq_key(self, path: str) -> bytes:
+        return self.prefix + b"/seq" + path.encode()
+
+    # -- HTTP --
+    async def _post(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self._http is not None
+        url = self.endpoints[self._endpoint] + api
+        try:
+            async with self._http.post(url, data=json.dumps(body)) as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise MetadataStoreError(f"etcd {api} answered HTTP {resp.status}: {text[:200]}")
+                result: dict[str, Any] = json.loads(text)
+                return result
+        except aiohttp.ClientConnectorError as e:
+            self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+            raise _NotSent(str(e)) from e
+        except (aiohttp.ClientError, ConnectionError) as e:
+            self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+            raise _Ambiguous(repr(e)) from e
+
+    async def _read(self, what: str, body: dict[str, Any], api: str = "/v3/kv/range") -> dict[str, Any]:
+        return await self._call(what, lambda: self._post(api, body), retry=True, is_transient=_any_transient)
+
+    async def _write(self, what: str, body: dict[str, Any], api: str = "/v3/kv/txn") -> dict[str, Any]:
+        return await self._call(what, lambda: self._post(api, body), retry=True, is_transient=_not_sent)
+
+    # -- leases (the session) --
+    async def _grant(self) -> int:
+        r = await self._post("/v3/lease/grant", {"TTL": self._ttl_s})
+        return int(r["ID"])
+
+    async def _keepalive_loop(self) -> None:
+        interval = self._ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            lease = self._lease
+            try:
+                r = await self._post("/v3/lease/keepalive", {"ID": lease})
+            except (_NotSent, _Ambiguous, MetadataStoreError) as e:
+                log.warning("etcd lease keep-alive failed: %s", e)
+                continue
+            if int(r.get("result", {}).get("TTL", 0)) <= 0:
+                await self._replace_lease(lease)
+
+    async def _replace_lease(self, old: int) -> None:
+        async with self._lease_lock:
+            if self._lease != old:
+                return
+            while not self._closed:
+                try:
+                    self._lease = await self._grant()
+                    break
+                except (_NotSent, _Ambiguous, MetadataStoreError) as e:
+                    log.warning("etcd lease grant failed: %s", e)
+                    await asyncio.sleep(self.options.retry_backoff_s)
+        self._notify_session_expired()
+
+    @property
+    def session_id(self) -> str:
+        return f"{self._lease:x}"
+
+    async def expire_session(self) -> None:
+        old = self._lease
+        await self._write("revoke lease", {"ID": old}, api="/v3/lease/revoke")
+        await self._replace_lease(old)
+
+    # -- nodes --
+    def _cmp_exists(self, key: bytes) -> dict[str, Any]:
+        return {"key": _b64(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"}
+
+    def _cmp_absent(self, key: bytes, range_end: bytes | None = None) -> dict[str, Any]:
+        c = {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+        if range_end is not None:
+            c["range_end"] = _b64(range_end)
+        return c
+
+    async def create(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = False,
+    ) -> str:
+        validate_path(path)
+        if path == "/":
+            raise MetadataExistsError("/ always exists")
+        par = parent(path)
+        if make_parents and par != "/" and await self.exists(par) is None:
+            await self._create_parents(par)
+        name = path
+        if sequential:
+            r = await self._write(
+                f"sequence {path}",
+                {"key": _b64(self._seq_key(par)), "value": "", "prev_kv": True},
+                api="/v3/kv/put",
+            )
+            seq = int(r.get("prev_kv", {}).get("version", 0))
+            name = f"{path}{seq:0{SEQUENCE_DIGITS}d}"
+        key = self._key(name)
+        compare = [self._cmp_absent(key)]
+        if par != "/":
+            pkey = self._key(par)
+            compare += [
+                self._cmp_exists(pkey),
+                {"key": _b64(pkey), "target": "LEASE", "result": "EQUAL", "lease": "0"},
+            ]
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(bytes(data))}
+        if ephemeral:
+            put["lease"] = self._lease
+        r = await self._write(
+            f"create {name}",
+            {
+                "compare": compare,
+                "success": [{"request_put": put}],
+                "failure": [{"request_range": {"key": _b64(key), "keys_only": True}}],
+            },
+        )
+        if not r.get("succeeded"):
+            if _kvs(r, 0):
+                raise MetadataExistsError(f"{name} already exists")
+            if await self.exists(par) is None:
+                raise MetadataNotFoundError(f"parent of {name} does not exist")
+            if ephemeral and await self._lease_gone():
+                await self._replace_lease(put["lease"])
+                return await self.create(path, data, ephemeral=True, sequential=sequential)
+            raise MetadataStoreError(f"cannot create {name}: its parent is ephemeral")
+        return name
+
+    async def _lease_gone(self) -> bool:
+        r = await self._read("lease ttl", {"ID": self._lease}, api="/v3/lease/timetolive")
+        return int(r.get("TTL", -1)) <= 0
+
+    async def _create_parents(self, path: str) -> None:
+        missing = []
+        p = path
+        while p != "/" and await self.exists(p) is None:
+            missing.append(p)
+            p = parent(p)
+        for p in reversed(missing):
+            with contextlib.suppress(MetadataExistsError):
+                await self.create(p)
+
+    async def get(self, path: str) -> Versioned[bytes]:
+        validate_path(path)
+        r = await self._read(f"get {path}", {"key": _b64(self._key(path))})
+        kvs = r.get("kvs") or []
+        if not kvs:
+            raise MetadataNotFoundError(f"{path} does not exist")
+        return Versioned(_unb64(kvs[0].get("value")), int(kvs[0]["mod_revision"]))
+
+    async def _cas_txn(
+        self, what: str, path: str, version: int, op: dict[str, Any], extra: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        key = self._key(path)
+        compare = [self._cmp_exists(key)]
+        if version != ANY_VERSION:
+            compare.append(
+                {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(version)}
+            )
+        r = await self._write(
+            what,
+            {
+                "compare": compare + extra,
+                "success": [op],
+                "failure": [{"request_range": {"key": _b64(key), "keys_only": True}}],
+            },
+        )
+        if not r.get("succeeded"):
+            kvs = _kvs(r, 0)
+            if not kvs:
+                raise MetadataNotFoundError(f"{path} does not exist")
+            if version != ANY_VERSION and int(kvs[0]["mod_revision"]) != version:
+                raise MetadataVersionError(
+                    f"{path} is at version {kvs[0]['mod_revision']}, expected {version}"
+                )
+        return r
+
+    async def set(self, path: str, data: bytes, *, version: int) -> int:
+        validate_path(path)
+        key = self._key(path)
+        # Keep an ephemeral node's lease: a plain put would detach it from its session.
+        op = {"request_put": {"key": _b64(key), "value": _b64(bytes(data)), "ignore_lease": True}}
+        r = await self._cas_txn(f"set {path}", path, version, op, [])
+        return int(r["header"]["revision"])
+
+    async def delete(self, path: str, *, version: int = ANY_VERSION) -> None:
+        validate_path(path)
+        cprefix = self._children_prefix(path)
+        no_children = self._cmp_absent(cprefix, _range_end(cprefix))
+        op = {"request_delete_range": {"key": _b64(self._key(path))}}
+        r = await self._cas_txn(f"delete {path}", path, version, op, [no_children])
+        if not r.get("succeeded"):
+            raise MetadataStoreError(f"cannot delete {path}: it has children")
+        # The sequence counter of a deleted parent goes with it (as ZooKeeper's cversion does).
+        with contextlib.suppress(MetadataStoreError):
+            await self._write(
+                f"delete {path} counter", {"key": _b64(self._seq_key(path))}, api="/v3/kv/deleterange"
+            )
+
+    async def children(self, path: str) -> list[str]:
+        validate_path(path)
+        cprefix = self._children_prefix(path)
+        r = await self._read(
+            f"children {path}",
+            {
+                "compare": [],
+                "success": [
+                    {"request_range": {"key": _b64(self._key(path)), "keys_only": True}},
+                    {
+                        "request_range": {
+                            "key": _b64(cprefix),
+                            "range_end": _b64(_range_end(cprefix)),
+                            "keys_only": True,
+                        }
+                    },
+                ],
+            },
+            api="/v3/kv/txn",  # one revision for both reads
+        )
+        if path != "/" and not _kvs(r, 0):
+            raise MetadataNotFoundError(f"{path} does not exist")
+        cut = len(cprefix)
+        return sorted(_unb64(kv["key"])[cut:].decode() for kv in _kvs(r, 1))
+
+    async def exists(self, path: str) -> int | None:
+        validate_path(path)
+        if path == "/":
+            return 0
+        r = await self._read(f"exists {path}", {"key": _b64(self._key(path)), "keys_only": True})
+        kvs = r.get("kvs") or []
+        return int(kvs[0]["mod_revision"]) if kvs else None
+
+    async def ephemeral_owner(self, path: str) -> str | None:
+        validate_path(path)
+        r = await self._read(f"owner {path}", {"key": _b64(self._key(path)), "keys_only": True})
+        kvs = r.get("kvs") or []
+        lease = int(kvs[0].get("lease", 0)) if kvs else 0
+        return f"{lease:x}" if lease else None
+
+    # -- watches: one etcd watch stream per Watch --
+    async def _arm_data_watch(self, watch: Watch) -> None:
+        key = self._key(watch.path)
+        await self._start_watch(watch, {"key": _b64(key)})
+
+    async def _arm_children_watch(self, watch: Watch) -> None:
+        cprefix = self._children_prefix(watch.path)
+        await self._start_watch(watch, {"key": _b64(cprefix), "range_end": _b64(_range_end(cprefix))})
+
+    async def _start_watch(self, watch: Watch, request: dict[str, Any]) -> None:
+        armed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(
+            self._watch_loop(watch, request, armed), name=f"meta-etcd-watch {watch.path}"
+        )
+        self._watch_tasks[watch] = task
+        try:
+            async with asyncio.timeout(self.options.op_timeout_s):
+                await armed
+        except TimeoutError:
+            task.cancel()
+            raise MetadataStoreError(
+                f"etcd watch on {watch.path} not established in {self.options.op_timeout_s}s"
+            ) from None
+
+    def _watch_closed(self, watch: Watch) -> None:
+        super()._watch_closed(watch)
+        task = self._watch_tasks.pop(watch, None)
+        if task is not None:
+            task.cancel()
+
+    async def _watch_loop(self, watch: Watch, request: dict[str, Any], armed: asyncio.Future[None]) -> None:
+        assert self._http is not None
+        next_rev = 0
+        while not watch.closed:
+            body = dict(request)
+            if next_rev:
+                body["start_revision"] = str(next_rev)
+            url = self.endpoints[self._endpoint] + "/v3/watch"
+            try:
+                async with self._http.post(url, data=json.dumps({"create_request": body})) as resp:
+                    if resp.status != 200:
+                        raise aiohttp.ClientError(f"HTTP {resp.status}")
+                    async for line in resp.content:
+                        if not line.strip():
+                            continue
+                        result = json.loads(line).get("result", {})
+                        if result.get("created"):
+                            if not armed.done():
+                                armed.set_result(None)
+                            elif next_rev:
+                                watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
+                        if result.get("compact_revision"):
+                            next_rev = 0
+                            watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
+                            break
+                        for ev in result.get("events") or []:
+                            self._deliver_event(watch, ev)
+                        rev = int(result.get("header", {}).get("revision", 0))
+                        if rev:
+                            next_rev = max(next_rev, rev + 1)
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, ConnectionError, ValueError) as e:
+                log.warning("etcd watch on %s broke: %r; resuming", watch.path, e)
+                self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+            await asyncio.sleep(WATCH_RECONNECT_PAUSE_S)
+
+    def _deliver_event(self, watch: Watch, ev: dict[str, Any]) -> None:
+        deleted = ev.get("type") == "DELETE"
+        created = not deleted and ev.get("kv", {}).get("version") == "1"
+        if watch.kind == "children":
+            if deleted or created:
+                watch._deliver(WatchEvent(EventType.CHILDREN, watch.path))
+        else:
+            kind = EventType.DELETED if deleted else EventType.CREATED if created else EventType.CHANGED
+            watch._deliver(WatchEvent(kind, watch.path))
+
+    # -- life cycle --
+    async def close(self) -> None:
+        if self._closed:
+            return
+        for w in list(self._watches):
+            w.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(min(2.0, self.options.op_timeout_s)):
+                await self._post("/v3/lease/revoke", {"ID": self._lease})
+        self._closed = True
+        if self._http is not None:
+            await self._http.close()
+
+
+def _kvs(txn: dict[str, Any], i: int) -> list[dict[str, Any]]:
+    responses = txn.get("responses") or []
+    if i >= len(responses):
+        return []
+    kvs: list[dict[str, Any]] = responses[i].get("response_range", {}).get("kvs") or []
+    return kvs
+
+
+def _any_transient(e: BaseException) -> bool:
+    return isinstance(e, _NotSent | _Ambiguous)
+
+
+def _not_sent(e: BaseException) -> bool:
+    return isinstance(e, _NotSent)

@@ -1,0 +1,333 @@
+"""Real ZooKeeper and etcd servers for tests: start on free 127.0.0.1 ports in temp dirs, stop, clean up.
+
+Integration tests run the metadata drivers against the real servers (never mocks; DESIGN.md §5), from the
+Debian packages `zookeeper` and `etcd-server` that `./dev setup` installs. Rules kept here:
+- Fast start, no fixed sleeps: a server is ready when it answers (ZooKeeper's `ruok` -> `imok`, etcd's
+  `/health`), polled every few milliseconds up to a deadline, and a server that exits early fails at once
+  with its log's tail in the error.
+- Nothing leaks: every process is started with a parent-death signal (if the test process dies, so does the
+  server), is tracked, and is stopped at interpreter exit; `close()` removes its temp dir.
+- `stop()` / `start()` keep the port and the data dir, so a test can take the store down and bring it back;
+  `kill()` is `kill -9`; `pause()` / `resume()` are SIGSTOP / SIGCONT.
+
+Use as context managers, or through pytest fixtures (`tests/meta/conftest.py` scopes them per session):
+
+    with ZooKeeperServer() as zk, EtcdServer() as etcd:
+        store = await open_store(zk.uri())
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "EtcdServer",
+    "ServerProcess",
+    "ServerStartError",
+    "ZooKeeperServer",
+    "etcd_available",
+    "free_port",
+    "zookeeper_available",
+]
+
+ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
+ETCD_BINARY = shutil.which("etcd") or "/usr/bin/etcd"
+JAVA_BINARY = shutil.which("java") or "/usr/bin/java"
+
+_PR_SET_PDEATHSIG = 1
+_running: set[ServerProcess] = set()
+
+
+class ServerStartError(RuntimeError):
+    """The server did not become ready; the message carries the tail of its log."""
+
+
+def zookeeper_available() -> bool:
+    return os.path.exists(ZOOKEEPER_JAR) and os.access(JAVA_BINARY, os.X_OK)
+
+
+def etcd_available() -> bool:
+    return os.access(ETCD_BINARY, os.X_OK)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; a tiny race remains before use)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the server gets SIGKILL when the test process dies.
+    # Note: the "parent" is the *thread* that forked, so start servers from a long-lived thread.
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_running):
+        with contextlib.suppress(Exception):
+            server.kill()
+
+
+class ServerProcess:
+    """A server subprocess with a temp dir, a port and a readiness probe."""
+
+    name = "server"
+    host = "127.0.0.1"
+
+    def __init__(
+        self, *, port: int | None = None, base_dir: str | None = None, start_timeout_s: float = 60.0
+    ):
+        self.port = port or free_port()
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"ql-{self.name}-")
+        self._own_dir = base_dir is None
+        self.data_dir = os.path.join(self.base_dir, "data")
+        self.log_path = os.path.join(self.base_dir, f"{self.name}.log")
+        self.start_timeout_s = start_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        os.makedirs(self.data_dir, exist_ok=True)
+
+    # -- subclass hooks --
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        """One readiness probe; must return quickly."""
+        raise NotImplementedError
+
+    # -- life cycle --
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> ServerProcess:
+        if self.running:
+            return self
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                cwd=self.base_dir,
+                preexec_fn=_die_with_parent,
+            )
+        _running.add(self)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        pause = 0.005
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise ServerStartError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.ready():
+                return
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ServerStartError(
+                    f"{self.name} not ready on port {self.port} in {self.start_timeout_s}s:\n{self.log_tail()}"
+                )
+            time.sleep(pause)  # polling a child process's port: there is no event to wait on
+            pause = min(pause * 2, 0.1)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Graceful stop (SIGTERM, then SIGKILL after `timeout_s`); port and data are kept for `start()`."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        _running.discard(self)
+
+    def kill(self) -> None:
+        """`kill -9`; port and data are kept for `start()`."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        _running.discard(self)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        """Stop and delete the temp dir."""
+        self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ZooKeeperServer(ServerProcess):
+    """A standalone ZooKeeper 3.8 (Debian's jar) with a short tick, so short session timeouts are allowed."""
+
+    name = "zookeeper"
+
+    def __init__(self, *, tick_ms: int = 200, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.tick_ms = tick_ms
+        self.conf_dir = os.path.join(self.base_dir, "conf")
+        os.makedirs(self.conf_dir, exist_ok=True)
+        self._write_config()
+
+    def _write_config(self) -> None:
+        with open(os.path.join(self.conf_dir, "zoo.cfg"), "w") as f:
+            f.write(
+                f"tickTime={self.tick_ms}\n"
+                f"dataDir={self.data_dir}\n"
+                f"clientPort={self.port}\n"
+                f"clientPortAddress={self.host}\n"
+                # min session timeout is 2 ticks (400 ms); allow up to a minute
+                "maxSessionTimeout=60000\n"
+                "maxClientCnxns=0\n"
+                "admin.enableServer=false\n"
+                "4lw.commands.whitelist=ruok,srvr,stat,cons\n"
+                # test data need not survive power loss; fsync per write would dominate test time
+                "forceSync=no\n"
+            )
+        with open(os.path.join(self.conf_dir, "log4j.properties"), "w") as f:
+            f.write(
+                "log4j.rootLogger=WARN, CONSOLE\n"
+                "log4j.appender.CONSOLE=org.apache.log4j.ConsoleAppender\n"
+                "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout\n"
+                "log4j.appender.CONSOLE.layout.ConversionPattern=%d %p [%t] %c{1}: %m%n\n"
+            )
+
+    def command(self) -> list[str]:
+        return [
+            JAVA_BINARY,
+            "-Xms64m",
+            "-Xmx256m",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",  # C1 only: faster start, plenty for a test server
+            "-Dzookeeper.admin.enableServer=false",
+            f"-Dzookeeper.log.dir={self.base_dir}",
+            "-cp",
+            f"{self.conf_dir}:{ZOOKEEPER_JAR}",
+            "org.apache.zookeeper.server.ZooKeeperServerMain",
+            os.path.join(self.conf_dir, "zoo.cfg"),
+        ]
+
+    def four_letter(self, word: str, timeout_s: float = 0.5) -> str:
+        with socket.create_connection((self.host, self.port), timeout=timeout_s) as s:
+            s.sendall(word.encode())
+            chunks = []
+            while data := s.recv(4096):
+                chunks.append(data)
+        return b"".join(chunks).decode("utf-8", "replace")
+
+    def ready(self) -> bool:
+        try:
+            return self.four_letter("ruok") == "imok"
+        except OSError:
+            return False
+
+    @property
+    def hosts(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def uri(self, root: str = "/ledgers", **query: float) -> str:
+        return f"zk://{self.hosts}{root}" + _query(query)
+
+
+class EtcdServer(ServerProcess):
+    """A single-member etcd 3.4 with short heartbeats (fast leader election at start)."""
+
+    name = "etcd"
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.peer_port = free_port()
+
+    def command(self) -> list[str]:
+        client = f"http://{self.host}:{self.port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        return [
+            ETCD_BINARY,
+            "--name=ql-test",
+            f"--data-dir={self.data_dir}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=ql-test={peer}",
+            "--heartbeat-interval=50",
+            "--election-timeout=500",
+            "--log-level=warn",
+            "--logger=zap",
+        ]
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.host}:{self.port}/health", timeout=0.5) as r:
+                return bool(json.loads(r.read()).get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def uri(self, prefix: str = "/quorumlog", **query: float) -> str:
+        return f"etcd://{self.endpoint}{prefix}" + _query(query)
+
+
+def _query(query: dict[str, float]) -> str:
+    return ("?" + "&".join(f"{k}={v}" for k, v in query.items())) if query else ""
+
+
+def started(factory: Callable[[], ServerProcess]) -> ServerProcess:
+    """Build and start a server, closing it if start fails (so a failed fixture leaks nothing)."""
+    server = factory()
+    try:
+        return server.start()
+    except BaseException:
+        server.close()
+        raise
