@@ -214,6 +214,7 @@ def test_recovery_keeps_every_acknowledged_entry_and_invents_nothing(data: st.Da
         act = queue.pop(data.draw(st.integers(0, len(queue) - 1)))
         if isinstance(act, SendFencingRead):
             held = [k for k in range(n) if act.bookie_id in holders[k]]
+            ev: FenceAnswer | FenceEmpty | FenceFailed
             if act.bookie_id in unreachable:
                 ev = FenceFailed(act.bookie_id, BookieUnavailableError(), unreachable=True)
             elif held:
