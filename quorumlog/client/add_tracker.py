@@ -189,8 +189,28 @@ class AddTracker:
 
     # --- appends ----------------------------------------------------------------------------------------
 
-    def append(self, payload_len: int, now_s: float, *, recovery: bool = False) -> Appended:
+    def append(self, payload_len: int, now_s: float) -> Appended:
         """Assign the next entry id to a payload of `payload_len` bytes and say where to send it."""
+        if payload_len < 0:
+            raise InvalidArgumentError(f"payload_len={payload_len}: must be >= 0")
+        self._check_can_append()
+        return self._append(self.last_add_pushed + 1, self.length_pushed + payload_len, now_s, recovery=False)
+
+    def append_recovery(self, entry_id: int, length: int, now_s: float) -> Appended:
+        """Re-add an entry recovery found (`RecoveryAdd`): id and cumulative length come from the entry read.
+
+        Recovery re-adds consecutive entries from its max LAC + 1, so the tracker for them starts with
+        `last_add_confirmed` = the recovery's max LAC.
+        """
+        self._check_can_append()
+        if entry_id != self.last_add_pushed + 1 or length < self.length_pushed:
+            raise IllegalOperationError(
+                f"recovery add of entry {entry_id} (length {length}) does not follow entry "
+                f"{self.last_add_pushed} (length {self.length_pushed})"
+            )
+        return self._append(entry_id, length, now_s, recovery=True)
+
+    def _check_can_append(self) -> None:
         if self._error is not None:
             raise self._error
         if self._closed:
@@ -200,14 +220,13 @@ class AddTracker:
                 f"{len(self._pending)} adds outstanding (outstanding_adds_max={self.outstanding_adds_max}); "
                 "wait for has_capacity before appending"
             )
-        if payload_len < 0:
-            raise InvalidArgumentError(f"payload_len={payload_len}: must be >= 0")
-        entry_id = self.last_add_pushed + 1
+
+    def _append(self, entry_id: int, length: int, now_s: float, *, recovery: bool) -> Appended:
         self.last_add_pushed = entry_id
-        self.length_pushed += payload_len
+        self.length_pushed = length
         lac = self.last_add_confirmed
         self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
-        pending = _Pending(AckSet(self.quorum, entry_id), self.length_pushed, recovery, now_s)
+        pending = _Pending(AckSet(self.quorum, entry_id), length, recovery, now_s)
         self._pending[entry_id] = pending
         _, ensemble = ensemble_for(self.ensembles, entry_id)
         actions: list[SendAdd] = []
@@ -218,7 +237,7 @@ class AddTracker:
                 continue
             pending.sent_s[index] = now_s
             actions.append(SendAdd(entry_id, index, bookie, recovery))
-        return Appended(entry_id, lac, self.length_pushed, actions)
+        return Appended(entry_id, lac, length, actions)
 
     def close(self) -> tuple[int, int]:
         """Stop accepting appends; returns (last entry id, length) to close the metadata with.

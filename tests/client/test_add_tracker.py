@@ -304,3 +304,14 @@ def test_random_interleavings_complete_in_order_with_real_ack_quorums(data: st.D
                     acked[entry] -= set(c.failed.values())
             absorb(t.ensemble_change_committed(c.first_entry_id, new, 0))
         assert t.last_add_confirmed == (done[-1] if done else -1)
+
+
+def test_recovery_adds_keep_the_ids_and_lengths_recovery_read() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B}, last_add_confirmed=4, length=40)
+    a = t.append_recovery(5, 47, 0.0)
+    assert (a.entry_id, a.length) == (5, 47)
+    assert all(s.recovery for s in a.actions)
+    with pytest.raises(IllegalOperationError):
+        t.append_recovery(7, 60, 0.0)  # not consecutive
+    t.on_ack(5, "b2", 0)
+    assert t.on_ack(5, "b0", 0) == [AddCompleted(5, 47)]
