@@ -127,6 +127,7 @@ class BookieRegistration:
         self._stale_wait_s = stale_wait_s if stale_wait_s is not None else store.options.session_timeout_s * 2
         self._unsubscribe: Callable[[], None] | None = None
         self._lock = asyncio.Lock()
+        self._registered_cond = asyncio.Condition()
         self._closed = False
 
     def _path(self, readonly: bool) -> str:
@@ -171,7 +172,14 @@ class BookieRegistration:
             await self.store.delete(self._path(not readonly))
         self.registrations += 1
         self.registered.set()
+        async with self._registered_cond:
+            self._registered_cond.notify_all()
         log.info("bookie %s registered at %s (session %s)", self.bookie_id, path, self.store.session_id)
+
+    async def wait_registrations(self, count: int, timeout_s: float) -> None:
+        """Wait until the node has been (re)created `count` times in all (e.g. 2 = once re-registered)."""
+        async with asyncio.timeout(timeout_s), self._registered_cond:
+            await self._registered_cond.wait_for(lambda: self.registrations >= count)
 
     async def _owned_by_this_session(self, path: str) -> bool:
         return await self.store.ephemeral_owner(path) == self.store.session_id
