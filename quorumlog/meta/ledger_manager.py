@@ -34,8 +34,9 @@ __all__ = ["LedgerManager", "LedgerWatch"]
 
 log = logging.getLogger("quorumlog.meta.ledger_manager")
 
-MAX_ID_ATTEMPTS = 16
-"""Generated ids whose metadata already exists are skipped at most this many times in a row."""
+MAX_ID_ATTEMPTS = 1024
+"""Generated ids whose metadata already exists are skipped at most this many times in a row. Collisions
+happen in runs after metadata was restored or copied without its `idgen` counter, so allow long runs."""
 
 
 class LedgerManager:
@@ -120,12 +121,13 @@ class LedgerManager:
         )
         if ledger_id is not None:
             return await self.create(template)
-        for _ in range(MAX_ID_ATTEMPTS):
+        for attempt in range(MAX_ID_ATTEMPTS):
             new_id = await self.generate_id()
             try:
                 return await self.create(template.replace(ledger_id=new_id))
             except LedgerExistsError:
-                log.warning("generated ledger id %d already has metadata; generating another", new_id)
+                if attempt % 100 == 0:
+                    log.warning("generated ledger id %d already has metadata; generating another", new_id)
         raise MetadataStoreError(f"{MAX_ID_ATTEMPTS} generated ledger ids in a row were taken")
 
     async def create(self, md: LedgerMetadata) -> Versioned[LedgerMetadata]:
