@@ -42,6 +42,7 @@ from enum import IntEnum
 import crc32c as _crc32c
 
 from quorumlog.errors import DigestMismatchError, ProtocolError
+from quorumlog.proto._fastinit import fast_init
 
 
 class DigestType(IntEnum):
@@ -85,6 +86,7 @@ def mac_key(password: bytes | str) -> bytes:
     return hashlib.sha1(b"mac" + _password_bytes(password)).digest()
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A verified entry."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import ClassVar
 
+from quorumlog.proto._fastinit import fast_init as _fast_init
 from quorumlog.proto.status import StatusCode
 
 
@@ -76,6 +77,7 @@ BOOKIE_INFO_FREE_DISK_SPACE = 0x2
 # --- requests -----------------------------------------------------------------------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class AddRequest:
     """Store one entry. `body` is the full entry (header + digest + payload); its first 16 bytes repeat
@@ -92,6 +94,7 @@ class AddRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
     """Read one entry (`entry_id == LAST_ENTRY_ID`: the last one stored).
@@ -113,6 +116,7 @@ class ReadRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ReadLacRequest:
     """Ask for the explicit LAC and the last stored entry (v3 only; READ_LAC cannot fence)."""
@@ -123,6 +127,7 @@ class ReadLacRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class WriteLacRequest:
     """Store an explicit LAC; `body` is `ledgerId | lac | digest` (v3 only)."""
@@ -136,6 +141,7 @@ class WriteLacRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class GetBookieInfoRequest:
     """Ask for disk capacity / free space; `requested` is an OR of BOOKIE_INFO_* bits (v3 only)."""
@@ -146,6 +152,7 @@ class GetBookieInfoRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ForceLedgerRequest:
     """Make every DEFERRED_SYNC add of the ledger durable (v3 only)."""
@@ -156,6 +163,7 @@ class ForceLedgerRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class GetListOfEntriesOfLedgerRequest:
     """Ask which entries of a ledger the bookie stores (v3 only)."""
@@ -166,6 +174,7 @@ class GetListOfEntriesOfLedgerRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class StartTLSRequest:
     """Switch the connection to TLS (v3 only)."""
@@ -175,6 +184,7 @@ class StartTLSRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class AuthRequest:
     """One step of an auth plugin's handshake (v2 and v3); `payload` is the plugin's opaque bytes."""
@@ -186,6 +196,7 @@ class AuthRequest:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class UnsupportedRequest:
     """Decode result only: a well-formed v3 request for an operation we do not serve (RANGE_*,
@@ -202,6 +213,7 @@ class UnsupportedRequest:
 # --- responses ----------------------------------------------------------------------------------------------
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class AddResponse:
     op: ClassVar[OpCode] = OpCode.ADD_ENTRY
@@ -211,6 +223,7 @@ class AddResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ReadResponse:
     """`body` is the entry on success. For a LAST_ENTRY_ID read, `entry_id` echoes -1 and the entry's own id
@@ -226,6 +239,7 @@ class ReadResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ReadLacResponse:
     """`lac_body`: the explicit LAC (`ledgerId | lac | digest`) if one was written; `last_entry_body`: the
@@ -239,6 +253,7 @@ class ReadLacResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class WriteLacResponse:
     op: ClassVar[OpCode] = OpCode.WRITE_LAC
@@ -247,6 +262,7 @@ class WriteLacResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class GetBookieInfoResponse:
     op: ClassVar[OpCode] = OpCode.GET_BOOKIE_INFO
@@ -256,6 +272,7 @@ class GetBookieInfoResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ForceLedgerResponse:
     op: ClassVar[OpCode] = OpCode.FORCE_LEDGER
@@ -264,6 +281,7 @@ class ForceLedgerResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class GetListOfEntriesOfLedgerResponse:
     """`availability` is BookKeeper's condensed encoding of the stored entry ids, kept opaque here."""
@@ -275,6 +293,7 @@ class GetListOfEntriesOfLedgerResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class StartTLSResponse:
     op: ClassVar[OpCode] = OpCode.START_TLS
@@ -282,6 +301,7 @@ class StartTLSResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class AuthResponse:
     """v2 AUTH responses carry no status on the wire; they decode as EOK."""
@@ -293,6 +313,7 @@ class AuthResponse:
     txn_id: int = 0
 
 
+@_fast_init
 @dataclass(frozen=True, slots=True)
 class ErrorResponse:
     """A v3 response with only a header and a status (no operation part): what a bookie sends for an

@@ -175,3 +175,26 @@ def test_server_answers_in_the_version_the_client_spoke() -> None:
         assert server.version is version
         (resp,) = client.receive(server.send(m.AddResponse(StatusCode.EOK, 1, 2, txn_id=got.txn_id)))
         assert client.key(resp) == client.key(req)
+
+
+@pytest.mark.parametrize(
+    "cls", [*m.REQUEST_TYPES, *m.RESPONSE_TYPES, m.UnsupportedRequest], ids=lambda c: c.__name__
+)
+def test_messages_are_frozen_and_keep_the_dataclass_signature(cls: type) -> None:
+    """The faster generated __init__ (proto/_fastinit.py) must behave like the dataclass one."""
+    import dataclasses
+    import inspect
+
+    fields = dataclasses.fields(cls)
+    params = list(inspect.signature(cls).parameters.values())
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default for f in fields
+    ]
+    args = {f.name: i for i, f in enumerate(fields)}
+    msg = cls(**args)
+    assert msg == cls(*args.values())
+    assert [getattr(msg, f.name) for f in fields] == list(args.values())
+    hash(msg)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        msg.txn_id = 1  # type: ignore[misc]
