@@ -1,0 +1,405 @@
+"""The client's connection to one bookie: send typed requests, get typed responses or typed errors.
+
+Owns the per-bookie transport, and nothing about ledgers: the state machines in this package decide what to
+send; a `BookieClient` delivers it and reports what came back. It is the thin asyncio adapter STYLE.md §2
+asks for around the sans-IO codec (`quorumlog.proto.codec.ClientConnection`).
+
+Rules it keeps:
+- One connection per bookie in the chosen protocol version, v3 by default. v3 responses are matched by
+  `txn_id` (assigned here). v2 responses are matched by (opcode, ledger, entry) and may arrive out of order;
+  requests with the same key are answered first-in first-out. v2 cannot carry READ_LAC, WRITE_LAC,
+  long-poll reads, FORCE_LEDGER or GET_BOOKIE_INFO, so in v2 mode those go over a second, v3 connection
+  (as BookKeeper's v2 client does).
+- Frames are coalesced: everything sent during one event-loop turn leaves in one `transport.write`, because
+  1 KiB writes are syscall-bound (NOTES.md).
+- Addresses come from `resolve(bookie_id)` -- the registry's znode, never a parse of the id.
+- A lost connection fails every request outstanding on it with `BookieUnavailableError`; the next request
+  reconnects, but not before a backoff that doubles per failed attempt (`reconnect_backoff_s_min` ..
+  `_max`); inside the backoff, requests fail at once instead of queueing behind a dead bookie.
+- Every request has a timeout (`request_timeout_s`; 0 turns it off) -> `OperationTimeoutError`; a late
+  answer is dropped. A non-EOK status raises `error_for_status` (e.g. `NoSuchEntryError`,
+  `LedgerFencedError`).
+- Bounded: at most `outstanding_requests_max` requests per connection (`TooManyRequestsError` past that),
+  frames at most `max_frame_bytes`. A malformed frame closes the connection (its position is lost).
+- Time and sockets come from the `Env` (`env.net.create_connection`, `env.clock`), so the simulator can
+  drive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections import deque
+from collections.abc import Awaitable, Callable, Hashable
+
+from quorumlog.env import Env
+from quorumlog.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    InvalidArgumentError,
+    OperationTimeoutError,
+    QuorumLogError,
+    TooManyRequestsError,
+    error_for_status,
+)
+from quorumlog.proto.codec import ClientConnection
+from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
+from quorumlog.proto.messages import (
+    AddRequest,
+    AuthRequest,
+    ProtocolVersion,
+    ReadRequest,
+    Request,
+    Response,
+)
+from quorumlog.proto.status import StatusCode
+
+Resolver = Callable[[str], Awaitable[tuple[str, int]]]
+
+REQUEST_TIMEOUT_S_DEFAULT = 30.0
+RECONNECT_BACKOFF_S_MIN = 0.05
+RECONNECT_BACKOFF_S_MAX = 5.0
+OUTSTANDING_REQUESTS_MAX_DEFAULT = 100_000
+CONNECT_TIMEOUT_S_DEFAULT = 10.0
+# v3 txn ids are int64 on the wire; wrap well before that.
+_TXN_ID_MAX = 2**62
+
+
+def v2_can_carry(request: Request) -> bool:
+    """Whether a v2 connection can carry `request` (ADD, plain or fencing READ, AUTH)."""
+    if isinstance(request, AddRequest | AuthRequest):
+        return True
+    return isinstance(request, ReadRequest) and not request.piggyback
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection in one protocol version: framing, matching, coalescing, timeouts."""
+
+    def __init__(self, owner: BookieClient, version: ProtocolVersion) -> None:
+        self.owner = owner
+        self.version = version
+        self.codec = ClientConnection(version, max_frame_bytes=owner.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        # Matching key -> futures in send order (v3 keys are unique; v2 keys repeat for repeated reads).
+        self.pending: dict[Hashable, deque[asyncio.Future[Response]]] = {}
+        self.pending_count = 0
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        # Default-timeout requests expire in send order, so one FIFO and one timer serve them all.
+        self._expiry: deque[tuple[float, Hashable, asyncio.Future[Response]]] = deque()
+        self._expiry_timer: asyncio.TimerHandle | None = None
+        self._next_txn_id = 1
+
+    # --- asyncio.Protocol -------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            responses = self.codec.receive(data)
+        except QuorumLogError as e:
+            self.fail(BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}"))
+            return
+        for response in responses:
+            self._deliver(response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        reason = f": {exc}" if exc else ""
+        self.fail(BookieUnavailableError(f"connection to bookie {self.owner.bookie_id} lost{reason}"))
+
+    # --- sending ----------------------------------------------------------------------------------------
+
+    def send(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
+        if self.pending_count >= self.owner.outstanding_requests_max:
+            raise TooManyRequestsError(
+                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
+                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
+            )
+        if self.version is ProtocolVersion.V3:
+            request = dataclasses.replace(request, txn_id=self._next_txn_id)
+            self._next_txn_id = self._next_txn_id + 1 if self._next_txn_id < _TXN_ID_MAX else 1
+        key = self.codec.key(request)
+        frame = self.codec.send(request)
+        fut: asyncio.Future[Response] = self.loop.create_future()
+        self.pending.setdefault(key, deque()).append(fut)
+        self.pending_count += 1
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        if timeout_s > 0:
+            deadline = self.loop.time() + timeout_s
+            if timeout_s == self.owner.request_timeout_s:
+                self._expiry.append((deadline, key, fut))
+                if self._expiry_timer is None:
+                    self._expiry_timer = self.loop.call_at(deadline, self._expire)
+            else:
+                self.loop.call_at(deadline, self._expire_one, key, fut)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out or self.transport is None or self.closed:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
+        self.owner.writes += 1
+        self.transport.write(data)
+
+    # --- receiving --------------------------------------------------------------------------------------
+
+    def _deliver(self, response: Response) -> None:
+        key = self.codec.key(response)
+        futs = self.pending.get(key)
+        if not futs:
+            self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
+            return
+        fut = futs.popleft()
+        if not futs:
+            del self.pending[key]
+        self.pending_count -= 1
+        if fut.done():
+            return
+        status = getattr(response, "status", StatusCode.EOK)
+        if status != StatusCode.EOK:
+            fut.set_exception(
+                error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
+            )
+        else:
+            fut.set_result(response)
+
+    # --- timeouts and failure ---------------------------------------------------------------------------
+
+    def _expire(self) -> None:
+        self._expiry_timer = None
+        now = self.loop.time()
+        while self._expiry and self._expiry[0][0] <= now:
+            _, key, fut = self._expiry.popleft()
+            self._expire_one(key, fut)
+        while self._expiry and self._expiry[0][2].done():
+            self._expiry.popleft()
+        if self._expiry:
+            self._expiry_timer = self.loop.call_at(self._expiry[0][0], self._expire)
+
+    def _expire_one(self, key: Hashable, fut: asyncio.Future[Response]) -> None:
+        if fut.done():
+            return
+        futs = self.pending.get(key)
+        if futs is not None:
+            try:
+                futs.remove(fut)
+                self.pending_count -= 1
+            except ValueError:
+                pass
+            if not futs:
+                del self.pending[key]
+        fut.set_exception(OperationTimeoutError(f"bookie {self.owner.bookie_id} did not answer in time"))
+
+    def fail(self, error: QuorumLogError) -> None:
+        """Close the connection and fail everything outstanding on it."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._expiry_timer is not None:
+            self._expiry_timer.cancel()
+            self._expiry_timer = None
+        self._expiry.clear()
+        self._out.clear()
+        pending, self.pending, self.pending_count = self.pending, {}, 0
+        for futs in pending.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(error)
+        if self.transport is not None:
+            self.transport.close()
+        self.owner._connection_failed(self)
+
+
+class BookieClient:
+    """Requests to one bookie (see the module docstring). Create per bookie id; share across ledgers."""
+
+    def __init__(
+        self,
+        env: Env,
+        bookie_id: str,
+        resolve: Resolver,
+        *,
+        version: ProtocolVersion = ProtocolVersion.V3,
+        request_timeout_s: float = REQUEST_TIMEOUT_S_DEFAULT,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S_DEFAULT,
+        reconnect_backoff_s_min: float = RECONNECT_BACKOFF_S_MIN,
+        reconnect_backoff_s_max: float = RECONNECT_BACKOFF_S_MAX,
+        outstanding_requests_max: int = OUTSTANDING_REQUESTS_MAX_DEFAULT,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        if request_timeout_s < 0 or connect_timeout_s <= 0:
+            raise InvalidArgumentError("request_timeout_s must be >= 0 and connect_timeout_s > 0")
+        if not 0 < reconnect_backoff_s_min <= reconnect_backoff_s_max:
+            raise InvalidArgumentError("need 0 < reconnect_backoff_s_min <= reconnect_backoff_s_max")
+        if outstanding_requests_max < 1:
+            raise InvalidArgumentError(f"outstanding_requests_max={outstanding_requests_max}: must be >= 1")
+        self.env = env
+        self.bookie_id = bookie_id
+        self.resolve = resolve
+        self.version = ProtocolVersion(version)
+        self.request_timeout_s = request_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self.reconnect_backoff_s_min = reconnect_backoff_s_min
+        self.reconnect_backoff_s_max = reconnect_backoff_s_max
+        self.outstanding_requests_max = outstanding_requests_max
+        self.max_frame_bytes = max_frame_bytes
+        self._conns: dict[ProtocolVersion, _Connection] = {}
+        # Requests sent while their connection is being made, in call order, per protocol version.
+        self._waiting: dict[ProtocolVersion, list[tuple[Request, float, asyncio.Future[Response]]]] = {}
+        self._backoff_s = 0.0
+        self._retry_at_s = 0.0
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        # Counters for tests and metrics.
+        self.writes = 0
+        self.connects = 0
+        self.connect_attempts = 0
+        self.unmatched_responses = 0
+
+    # --- API --------------------------------------------------------------------------------------------
+
+    async def request(self, request: Request, *, timeout_s: float | None = None) -> Response:
+        """Send `request` and wait for its response; raises the typed error of a failed status."""
+        return await self.send(request, timeout_s=timeout_s)
+
+    def send(self, request: Request, *, timeout_s: float | None = None) -> asyncio.Future[Response]:
+        """Queue `request` now and return a future of its response (no task per request).
+
+        Order is fixed at call time: requests sent while the connection is still being made are written, in
+        call order, as soon as it is up. Inside a reconnect backoff the future fails at once.
+        """
+        if self._closed:
+            raise ClientClosedError(f"bookie client for {self.bookie_id} is closed")
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        version = self.version
+        if version is ProtocolVersion.V2 and not v2_can_carry(request):
+            version = ProtocolVersion.V3
+        conn = self._conns.get(version)
+        if conn is not None and not conn.closed:
+            return conn.send(request, timeout)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Response] = loop.create_future()
+        waiting = self._waiting.get(version)
+        if waiting is None:
+            now = self.env.clock.monotonic_s()
+            if now < self._retry_at_s:
+                fut.set_exception(
+                    BookieUnavailableError(
+                        f"bookie {self.bookie_id} is unreachable; next connection attempt in "
+                        f"{self._retry_at_s - now:.3f}s"
+                    )
+                )
+                return fut
+            waiting = self._waiting[version] = []
+            task = loop.create_task(self._connect(version))
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+        if len(waiting) >= self.outstanding_requests_max:
+            raise TooManyRequestsError(
+                f"{len(waiting)} requests wait for a connection to bookie {self.bookie_id} "
+                f"(outstanding_requests_max={self.outstanding_requests_max})"
+            )
+        waiting.append((request, timeout, fut))
+        return fut
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conns.get(self.version)
+        return conn is not None and not conn.closed
+
+    async def close(self) -> None:
+        """Close the connections; outstanding requests fail with `ClientClosedError`."""
+        self._closed = True
+        error = ClientClosedError(f"bookie client for {self.bookie_id} closed")
+        for conn in list(self._conns.values()):
+            conn.fail(error)
+        self._conns.clear()
+        for waiting in self._waiting.values():
+            for _, _, fut in waiting:
+                if not fut.done():
+                    fut.set_exception(error)
+        self._waiting.clear()
+        for task in list(self._tasks):
+            task.cancel()
+
+    # --- connecting -------------------------------------------------------------------------------------
+
+    async def _connect(self, version: ProtocolVersion) -> None:
+        self.connect_attempts += 1
+        try:
+            host, port = await self.resolve(self.bookie_id)
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, proto = await self.env.net.create_connection(
+                    lambda: _Connection(self, version), host, port
+                )
+            assert isinstance(proto, _Connection)
+        except asyncio.CancelledError:
+            raise  # close() is tearing us down; it failed the waiters itself
+        except Exception as e:  # any failure to connect is the bookie being unavailable to us
+            self._backoff_s = min(
+                max(self._backoff_s * 2, self.reconnect_backoff_s_min), self.reconnect_backoff_s_max
+            )
+            self._retry_at_s = self.env.clock.monotonic_s() + self._backoff_s
+            if isinstance(e, BookieUnavailableError):
+                error = e
+            else:
+                error = BookieUnavailableError(f"cannot connect to bookie {self.bookie_id}: {e!r}")
+                error.__cause__ = e
+            for _, _, fut in self._waiting.pop(version, []):
+                if not fut.done():
+                    fut.set_exception(error)
+            return
+        waiting = self._waiting.pop(version, [])
+        if self._closed:
+            proto.fail(ClientClosedError(f"bookie client for {self.bookie_id} closed"))
+            return
+        self.connects += 1
+        self._backoff_s = 0.0
+        self._retry_at_s = 0.0
+        self._conns[version] = proto
+        for request, timeout, fut in waiting:
+            if fut.done():
+                continue  # the caller gave up (cancelled) while we connected
+            try:
+                inner = proto.send(request, timeout)
+            except QuorumLogError as e:
+                fut.set_exception(e)
+                continue
+            inner.add_done_callback(functools.partial(_chain, outer=fut))
+
+    def _connection_failed(self, conn: _Connection) -> None:
+        if self._conns.get(conn.version) is conn:
+            del self._conns[conn.version]
+
+
+def _chain(inner: asyncio.Future[Response], outer: asyncio.Future[Response]) -> None:
+    if outer.done():
+        return
+    if inner.cancelled():
+        outer.cancel()
+    elif (exc := inner.exception()) is not None:
+        outer.set_exception(exc)
+    else:
+        outer.set_result(inner.result())
+
+
+def static_resolver(addresses: dict[str, tuple[str, int]]) -> Resolver:
+    """A resolver over a fixed map (tests, and the embedded cluster before registration exists)."""
+
+    async def resolve(bookie_id: str) -> tuple[str, int]:
+        try:
+            return addresses[bookie_id]
+        except KeyError:
+            raise BookieUnavailableError(f"bookie {bookie_id} is not registered") from None
+
+    return resolve
