@@ -2,8 +2,9 @@
 
 The fake speaks the real codec (`ServerConnection`: version detection per connection, v2 and v3) and answers
 from a script, so these tests pin the client's transport rules -- matching, coalescing, v2/v3 routing,
-reconnect with backoff, timeouts, typed errors -- without a real bookie. They use only this fake until the
-client is also run against `quorumlog.bookie` in the integration tests.
+reconnect with backoff, timeouts, typed errors -- including misbehaviour a real bookie rarely shows (answers
+held back and reversed, silence, dropped connections). The same client against the real in-process bookie is
+in `test_bookie_client_real_bookie.py`.
 """
 
 from __future__ import annotations
