@@ -19,14 +19,17 @@ The procedure and the rules it keeps:
      ledger because a replica is corrupt. If every bookie answered and neither rule applies, recovery fails
      (`LedgerRecoveryError`, retriable) rather than guess.
    When a bookie's last-entry header already gave the length at max LAC, reading starts at max LAC + 1;
-   otherwise entry max LAC is read once more only to learn the ledger length at that point.
+   otherwise entry max LAC is read once more only to learn the ledger length at that point. Entries before
+   the last ensemble count as acknowledged (a writer changes ensemble at its LAC + 1), so max LAC is at
+   least the last ensemble's first entry - 1 and recovery adds always go to the last ensemble.
 3. Closing. Once the end is found and every recovery add completed, `CloseLedger(last_entry_id, length)`.
 
 CAS contract for the driver (metadata is the only place concurrent recoverers meet):
 - Before `start()`, CAS the metadata OPEN -> IN_RECOVERY (already IN_RECOVERY: another recoverer is at work;
   proceed anyway -- both fence, both converge below). Already CLOSED: nothing to recover.
-- Recovery adds go through an `AddTracker` (recovery flag set: bookies accept them on a fenced ledger); they
-  may change the ensemble, each change a CAS as for a writer.
+- Recovery adds go through an `AddTracker(quorum, ensembles, last_add_confirmed=recovery.max_lac)` with
+  `append_recovery` (RECOVERY_ADD: bookies accept them on a fenced ledger); they may change the ensemble,
+  each change a CAS as for a writer.
 - `CloseLedger` is a CAS IN_RECOVERY -> CLOSED against the version last read or written. On a version
   conflict, re-read and apply `close_conflict_decision`: if someone else closed the ledger, their last entry
   and length win. That is safe: two recoverers can only disagree about entries that reached fewer than A
@@ -273,6 +276,11 @@ class Recovery:
 
     def _start_reading(self) -> list[RecoveryAction]:
         self.phase = Phase.READING
+        # A writer starts a new ensemble at its LAC + 1, so every entry before the last ensemble was
+        # acknowledged -- even when the new ensemble's bookies have nothing yet to tell us. Starting there
+        # keeps recovery adds in the last ensemble and skips re-reading old fragments.
+        last_start, _ = last_ensemble(self.ensembles)
+        self.max_lac = max(self.max_lac, last_start - 1)
         if self.max_lac >= 0 and self.max_lac not in self._known_lengths:
             first = self.max_lac  # read once more, only for its length
         else:

@@ -163,11 +163,22 @@ def test_read_window_bounds_entries_in_flight() -> None:
     assert reads(r.on_event(EntryFound("b0", 0, 1, b"0"))) == [(3, "b0"), (4, "b0")]
 
 
-def test_entries_below_the_last_ensemble_are_read_from_the_ensemble_that_holds_them() -> None:
+def test_entries_before_the_last_ensemble_count_as_acknowledged() -> None:
     q = Quorum(2, 2, 2)
     _, actions = fenced(q, {0: ["a0", "a1"], 4: ["c0", "c1"]}, [FenceEmpty("c0"), FenceEmpty("c1")])
-    # Max LAC is -1 (new bookies have nothing yet), so recovery reads entry 0 from the first ensemble.
-    assert reads(actions)[:2] == [(0, "a0"), (0, "a1")]
+    # The writer moved to c0, c1 at its LAC + 1 = 4, so entries 0..3 were acknowledged even though the new
+    # bookies have nothing: entry 3 is read (from the old ensemble) only for its length, then 4 onwards.
+    assert reads(actions)[:2] == [(3, "a1"), (3, "a0")]
+
+
+def test_entry_at_the_old_ensembles_end_gives_the_length_and_nothing_is_re_added_there() -> None:
+    q = Quorum(2, 2, 2)
+    r, _ = fenced(
+        q, {0: ["a0", "a1"], 4: ["c0", "c1"]}, [FenceEmpty("c0"), FenceEmpty("c1")], read_window_entries=1
+    )
+    actions = r.on_event(EntryFound("a1", 3, 30, b"three"))
+    assert reads(actions) == [(4, "c0"), (4, "c1")]
+    assert r.on_event(EntryMissing("c0", 4)) == [CloseLedger(3, 30)]
 
 
 def test_close_conflict_adopts_another_recoverers_close_and_retries_while_in_recovery() -> None:
@@ -190,10 +201,29 @@ def test_recovery_keeps_every_acknowledged_entry_and_invents_nothing(data: st.Da
     q = Quorum(e, w, a)
     bookies = [f"b{i}" for i in range(e)]
     n = data.draw(st.integers(0, 10), "entries written")
+    # Maybe the writer replaced one bookie at entry `change_at` (its LAC + 1 then: everything before is
+    # acknowledged); entries from there live in the second ensemble.
+    change_at = data.draw(
+        st.none() if n == 0 else st.one_of(st.none(), st.integers(1, n)), "ensemble change at"
+    )
+    ensembles = {0: bookies}
+    if change_at is not None:
+        second = list(bookies)
+        second[data.draw(st.integers(0, e - 1), "replaced index")] = "new"
+        ensembles[change_at] = second
     holders: list[set[str]] = []
     for entry in range(n):
-        ws = q.write_set_bookies(entry, bookies)
-        holders.append(set(data.draw(st.lists(st.sampled_from(ws), unique=True), f"holders of {entry}")))
+        ws = q.write_set_bookies(
+            entry, ensembles[change_at] if change_at is not None and entry >= change_at else bookies
+        )
+        min_size = a if change_at is not None and entry < change_at else 0
+        holders.append(
+            set(
+                data.draw(
+                    st.lists(st.sampled_from(ws), unique=True, min_size=min_size), f"holders of {entry}"
+                )
+            )
+        )
     acked_end = -1  # in-order acknowledgement: the longest prefix with an ack quorum everywhere
     while acked_end + 1 < n and len(holders[acked_end + 1]) >= a:
         acked_end += 1
@@ -203,9 +233,10 @@ def test_recovery_keeps_every_acknowledged_entry_and_invents_nothing(data: st.Da
         low = piggyback[-1] if piggyback else -1
         piggyback.append(data.draw(st.integers(low, max(low, min(entry - 1, acked_end))), f"lac in {entry}"))
     cum = [sum(range(1, k + 2)) for k in range(n)]  # entry k has k + 1 payload bytes
-    unreachable = set(data.draw(st.lists(st.sampled_from(bookies), unique=True, max_size=1), "unreachable"))
+    everyone = sorted({b for ens in ensembles.values() for b in ens})
+    unreachable = set(data.draw(st.lists(st.sampled_from(everyone), unique=True, max_size=1), "unreachable"))
 
-    r = Recovery(q, {0: bookies}, read_window_entries=data.draw(st.integers(1, 4), "window"))
+    r = Recovery(q, ensembles, read_window_entries=data.draw(st.integers(1, 4), "window"))
     queue: list = list(r.start())
     outcome: CloseLedger | RecoveryFailed | None = None
     for _ in range(10_000):
