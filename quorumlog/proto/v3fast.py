@@ -129,17 +129,41 @@ def encode_add_response(resp: AddResponse) -> bytes:
 
 
 def encode_read_response(resp: ReadResponse) -> bytes:
+    # As encode_add_request: all pieces first, then one join (the entry body is copied once).
     status = _STATUS_OUT[resp.status]
-    hdr = _HDR_READ + _varint(resp.txn_id)
-    pre = b"".join((b"\x08", status, b"\x10", _varint(resp.ledger_id), b"\x18", _varint(resp.entry_id)))
+    txn = _varint(resp.txn_id)
+    lid = _varint(resp.ledger_id)
+    eid = _varint(resp.entry_id)
     body = resp.body
-    if body is not None:
-        pre += b"\x22" + _varint(len(body))
-    tail = b""
-    if resp.max_lac is not None:
-        tail = b"\x28" + _varint(resp.max_lac)
+    if body is None:
+        body = blen = b""
+    else:
+        blen = b"\x22" + _varint(len(body))
+    tail = b"\x28" + _varint(resp.max_lac) if resp.max_lac is not None else b""
     if resp.lac_update_timestamp_ms is not None:
         tail += b"\x30" + _varint(resp.lac_update_timestamp_ms)
-    part_len = len(pre) + len(tail) + (len(body) if body is not None else 0)
-    head = b"".join((b"\x0a", _SMALL[len(hdr)], hdr, b"\x10", status, _TAG_READ_PART, _varint(part_len), pre))
-    return _frame(head, body, tail)
+    part_len = 3 + len(status) + len(lid) + len(eid) + len(blen) + len(body) + len(tail)
+    plen = _varint(part_len)
+    hdr_len = 5 + len(txn)
+    return b"".join(
+        (
+            _LEN.pack(5 + hdr_len + len(status) + len(plen) + part_len),
+            b"\x0a",
+            _SMALL[hdr_len],
+            _HDR_READ,
+            txn,
+            b"\x10",
+            status,
+            _TAG_READ_PART,
+            plen,
+            b"\x08",
+            status,
+            b"\x10",
+            lid,
+            b"\x18",
+            eid,
+            blen,
+            body,
+            tail,
+        )
+    )
