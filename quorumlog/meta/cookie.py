@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from google.protobuf import text_format
 
-from quorumlog.errors import CookieError, MetadataNotFoundError
+from quorumlog.errors import CookieError
 from quorumlog.meta import layout
 from quorumlog.meta.generated import data_formats_pb2 as formats
 from quorumlog.meta.store import MetadataStore, Versioned
@@ -98,11 +98,7 @@ async def write_cookie(
     compare-and-set against `version`. Returns the new version."""
     path = layout.cookie_path(root or store.ledgers_root, cookie.bookie_id)
     if version is None:
-        await store.create(path, cookie.encode(), make_parents=True)
-        v = await store.exists(path)
-        if v is None:
-            raise MetadataNotFoundError(f"cookie {path} vanished right after creation")
-        return v
+        return (await store.create_versioned(path, cookie.encode(), make_parents=True)).version
     return await store.set(path, cookie.encode(), version=version)
 
 

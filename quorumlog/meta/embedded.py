@@ -251,7 +251,7 @@ class EmbeddedStore(MetadataStore):
         await self._session_expired()
 
     # -- nodes --
-    async def create(
+    async def create_versioned(
         self,
         path: str,
         data: bytes = b"",
@@ -259,7 +259,7 @@ class EmbeddedStore(MetadataStore):
         ephemeral: bool = False,
         sequential: bool = False,
         make_parents: bool = False,
-    ) -> str:
+    ) -> Versioned[str]:
         validate_path(path)
         if path == "/":
             raise MetadataExistsError("/ always exists")
@@ -267,10 +267,12 @@ class EmbeddedStore(MetadataStore):
             f"create {path}", self._create, path, bytes(data), ephemeral, sequential, make_parents
         )
 
-    def _create(self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool) -> str:
+    def _create(
+        self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool
+    ) -> Versioned[str]:
         session = self._session
 
-        def body(conn: sqlite3.Connection) -> str:
+        def body(conn: sqlite3.Connection) -> Versioned[str]:
             if (
                 ephemeral
                 and conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session,)).fetchone() is None
@@ -298,7 +300,7 @@ class EmbeddedStore(MetadataStore):
             except sqlite3.IntegrityError:
                 raise MetadataExistsError(f"{name} already exists") from None
             self._record(conn, name, EventType.CREATED)
-            return name
+            return Versioned(name, 0)
 
         return self._write_txn(body)
 

@@ -87,6 +87,10 @@ class _NotSent(Exception):
     """The request never reached etcd (connection refused / no route): retrying any operation is safe."""
 
 
+class _LeaseGone(Exception):
+    """An ephemeral create named a lease that expired: get a new lease (a new session) and retry."""
+
+
 class _Ambiguous(Exception):
     """The connection failed after the request may have been sent."""
 
@@ -150,7 +154,10 @@ class EtcdStore(MetadataStore):
             async with self._http.post(url, data=json.dumps(body)) as resp:
                 text = await resp.text()
                 if resp.status != 200:
-                    raise MetadataStoreError(f"etcd {api} answered HTTP {resp.status}: {text[:200]}")
+                    err = MetadataStoreError(f"etcd {api} answered HTTP {resp.status}: {text[:200]}")
+                    # 503 = gRPC Unavailable (no leader, leader changed): worth retrying; the rest are final.
+                    err.retriable = resp.status == 503
+                    raise err
                 result: dict[str, Any] = json.loads(text)
                 return result
         except aiohttp.ClientConnectorError as e:
@@ -216,7 +223,7 @@ class EtcdStore(MetadataStore):
             c["range_end"] = _b64(range_end)
         return c
 
-    async def create(
+    async def create_versioned(
         self,
         path: str,
         data: bytes = b"",
@@ -224,13 +231,11 @@ class EtcdStore(MetadataStore):
         ephemeral: bool = False,
         sequential: bool = False,
         make_parents: bool = False,
-    ) -> str:
+    ) -> Versioned[str]:
         validate_path(path)
         if path == "/":
             raise MetadataExistsError("/ always exists")
         par = parent(path)
-        if make_parents and par != "/" and await self.exists(par) is None:
-            await self._create_parents(par)
         name = path
         if sequential:
             r = await self._write(
@@ -240,6 +245,21 @@ class EtcdStore(MetadataStore):
             )
             seq = int(r.get("prev_kv", {}).get("version", 0))
             name = f"{path}{seq:0{SEQUENCE_DIGITS}d}"
+        for attempt in range(3):
+            lease = self._lease if ephemeral else 0
+            try:
+                return await self._create_txn(name, par, bytes(data), lease)
+            except MetadataNotFoundError:
+                # Optimistic, like BookKeeper's createFullPathOptimistic: parents are looked at only when
+                # the create says one is missing (almost never, for ledger metadata).
+                if not make_parents or attempt > 0:
+                    raise
+                await self._create_parents(par)
+            except _LeaseGone:
+                await self._replace_lease(lease)
+        raise MetadataStoreError(f"create {name}: could not attach it to a live session")
+
+    async def _create_txn(self, name: str, par: str, data: bytes, lease: int) -> Versioned[str]:
         key = self._key(name)
         compare = [self._cmp_absent(key)]
         if par != "/":
@@ -248,31 +268,34 @@ class EtcdStore(MetadataStore):
                 self._cmp_exists(pkey),
                 {"key": _b64(pkey), "target": "LEASE", "result": "EQUAL", "lease": "0"},
             ]
-        put: dict[str, Any] = {"key": _b64(key), "value": _b64(bytes(data))}
-        if ephemeral:
-            put["lease"] = self._lease
-        r = await self._write(
-            f"create {name}",
-            {
-                "compare": compare,
-                "success": [{"request_put": put}],
-                "failure": [{"request_range": {"key": _b64(key), "keys_only": True}}],
-            },
-        )
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(data)}
+        if lease:
+            put["lease"] = lease
+        try:
+            r = await self._write(
+                f"create {name}",
+                {
+                    "compare": compare,
+                    "success": [{"request_put": put}],
+                    "failure": [
+                        {"request_range": {"key": _b64(key), "keys_only": True}},
+                        {"request_range": {"key": _b64(self._key(par)), "keys_only": True}},
+                    ],
+                },
+            )
+        except MetadataStoreError as e:
+            if lease and "lease not found" in str(e):
+                raise _LeaseGone from e
+            raise
         if not r.get("succeeded"):
             if _kvs(r, 0):
                 raise MetadataExistsError(f"{name} already exists")
-            if await self.exists(par) is None:
+            if par != "/" and not _kvs(r, 1):
                 raise MetadataNotFoundError(f"parent of {name} does not exist")
-            if ephemeral and await self._lease_gone():
-                await self._replace_lease(put["lease"])
-                return await self.create(path, data, ephemeral=True, sequential=sequential)
-            raise MetadataStoreError(f"cannot create {name}: its parent is ephemeral")
-        return name
-
-    async def _lease_gone(self) -> bool:
-        r = await self._read("lease ttl", {"ID": self._lease}, api="/v3/lease/timetolive")
-        return int(r.get("TTL", -1)) <= 0
+            err = MetadataStoreError(f"cannot create {name}: its parent is ephemeral")
+            err.retriable = False
+            raise err
+        return Versioned(name, int(r["header"]["revision"]))
 
     async def _create_parents(self, path: str) -> None:
         missing = []
@@ -282,7 +305,7 @@ class EtcdStore(MetadataStore):
             p = parent(p)
         for p in reversed(missing):
             with contextlib.suppress(MetadataExistsError):
-                await self.create(p)
+                await self._create_txn(p, parent(p), b"", 0)
 
     async def get(self, path: str) -> Versioned[bytes]:
         validate_path(path)
@@ -293,7 +316,7 @@ class EtcdStore(MetadataStore):
         return Versioned(_unb64(kvs[0].get("value")), int(kvs[0]["mod_revision"]))
 
     async def _cas_txn(
-        self, what: str, path: str, version: int, op: dict[str, Any], extra: list[dict[str, Any]]
+        self, what: str, path: str, version: int, ops: list[dict[str, Any]], extra: list[dict[str, Any]]
     ) -> dict[str, Any]:
         key = self._key(path)
         compare = [self._cmp_exists(key)]
@@ -305,7 +328,7 @@ class EtcdStore(MetadataStore):
             what,
             {
                 "compare": compare + extra,
-                "success": [op],
+                "success": ops,
                 "failure": [{"request_range": {"key": _b64(key), "keys_only": True}}],
             },
         )
@@ -324,22 +347,24 @@ class EtcdStore(MetadataStore):
         key = self._key(path)
         # Keep an ephemeral node's lease: a plain put would detach it from its session.
         op = {"request_put": {"key": _b64(key), "value": _b64(bytes(data)), "ignore_lease": True}}
-        r = await self._cas_txn(f"set {path}", path, version, op, [])
+        r = await self._cas_txn(f"set {path}", path, version, [op], [])
         return int(r["header"]["revision"])
 
     async def delete(self, path: str, *, version: int = ANY_VERSION) -> None:
         validate_path(path)
         cprefix = self._children_prefix(path)
         no_children = self._cmp_absent(cprefix, _range_end(cprefix))
-        op = {"request_delete_range": {"key": _b64(self._key(path))}}
-        r = await self._cas_txn(f"delete {path}", path, version, op, [no_children])
+        # The node's sequence counter (if it ever had sequential children) goes with it, in the same
+        # transaction, as ZooKeeper's cversion does.
+        ops = [
+            {"request_delete_range": {"key": _b64(self._key(path))}},
+            {"request_delete_range": {"key": _b64(self._seq_key(path))}},
+        ]
+        r = await self._cas_txn(f"delete {path}", path, version, ops, [no_children])
         if not r.get("succeeded"):
-            raise MetadataStoreError(f"cannot delete {path}: it has children")
-        # The sequence counter of a deleted parent goes with it (as ZooKeeper's cversion does).
-        with contextlib.suppress(MetadataStoreError):
-            await self._write(
-                f"delete {path} counter", {"key": _b64(self._seq_key(path))}, api="/v3/kv/deleterange"
-            )
+            err = MetadataStoreError(f"cannot delete {path}: it has children")
+            err.retriable = False
+            raise err
 
     async def children(self, path: str) -> list[str]:
         validate_path(path)

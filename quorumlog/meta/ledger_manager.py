@@ -139,7 +139,7 @@ class LedgerManager:
         path = self.path(md.ledger_id)
         data = md.encode()
         try:
-            await self.store.create(path, data, make_parents=True)
+            created = await self.store.create_versioned(path, data, make_parents=True)
         except MetadataExistsError:
             raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from None
         except MetadataStoreError:
@@ -151,9 +151,7 @@ class LedgerManager:
             if decode(md.ledger_id, stored.value).ctoken == ctoken:
                 return Versioned(md, stored.version)
             raise LedgerExistsError(f"ledger {md.ledger_id} already exists") from None
-        # Read back rather than assume a version: what we return must be a consistent (value, version) pair
-        # even if someone wrote the ledger right after we created it.
-        return await self.read(md.ledger_id)
+        return Versioned(md, created.version)
 
     # -- read / write / delete --
     async def read(self, ledger_id: int) -> Versioned[LedgerMetadata]:

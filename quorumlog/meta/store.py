@@ -262,7 +262,6 @@ class MetadataStore(ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- nodes --
-    @abstractmethod
     async def create(
         self,
         path: str,
@@ -275,8 +274,25 @@ class MetadataStore(ABC):
         """Create a node; returns its path (with the sequence suffix when `sequential`).
 
         `MetadataExistsError` if it exists, `MetadataNotFoundError` if the parent is missing (unless
-        `make_parents`). Not retried after an ambiguous failure (it might have happened).
+        `make_parents`), `MetadataStoreError` if the parent is ephemeral. Not retried after an ambiguous
+        failure (it might have happened).
         """
+        created = await self.create_versioned(
+            path, data, ephemeral=ephemeral, sequential=sequential, make_parents=make_parents
+        )
+        return created.value
+
+    @abstractmethod
+    async def create_versioned(
+        self,
+        path: str,
+        data: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequential: bool = False,
+        make_parents: bool = False,
+    ) -> Versioned[str]:
+        """`create`, also returning the new node's version (what a first compare-and-set expects)."""
 
     @abstractmethod
     async def get(self, path: str) -> Versioned[bytes]:

@@ -198,7 +198,7 @@ class ZooKeeperStore(MetadataStore):
         # Only retried when kazoo refused to send it (closed/expired state): then it surely did not happen.
         return self._call(what, lambda: self._kz(what, start), retry=True, is_transient=_not_sent)
 
-    async def create(
+    async def create_versioned(
         self,
         path: str,
         data: bytes = b"",
@@ -206,15 +206,21 @@ class ZooKeeperStore(MetadataStore):
         ephemeral: bool = False,
         sequential: bool = False,
         make_parents: bool = False,
-    ) -> str:
+    ) -> Versioned[str]:
         validate_path(path)
-        created: str = await self._write(
+        # include_data: ZooKeeper's create2 returns the new node's stat in the same round trip.
+        created, stat = await self._write(
             f"create {path}",
             lambda: self.client.create_async(
-                path, bytes(data), ephemeral=ephemeral, sequence=sequential, makepath=make_parents
+                path,
+                bytes(data),
+                ephemeral=ephemeral,
+                sequence=sequential,
+                makepath=make_parents,
+                include_data=True,
             ),
         )
-        return created
+        return Versioned(created, int(stat.version))
 
     async def get(self, path: str) -> Versioned[bytes]:
         validate_path(path)
@@ -246,15 +252,29 @@ class ZooKeeperStore(MetadataStore):
         return None if stat is None or not stat.ephemeralOwner else f"{stat.ephemeralOwner:x}"
 
     # -- watches --
+    # Each Watch remembers the state its last arming observed (`_zk_state`): ("node", version) or
+    # ("absent",) for data watches, ("children", cversion) or ("absent",) for children watches. When an
+    # event fires we know what state it implies; if re-arming observes anything else, more changes happened
+    # in the window between firing and re-arming (when ZooKeeper had no watch set) and we deliver one more
+    # event for them -- so no change goes unnoticed.
+
     async def _arm_data_watch(self, watch: Watch) -> None:
-        await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch))
+        stat = await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch))
+        watch._zk_state = ("absent",) if stat is None else ("node", stat.version)  # type: ignore[attr-defined]
 
     async def _arm_children_watch(self, watch: Watch) -> None:
-        try:
-            await self._read(f"watch children {watch.path}", lambda: self._arm_children(watch))
-        except MetadataNotFoundError:
+        while True:
+            try:
+                _, stat = await self._read(f"watch children {watch.path}", lambda: self._arm_children(watch))
+                watch._zk_state = ("children", stat.cversion)  # type: ignore[attr-defined]
+                return
+            except MetadataNotFoundError:
+                pass
             # No node yet: watch for its creation, then for its children.
-            await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch))
+            if await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch)) is None:
+                watch._zk_state = ("absent",)  # type: ignore[attr-defined]
+                return
+            # Created between the two calls: arm the children watch after all.
 
     def _watcher(self, watch: Watch) -> Callable[[WatchedEvent], None]:
         cb = getattr(watch, "_zk_cb", None)
@@ -270,7 +290,7 @@ class ZooKeeperStore(MetadataStore):
         return self.client.exists_async(watch.path, watch=self._watcher(watch))
 
     def _arm_children(self, watch: Watch) -> Any:
-        return self.client.get_children_async(watch.path, watch=self._watcher(watch))
+        return self.client.get_children_async(watch.path, watch=self._watcher(watch), include_data=True)
 
     def _on_watch_event(self, watch: Watch, event: WatchedEvent) -> None:
         if watch.closed or self._closed:
@@ -278,13 +298,28 @@ class ZooKeeperStore(MetadataStore):
         ev = _EVENT_TYPES.get(event.type)
         if ev is None:
             return  # NONE events are session notices; the state listener handles those
+        before: tuple[Any, ...] = getattr(watch, "_zk_state", ("absent",))
         if watch.kind == "children":
             watch._deliver(WatchEvent(EventType.CHILDREN, watch.path))
+            if ev == EventType.CHILDREN and before[0] == "children":
+                expected: tuple[Any, ...] | None = ("children", before[1] + 1)
+            elif ev == EventType.DELETED:
+                expected = ("absent",)
+            else:
+                expected = None  # created: any children state is news worth a re-read
         else:
             watch._deliver(WatchEvent(ev, watch.path))
-        self._rearm(watch)
+            if ev == EventType.CHANGED and before[0] == "node":
+                expected = ("node", before[1] + 1)
+            elif ev == EventType.CREATED:
+                expected = ("node", 0)
+            elif ev == EventType.DELETED:
+                expected = ("absent",)
+            else:
+                expected = None
+        self._rearm(watch, expected)
 
-    def _rearm(self, watch: Watch) -> None:
+    def _rearm(self, watch: Watch, expected: tuple[Any, ...] | None = None) -> None:
         async def rearm() -> None:
             try:
                 if watch.kind == "children":
@@ -296,6 +331,17 @@ class ZooKeeperStore(MetadataStore):
                 # session re-arms everything; tell the watcher to re-read meanwhile.
                 log.warning("re-arming watch on %s failed: %r", watch.path, e)
                 watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
+                return
+            now = getattr(watch, "_zk_state", None)
+            if now != expected and now is not None:
+                if watch.kind == "children":
+                    watch._deliver(WatchEvent(EventType.CHILDREN, watch.path))
+                elif now[0] == "absent":
+                    watch._deliver(WatchEvent(EventType.DELETED, watch.path))
+                elif expected is None or expected[0] == "absent":
+                    watch._deliver(WatchEvent(EventType.CREATED, watch.path))
+                else:
+                    watch._deliver(WatchEvent(EventType.CHANGED, watch.path))
 
         if not watch.closed and not self._closed:
             task = asyncio.ensure_future(rearm())

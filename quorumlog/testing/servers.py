@@ -210,9 +210,11 @@ class ZooKeeperServer(ServerProcess):
 
     name = "zookeeper"
 
-    def __init__(self, *, tick_ms: int = 200, **kw: Any) -> None:
+    def __init__(self, *, tick_ms: int = 200, force_sync: bool = False, **kw: Any) -> None:
+        """`force_sync=False` (tests) skips ZooKeeper's fsync per write; benchmarks turn it on."""
         super().__init__(**kw)
         self.tick_ms = tick_ms
+        self.force_sync = force_sync
         self.conf_dir = os.path.join(self.base_dir, "conf")
         os.makedirs(self.conf_dir, exist_ok=True)
         self._write_config()
@@ -230,7 +232,7 @@ class ZooKeeperServer(ServerProcess):
                 "admin.enableServer=false\n"
                 "4lw.commands.whitelist=ruok,srvr,stat,cons\n"
                 # test data need not survive power loss; fsync per write would dominate test time
-                "forceSync=no\n"
+                f"forceSync={'yes' if self.force_sync else 'no'}\n"
             )
         with open(os.path.join(self.conf_dir, "log4j.properties"), "w") as f:
             f.write(
