@@ -11,10 +11,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from quorumlog.errors import ProtocolError
+from quorumlog.errors import DigestMismatchError, ProtocolError
 from quorumlog.proto import v2, v3
 from quorumlog.proto.codec import ClientConnection, ServerConnection, detect_version
-from quorumlog.proto.messages import ProtocolVersion
+from quorumlog.proto.entry import DigestManager, DigestType
+from quorumlog.proto.messages import ProtocolVersion, ReadRequest
 
 from .vectors import frame_bytes, frames, is_request
 
@@ -100,3 +101,31 @@ def test_connections_turn_any_stream_into_messages_or_protocol_errors(data: byte
                 conn.receive(data[i : i + chunk])
         except ProtocolError:
             pass
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=120), st.sampled_from(list(DigestType)))
+def test_entry_and_lac_decoding_raise_only_typed_errors(body: bytes, dt: DigestType) -> None:
+    dm = DigestManager(int.from_bytes(body[:8].rjust(8, b"\0"), "big", signed=True), dt, "pw")
+    for decode in (dm.decode_entry, dm.decode_lac):
+        try:
+            decode(body)
+        except (ProtocolError, DigestMismatchError):
+            pass
+
+
+def test_a_connection_keeps_the_version_of_its_first_frame() -> None:
+    """DESIGN.md §1: once a connection is v2 it stays v2 (and a v3 one stays v3)."""
+    v2_read = v2.encode_request(ReadRequest(1, 2))
+    v3_read = v3.encode_request(ReadRequest(1, 2, txn_id=3))
+    for first, later in ((v2_read, v3_read), (v3_read, v2_read)):
+        server = ServerConnection()
+        assert server.receive(first) == [ReadRequest(1, 2, txn_id=0 if first is v2_read else 3)]
+        with pytest.raises(ProtocolError):
+            server.receive(later)
+
+
+@pytest.mark.parametrize("body", [b"", b"\x01\x00\x00\x00", b"\x0a\x02\x08", b"\xff" * 30, b"\x02\x01"])
+def test_first_frames_of_neither_version_are_refused(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        detect_version(body)
