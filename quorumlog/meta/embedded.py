@@ -397,7 +397,11 @@ class EmbeddedStore(MetadataStore):
 
     # -- watches: armed by registering; the poller matches change-log rows against them --
     async def _arm_data_watch(self, watch: Watch) -> None:
-        self._last_change = max(self._last_change, await self._op("watch", self._max_change))
+        latest = await self._op("watch", self._max_change)
+        if all(w is watch for w in self._watches):
+            # The poller was idle: start it from now. (While it runs, leave its position alone: moving it
+            # forward would skip rows other watches have not seen; a new watch may see a few older events.)
+            self._last_change = max(self._last_change, latest)
         self._watch_wakeup.set()
 
     async def _arm_children_watch(self, watch: Watch) -> None:
@@ -427,6 +431,10 @@ class EmbeddedStore(MetadataStore):
                 log.warning("embedded store change poll failed: %r", e)
                 rows = []
             if rows:
+                if rows[0][0] != self._last_change + 1:
+                    # Change-log ids are dense (AUTOINCREMENT, and a rolled-back insert takes no id), so a
+                    # gap means rows were trimmed before we read them: watchers must re-read.
+                    self._resync_all_watches()
                 self._last_change = rows[-1][0]
                 self._dispatch(rows)
             await asyncio.sleep(POLL_INTERVAL_S)
