@@ -98,40 +98,45 @@ def _priority_flag(priority: int) -> int:
 
 def encode_request(req: Request) -> bytes:
     """A complete v2 frame (length prefix included) for `req`."""
-    if type(req) is AddRequest:
-        if req.write_flags:
-            raise InvalidArgumentError("write flags (DEFERRED_SYNC) need protocol v3; v2 cannot carry them")
-        if len(req.master_key) != MASTER_KEY_BYTES:
-            raise InvalidArgumentError(
-                f"master key must be {MASTER_KEY_BYTES} bytes, got {len(req.master_key)}"
+    try:
+        if type(req) is AddRequest:
+            if req.write_flags:
+                raise InvalidArgumentError(
+                    "write flags (DEFERRED_SYNC) need protocol v3; v2 cannot carry them"
+                )
+            if len(req.master_key) != MASTER_KEY_BYTES:
+                raise InvalidArgumentError(
+                    f"master key must be {MASTER_KEY_BYTES} bytes, got {len(req.master_key)}"
+                )
+            flags = (FLAG_RECOVERY_ADD if req.recovery else 0) | _priority_flag(req.priority)
+            body = req.body
+            return b"".join(
+                (_F_HEADER.pack(4 + MASTER_KEY_BYTES + len(body), _H_ADD | flags), req.master_key, body)
             )
-        flags = (FLAG_RECOVERY_ADD if req.recovery else 0) | _priority_flag(req.priority)
-        body = req.body
-        return b"".join(
-            (_F_HEADER.pack(4 + MASTER_KEY_BYTES + len(body), _H_ADD | flags), req.master_key, body)
+        if type(req) is ReadRequest:
+            if req.piggyback or req.previous_lac is not None or req.timeout_ms is not None:
+                raise InvalidArgumentError("long-poll reads need protocol v3 (4.14 serves them only over v3)")
+            flags = _priority_flag(req.priority)
+            if req.fence:
+                key = req.master_key
+                if key is None or len(key) != MASTER_KEY_BYTES:
+                    raise InvalidArgumentError(f"a fencing read needs the {MASTER_KEY_BYTES}-byte master key")
+                head = _F_READ_REQ.pack(
+                    _READ_REQ_BYTES + MASTER_KEY_BYTES,
+                    _H_READ | flags | FLAG_DO_FENCING,
+                    req.ledger_id,
+                    req.entry_id,
+                )
+                return head + key
+            return _F_READ_REQ.pack(_READ_REQ_BYTES, _H_READ | flags, req.ledger_id, req.entry_id)
+        if type(req) is AuthRequest:
+            msg = pb.AuthMessage(authPluginName=req.plugin_name, payload=req.payload).SerializeToString()
+            return _F_HEADER.pack(4 + len(msg), _H_AUTH | _priority_flag(req.priority)) + msg
+        raise InvalidArgumentError(
+            f"{type(req).__name__} is not served over protocol v2 by BookKeeper 4.14; send it over a v3 connection"
         )
-    if type(req) is ReadRequest:
-        if req.piggyback or req.previous_lac is not None or req.timeout_ms is not None:
-            raise InvalidArgumentError("long-poll reads need protocol v3 (4.14 serves them only over v3)")
-        flags = _priority_flag(req.priority)
-        if req.fence:
-            key = req.master_key
-            if key is None or len(key) != MASTER_KEY_BYTES:
-                raise InvalidArgumentError(f"a fencing read needs the {MASTER_KEY_BYTES}-byte master key")
-            head = _F_READ_REQ.pack(
-                _READ_REQ_BYTES + MASTER_KEY_BYTES,
-                _H_READ | flags | FLAG_DO_FENCING,
-                req.ledger_id,
-                req.entry_id,
-            )
-            return head + key
-        return _F_READ_REQ.pack(_READ_REQ_BYTES, _H_READ | flags, req.ledger_id, req.entry_id)
-    if type(req) is AuthRequest:
-        msg = pb.AuthMessage(authPluginName=req.plugin_name, payload=req.payload).SerializeToString()
-        return _F_HEADER.pack(4 + len(msg), _H_AUTH | _priority_flag(req.priority)) + msg
-    raise InvalidArgumentError(
-        f"{type(req).__name__} is not served over protocol v2 by BookKeeper 4.14; send it over a v3 connection"
-    )
+    except struct.error as e:  # an id or length outside its field's range: the caller's bug, not the peer's
+        raise InvalidArgumentError(f"cannot encode {type(req).__name__} in v2: {e}") from None
 
 
 def _split_header(body: bytes) -> tuple[int, int]:
@@ -197,28 +202,35 @@ def _decode_auth(body: bytes) -> tuple[str, bytes]:
 
 def encode_response(resp: Response) -> bytes:
     """A complete v2 frame (length prefix included) for `resp`. v3-only fields (max_lac, ...) are dropped."""
-    if type(resp) is AddResponse:
-        return _F_RESP.pack(_RESP_BYTES, _H_ADD, _RC_FOR_STATUS[resp.status], resp.ledger_id, resp.entry_id)
-    if type(resp) is ReadResponse:
-        entry = resp.body
-        if entry:
-            return b"".join(
-                (
-                    _F_RESP.pack(
-                        _RESP_BYTES + len(entry),
-                        _H_READ,
-                        _RC_FOR_STATUS[resp.status],
-                        resp.ledger_id,
-                        resp.entry_id,
-                    ),
-                    entry,
-                )
+    try:
+        if type(resp) is AddResponse:
+            return _F_RESP.pack(
+                _RESP_BYTES, _H_ADD, _RC_FOR_STATUS[resp.status], resp.ledger_id, resp.entry_id
             )
-        return _F_RESP.pack(_RESP_BYTES, _H_READ, _RC_FOR_STATUS[resp.status], resp.ledger_id, resp.entry_id)
-    if type(resp) is AuthResponse:
-        msg = pb.AuthMessage(authPluginName=resp.plugin_name, payload=resp.payload).SerializeToString()
-        return _F_HEADER.pack(4 + len(msg), _H_AUTH) + msg
-    raise InvalidArgumentError(f"{type(resp).__name__} has no protocol v2 encoding")
+        if type(resp) is ReadResponse:
+            entry = resp.body
+            if entry:
+                return b"".join(
+                    (
+                        _F_RESP.pack(
+                            _RESP_BYTES + len(entry),
+                            _H_READ,
+                            _RC_FOR_STATUS[resp.status],
+                            resp.ledger_id,
+                            resp.entry_id,
+                        ),
+                        entry,
+                    )
+                )
+            return _F_RESP.pack(
+                _RESP_BYTES, _H_READ, _RC_FOR_STATUS[resp.status], resp.ledger_id, resp.entry_id
+            )
+        if type(resp) is AuthResponse:
+            msg = pb.AuthMessage(authPluginName=resp.plugin_name, payload=resp.payload).SerializeToString()
+            return _F_HEADER.pack(4 + len(msg), _H_AUTH) + msg
+        raise InvalidArgumentError(f"{type(resp).__name__} has no protocol v2 encoding")
+    except struct.error as e:  # an id or length outside its field's range: the caller's bug, not the peer's
+        raise InvalidArgumentError(f"cannot encode {type(resp).__name__} in v2: {e}") from None
 
 
 def decode_response(body: bytes) -> Response:

@@ -24,6 +24,8 @@ from quorumlog.proto.status import StatusCode, for_4_14_peer
 _LEN = struct.Struct(">I")
 _U64 = 1 << 64
 _I64_SIGN = 1 << 63
+_I32_SIGN = 1 << 31
+_U32 = 1 << 32
 _SMALL = [bytes((i,)) for i in range(128)]
 # Status as sent: the varint bytes of the 4.14-safe code (EUNKNOWNLEDGERSTATE goes out as EIO).
 _STATUS_OUT: dict[StatusCode, bytes] = {}
@@ -63,6 +65,10 @@ for _s in StatusCode:
     _STATUS_OUT[_s] = _varint(int(for_4_14_peer(_s)))
 
 
+def _out_of_range(what: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{what} is out of its protobuf field's range")
+
+
 def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
     n = len(head) + len(tail) + (len(body) if body is not None else 0)
     if body is None:
@@ -75,6 +81,14 @@ def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
 
 def encode_add_request(req: AddRequest) -> bytes:
     # Every piece is computed first so the frame is one join: the 1 KiB body is copied exactly once.
+    # Range checks that `_varint` alone would miss (it encodes any value in [-2**63, 2**64)), so that out-of-
+    # range input fails here exactly where protobuf would fail.
+    if req.txn_id < 0 or req.ledger_id >= _I64_SIGN or req.entry_id >= _I64_SIGN:
+        raise _out_of_range(f"txn_id/ledger_id/entry_id of {req!r:.80}")
+    if req.priority and not 0 <= req.priority < _U32:
+        raise _out_of_range(f"priority {req.priority}")
+    if req.write_flags and not -_I32_SIGN <= req.write_flags < _I32_SIGN:
+        raise _out_of_range(f"write_flags {req.write_flags}")
     txn = _varint(req.txn_id)
     prio = b"\x20" + _varint(req.priority) if req.priority else b""
     lid = _varint(req.ledger_id)
@@ -118,6 +132,8 @@ def encode_add_request(req: AddRequest) -> bytes:
 
 
 def encode_add_response(resp: AddResponse) -> bytes:
+    if resp.txn_id < 0 or resp.ledger_id >= _I64_SIGN or resp.entry_id >= _I64_SIGN:
+        raise _out_of_range(f"txn_id/ledger_id/entry_id of {resp!r:.80}")
     status = _STATUS_OUT[resp.status]
     hdr = _HDR_ADD + _varint(resp.txn_id)
     part = b"".join((b"\x08", status, b"\x10", _varint(resp.ledger_id), b"\x18", _varint(resp.entry_id)))
@@ -130,6 +146,12 @@ def encode_add_response(resp: AddResponse) -> bytes:
 
 def encode_read_response(resp: ReadResponse) -> bytes:
     # As encode_add_request: all pieces first, then one join (the entry body is copied once).
+    if resp.txn_id < 0 or resp.ledger_id >= _I64_SIGN or resp.entry_id >= _I64_SIGN:
+        raise _out_of_range(f"txn_id/ledger_id/entry_id of {resp!r:.80}")
+    if (resp.max_lac is not None and resp.max_lac >= _I64_SIGN) or (
+        resp.lac_update_timestamp_ms is not None and resp.lac_update_timestamp_ms >= _I64_SIGN
+    ):
+        raise _out_of_range("max_lac/lac_update_timestamp_ms")
     status = _STATUS_OUT[resp.status]
     txn = _varint(resp.txn_id)
     lid = _varint(resp.ledger_id)

@@ -198,3 +198,39 @@ def test_messages_are_frozen_and_keep_the_dataclass_signature(cls: type) -> None
     hash(msg)
     with pytest.raises(dataclasses.FrozenInstanceError):
         msg.txn_id = 1  # type: ignore[misc]
+
+
+_BAD_INTS = st.sampled_from([2**63, 2**64, -(2**63) - 1, 2**70, -1])
+
+
+@given(_BAD_INTS, st.sampled_from(["ledger_id", "entry_id", "txn_id", "priority", "write_flags"]))
+def test_out_of_range_values_are_refused_alike_by_every_encoder(bad: int, field: str) -> None:
+    """The hand-written v3 encoders refuse exactly what protobuf refuses (and v2 refuses what it cannot
+    pack), always as InvalidArgumentError -- never a struct.error or a silently wrapped varint."""
+    import dataclasses
+
+    limits = {"txn_id": (0, 2**64), "priority": (0, 2**32), "write_flags": (-(2**31), 2**31)}
+    lo, hi = limits.get(field, (-(2**63), 2**63))
+    add = dataclasses.replace(m.AddRequest(1, 2, b"k" * 20, b"e" * 40), **{field: bad})
+    encoders = [v3.encode_request, v3.encode_request_pb]
+    if lo <= bad < hi:
+        assert v3.encode_request(add) == v3.encode_request_pb(add)
+    else:
+        for encode in encoders:
+            with pytest.raises(InvalidArgumentError):
+                encode(add)
+    if field in ("ledger_id", "entry_id", "txn_id"):
+        resps = [
+            dataclasses.replace(m.AddResponse(StatusCode.EOK, 1, 2), **{field: bad}),
+            dataclasses.replace(m.ReadResponse(StatusCode.EOK, 1, 2, b"e"), **{field: bad}),
+        ]
+        for resp in resps:
+            if lo <= bad < hi:
+                assert v3.encode_response(resp) == v3.encode_response_pb(resp)
+            else:
+                for encode_r in (v3.encode_response, v3.encode_response_pb):
+                    with pytest.raises(InvalidArgumentError):
+                        encode_r(resp)
+            if field != "txn_id" and not lo <= bad < hi:
+                with pytest.raises(InvalidArgumentError):
+                    v2.encode_response(resp)
