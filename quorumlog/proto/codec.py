@@ -15,7 +15,9 @@ API (sans-IO: the transport feeds bytes in and writes the returned bytes out):
   for v3, `(op, ledger_id, entry_id)` for v2 (`v2.match_key`).
 
 Every decoding failure surfaces as `ProtocolError` (or `FrameTooLargeError`); after one, the connection
-must be closed: the stream position is no longer trustworthy.
+must be closed: the stream position is no longer trustworthy. (`receive` raises for the whole chunk, so
+requests that preceded the bad frame in the same chunk are not delivered either; they were never
+acknowledged, so the peer retries them elsewhere.)
 """
 
 from __future__ import annotations
