@@ -49,16 +49,17 @@ def test_negative_or_non_integer_fields_are_refused() -> None:
 records = st.lists(st.tuples(st.integers(-(1 << 63), (1 << 63) - 1), st.binary(max_size=64)), max_size=20)
 
 
-@given(records)
-def test_batch_round_trip(recs: list[tuple[int, bytes]]) -> None:
-    batch = decode_batch(encode_batch(recs))
+@given(records, st.integers(0, (1 << 64) - 1))
+def test_batch_round_trip(recs: list[tuple[int, bytes]], first: int) -> None:
+    batch = decode_batch(encode_batch(recs, first))
     assert batch.kind == BatchKind.DATA
+    assert batch.first_record == first
     assert list(batch.records) == recs
 
 
 def test_end_of_stream_marker() -> None:
-    batch = decode_batch(encode_end_of_stream())
-    assert batch.kind == BatchKind.END_OF_STREAM and batch.records == ()
+    batch = decode_batch(encode_end_of_stream(7))
+    assert batch.kind == BatchKind.END_OF_STREAM and batch.records == () and batch.first_record == 7
 
 
 @given(records.filter(bool), st.data())

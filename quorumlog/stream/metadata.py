@@ -1,0 +1,221 @@
+"""Stream metadata: namespaces, logs, segments and subscriptions, kept in the metadata store.
+
+Layout (outside BookKeeper's ledger root, DESIGN.md §1; one key per segment because a znode holds at most
+1 MB):
+
+    <root>/<namespace>                          namespace defaults (JSON LogSettings)
+    <root>/<namespace>/<log>                    LogMetadata (JSON)
+    <root>/<namespace>/<log>/segments/<seq>     SegmentInfo (JSON), seq zero-padded to 20 digits
+    <root>/<namespace>/<log>/subscriptions/<n>  a committed Position, as text
+
+The log node is the authority for who may write (DESIGN.md §2 "Streams"):
+- `writer_epoch` grows by one each time a writer opens; the opening CAS is what fences the previous writer's
+  *metadata* updates (its next CAS on the log node fails), while ledger recovery fences its *data*.
+- A segment is announced in the log node (`open_segment`, `next_seq`) by CAS *before* its own key is
+  written, so a writer that dies in between leaves a trace the next writer finds and recovers.
+- Every writer update of the log node is a CAS on the version that writer last saw; losing one means a newer
+  writer exists, and the loser stops (`WriterFencedError`) instead of retrying over it.
+Each JSON document carries `"format": 1`; readers refuse formats they do not know.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from quorumlog.errors import InvalidArgumentError, ProtocolError
+from quorumlog.proto.entry import DigestType
+from quorumlog.stream.position import Position
+
+FORMAT = 1
+DEFAULT_STREAMS_ROOT = "/quorumlog/streams"
+SEQ_DIGITS = 20
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def check_name(kind: str, name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise InvalidArgumentError(
+            f"{kind} name {name!r} is not valid: use 1-200 characters from letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Per-log settings; a namespace holds the defaults for its new logs."""
+
+    ensemble_size: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    digest: DigestType = DigestType.CRC32C
+    roll_bytes: int = 256 << 20  # start a new segment past this many bytes...
+    roll_age_s: float = 3600.0  # ...or when the open segment is this old (0: never by age)
+    batch_max_bytes: int = 1 << 20  # records per entry are bounded by bytes (a frame is at most 5 MiB)
+    linger_s: float = 0.002  # how long an open batch waits for more records before it is sent
+    retention_max_age_s: float = 0.0  # 0: keep forever
+    retention_max_bytes: int = 0  # 0: no size bound
+
+    def __post_init__(self) -> None:
+        e, w, a = self.ensemble_size, self.write_quorum, self.ack_quorum
+        if not (1 <= a <= w <= e):
+            raise InvalidArgumentError(
+                f"need 1 <= ack_quorum <= write_quorum <= ensemble_size, got E={e} W={w} A={a}"
+            )
+        if not 4096 <= self.batch_max_bytes <= 4 << 20:
+            raise InvalidArgumentError(f"batch_max_bytes={self.batch_max_bytes}: must be in [4096, 4 MiB]")
+        if self.roll_bytes < self.batch_max_bytes:
+            raise InvalidArgumentError(f"roll_bytes={self.roll_bytes}: must be >= batch_max_bytes")
+        for name in ("roll_age_s", "linger_s", "retention_max_age_s", "retention_max_bytes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgumentError(f"{name} must be >= 0 (0 turns it off)")
+        if self.linger_s > 10:
+            raise InvalidArgumentError(f"linger_s={self.linger_s}: must be at most 10 seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["digest"] = self.digest.name
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> LogSettings:
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if "digest" in known:
+            known["digest"] = DigestType[known["digest"]]
+        return cls(**known)
+
+    def with_overrides(self, **overrides: Any) -> LogSettings:
+        unknown = set(overrides) - set(self.__dataclass_fields__)
+        if unknown:
+            raise InvalidArgumentError(f"unknown log settings: {sorted(unknown)}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+class SegmentState(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class OpenSegment:
+    seq: int
+    ledger_id: int
+
+
+@dataclass(frozen=True)
+class LogMetadata:
+    name: str
+    created_ms: int
+    settings: LogSettings
+    writer_epoch: int = 0
+    next_seq: int = 1
+    open_segment: OpenSegment | None = None
+    sealed: bool = False  # mark_end_of_stream was called: no more writes, readers finish
+    truncated_before: Position = Position.HEAD  # segments before this position's segment are deleted
+
+    def encode(self) -> bytes:
+        return _dump(
+            {
+                "name": self.name,
+                "created_ms": self.created_ms,
+                "settings": self.settings.to_json(),
+                "writer_epoch": self.writer_epoch,
+                "next_seq": self.next_seq,
+                "open_segment": None if self.open_segment is None else asdict(self.open_segment),
+                "sealed": self.sealed,
+                "truncated_before": str(self.truncated_before),
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> LogMetadata:
+        d = _load(data, "log metadata")
+        try:
+            return cls(
+                name=d["name"],
+                created_ms=int(d["created_ms"]),
+                settings=LogSettings.from_json(d["settings"]),
+                writer_epoch=int(d["writer_epoch"]),
+                next_seq=int(d["next_seq"]),
+                open_segment=None if d.get("open_segment") is None else OpenSegment(**d["open_segment"]),
+                sealed=bool(d.get("sealed", False)),
+                truncated_before=Position.parse(d.get("truncated_before", "HEAD")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed log metadata: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    seq: int
+    ledger_id: int
+    state: SegmentState
+    writer_epoch: int
+    created_ms: int
+    records: int = 0
+    bytes: int = 0
+    last_entry_id: int = -1
+    min_timestamp_ms: int | None = None
+    max_timestamp_ms: int | None = None
+    end_of_stream: bool = False  # the segment ends with the log's END_OF_STREAM marker
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. the Spark commit that linked it
+
+    @property
+    def first_position(self) -> Position:
+        return Position(self.seq, 0, 0)
+
+    def encode(self) -> builtins.bytes:
+        d = asdict(self)
+        d["state"] = self.state.value
+        return _dump(d)
+
+    @classmethod
+    def decode(cls, data: builtins.bytes) -> SegmentInfo:
+        d = _load(data, "segment metadata")
+        try:
+            d["state"] = SegmentState(d["state"])
+            return cls(**d)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed segment metadata: {exc}") from exc
+
+
+def _dump(d: dict[str, Any]) -> bytes:
+    return json.dumps({"format": FORMAT, **d}, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        d = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(d, dict) or d.pop("format", None) != FORMAT:
+        raise ProtocolError(f"{what} has an unknown format (this build reads format {FORMAT})")
+    return d
+
+
+@dataclass(frozen=True)
+class StreamLayout:
+    root: str = DEFAULT_STREAMS_ROOT
+
+    def namespace(self, ns: str) -> str:
+        return f"{self.root}/{check_name('namespace', ns)}"
+
+    def log(self, ns: str, name: str) -> str:
+        return f"{self.namespace(ns)}/{check_name('log', name)}"
+
+    def segments(self, ns: str, name: str) -> str:
+        return f"{self.log(ns, name)}/segments"
+
+    def segment(self, ns: str, name: str, seq: int) -> str:
+        return f"{self.segments(ns, name)}/{seq:0{SEQ_DIGITS}d}"
+
+    def subscriptions(self, ns: str, name: str) -> str:
+        return f"{self.log(ns, name)}/subscriptions"
+
+    def subscription(self, ns: str, name: str, sub: str) -> str:
+        return f"{self.subscriptions(ns, name)}/{check_name('subscription', sub)}"
