@@ -1,18 +1,23 @@
 """Per-connection codec state: framing, protocol-version detection, and the choice of v2 or v3.
 
-This module owns the one stateful decision of the protocol layer -- which version a connection speaks -- and
-keeps it a pure function of the first frame (`detect_version`), as DESIGN.md §1 asks: try v3 first, fall back
-to v2, and once a connection is v2 it stays v2. Everything else is delegated to `frame.py`, `v2.py`, `v3.py`.
+This module owns the one stateful decision of the protocol layer -- which version a connection speaks.
+The rule is BookKeeper's (DESIGN.md §1): try v3 first, fall back to v2, and once a connection is v2 it stays
+v2. Applied per frame: a bookie decodes frames as v3 until the first frame that is not v3, then everything is
+v2 for good. In practice the first frame decides (`detect_version`, a pure function of one frame body); the
+one real flow that changes version is a v2-mode BookKeeper client with TLS, which sends START_TLS as a v3
+frame and then continues in v2 on the same connection. Everything else is delegated to `frame.py`, `v2.py`,
+`v3.py`.
 
 API (sans-IO: the transport feeds bytes in and writes the returned bytes out):
 
-* `detect_version(first_body) -> ProtocolVersion` -- `ProtocolError` when the frame is neither.
+* `detect_version(body) -> ProtocolVersion` -- `ProtocolError` when the frame is neither.
 * `ServerConnection(max_frame_bytes=...)`: `receive(data) -> list[Request]`, `send(response) -> bytes`
-  (framed, in the connection's version; before the first request is seen there is nothing to answer),
-  `version` (None until the first frame).
+  (framed; in the connection's current version, except responses v2 cannot express -- START_TLS, READ_LAC,
+  ..., `ErrorResponse` -- which go out as v3), `version` (None until the first frame).
 * `ClientConnection(version, max_frame_bytes=...)`: `send(request) -> bytes`,
   `receive(data) -> list[Response]`, `key(msg)` -- the matching key of a request or response: `txn_id`
-  for v3, `(op, ledger_id, entry_id)` for v2 (`v2.match_key`).
+  for v3, `(op, ledger_id, entry_id)` for v2 (`v2.match_key`). A v2 connection sends `StartTLSRequest` as
+  v3 and decodes v3 until the START_TLS answer, as BookKeeper's v2 client does.
 
 Every decoding failure surfaces as `ProtocolError` (or `FrameTooLargeError`); after one, the connection
 must be closed: the stream position is no longer trustworthy. (`receive` raises for the whole chunk, so
@@ -27,73 +32,84 @@ from collections.abc import Callable, Hashable
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto import v2, v3
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
-from quorumlog.proto.messages import ProtocolVersion, Request, Response
+from quorumlog.proto.messages import (
+    AddResponse,
+    AuthResponse,
+    ProtocolVersion,
+    ReadResponse,
+    Request,
+    Response,
+    StartTLSRequest,
+    StartTLSResponse,
+)
 
-# A v3 body is a protobuf Request: field 1 (header), wire type 2 -> first byte 0x0a. A v2 body starts with
-# its header int, whose first byte is the protocol version (2). Protobuf has no field 0, so a v2 body can
-# never parse as v3; the byte check is only a shortcut before the real v3 parse.
-_V3_FIRST_BYTE = 0x0A
+# A v3 body is a protobuf message whose field 1 (the header, length-delimited) comes first: byte 0x0a. A v2
+# body starts with its header int, whose first byte is the protocol version (2). Protobuf has no field 0, so
+# a v2 body never parses as v3; the byte check only saves a doomed protobuf parse.
+_V3_FIRST_BYTE = b"\x0a"
+_V2_RESPONSE_TYPES = (AddResponse, ReadResponse, AuthResponse)
 
 
-def detect_version(first_body: bytes) -> ProtocolVersion:
-    """The protocol version of a connection, from its first frame body (DESIGN.md §1: try v3, then v2)."""
-    if first_body[:1] == b"\x0a":
+def detect_version(body: bytes) -> ProtocolVersion:
+    """The protocol version of one request frame body: v3 if it parses as a v3 Request, else v2 if it starts
+    with the v2 version byte; `ProtocolError` otherwise."""
+    if body[:1] == _V3_FIRST_BYTE:
         try:
-            v3.decode_request(first_body)
+            v3.decode_request(body)
             return ProtocolVersion.V3
         except ProtocolError:
-            pass  # fall back to v2 below, which will reject a 0x0a first byte with a clear message
-    if len(first_body) >= 4 and first_body[0] == v2.PROTOCOL_VERSION:
+            pass  # not v3 after all; v2 below refuses a 0x0a first byte with a clear message
+    if len(body) >= 4 and body[0] == v2.PROTOCOL_VERSION:
         return ProtocolVersion.V2
     raise ProtocolError(
-        f"first frame is neither v3 protobuf nor v2 binary (first bytes {bytes(first_body[:8]).hex() or 'none'})"
+        f"frame is neither v3 protobuf nor v2 binary (first bytes {bytes(body[:8]).hex() or 'none'})"
     )
 
 
 class ServerConnection:
     """Bookie side of one connection: bytes in -> requests; responses -> bytes out."""
 
-    __slots__ = ("_decode", "_encode", "_frames", "version")
+    __slots__ = ("_frames", "version")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._frames = FrameDecoder(max_frame_bytes)
         self.version: ProtocolVersion | None = None
-        self._decode: Callable[[bytes], Request] | None = None
-        self._encode: Callable[[Response], bytes] | None = None
-
-    def _choose(self, version: ProtocolVersion) -> None:
-        self.version = version
-        if version is ProtocolVersion.V3:
-            self._decode, self._encode = v3.decode_request, v3.encode_response
-        else:
-            self._decode, self._encode = v2.decode_request, v2.encode_response
 
     def receive(self, data: bytes | bytearray | memoryview) -> list[Request]:
-        bodies = self._frames.feed(data)
-        if not bodies:
-            return []
-        if self._decode is None:
-            self._choose(detect_version(bodies[0]))
-        decode = self._decode
-        assert decode is not None
-        return [decode(b) for b in bodies]
+        out: list[Request] = []
+        for body in self._frames.feed(data):
+            if self.version is not ProtocolVersion.V2:
+                if body[:1] == _V3_FIRST_BYTE:
+                    try:
+                        out.append(v3.decode_request(body))
+                        self.version = ProtocolVersion.V3
+                        continue
+                    except ProtocolError:
+                        pass
+                # The first frame that is not v3 turns the connection to v2 for good (BookKeeper's rule).
+                self.version = ProtocolVersion.V2
+            out.append(v2.decode_request(body))
+        return out
 
     def send(self, response: Response) -> bytes:
-        if self._encode is None:
+        if self.version is None:
             raise InvalidArgumentError(
                 "no request received yet: the connection's protocol version is unknown"
             )
-        return self._encode(response)
+        if self.version is ProtocolVersion.V2 and type(response) in _V2_RESPONSE_TYPES:
+            return v2.encode_response(response)
+        return v3.encode_response(response)
 
 
 class ClientConnection:
     """Client side of one connection in a chosen version: requests -> bytes out; bytes in -> responses."""
 
-    __slots__ = ("_decode", "_encode", "_frames", "key", "version")
+    __slots__ = ("_decode", "_encode", "_frames", "_v3_until_start_tls", "key", "version")
 
     def __init__(self, version: ProtocolVersion, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.version = ProtocolVersion(version)
         self._frames = FrameDecoder(max_frame_bytes)
+        self._v3_until_start_tls = False
         self._encode: Callable[[Request], bytes]
         self._decode: Callable[[bytes], Response]
         self.key: Callable[[Request | Response], Hashable]
@@ -103,11 +119,28 @@ class ClientConnection:
             self._encode, self._decode, self.key = v2.encode_request, v2.decode_response, v2.match_key
 
     def send(self, request: Request) -> bytes:
+        if type(request) is StartTLSRequest and self.version is ProtocolVersion.V2:
+            # BookKeeper's v2 client negotiates TLS with a v3 START_TLS exchange, then goes on in v2.
+            self._v3_until_start_tls = True
+            return v3.encode_request(request)
         return self._encode(request)
 
     def receive(self, data: bytes | bytearray | memoryview) -> list[Response]:
         decode = self._decode
-        return [decode(b) for b in self._frames.feed(data)]
+        if not self._v3_until_start_tls:
+            return [decode(b) for b in self._frames.feed(data)]
+        out: list[Response] = []
+        for body in self._frames.feed(data):
+            if self._v3_until_start_tls:
+                try:
+                    resp = v3.decode_response(body)
+                    self._v3_until_start_tls = type(resp) is not StartTLSResponse
+                    out.append(resp)
+                    continue
+                except ProtocolError:
+                    self._v3_until_start_tls = False
+            out.append(decode(body))
+        return out
 
 
 def _txn_key(msg: Request | Response) -> Hashable:

@@ -44,6 +44,8 @@ from quorumlog.proto.messages import (
     ReadResponse,
     Request,
     Response,
+    StartTLSRequest,
+    StartTLSResponse,
 )
 from quorumlog.proto.status import StatusCode, V2Status, for_4_14_peer, from_v2, to_v2
 
@@ -258,7 +260,8 @@ def decode_response(body: bytes) -> Response:
 def match_key(msg: Request | Response) -> tuple[int, int, int]:
     """The key that pairs a v2 response with its request: (op, ledger_id, entry_id).
 
-    AUTH has no ids; the handshake is one exchange at a time, so its key is (AUTH, -1, -1).
+    AUTH has no ids; the handshake is one exchange at a time, so its key is (AUTH, -1, -1); likewise
+    START_TLS, which a v2-mode client sends as v3 on its v2 connection.
     """
     if isinstance(msg, AddRequest | AddResponse):
         return (OpCode.ADD_ENTRY, msg.ledger_id, msg.entry_id)
@@ -266,4 +269,6 @@ def match_key(msg: Request | Response) -> tuple[int, int, int]:
         return (OpCode.READ_ENTRY, msg.ledger_id, msg.entry_id)
     if isinstance(msg, AuthRequest | AuthResponse):
         return (OpCode.AUTH, -1, -1)
+    if isinstance(msg, StartTLSRequest | StartTLSResponse):
+        return (OpCode.START_TLS, -1, -1)  # the one v3 exchange a v2 connection makes (TLS negotiation)
     raise InvalidArgumentError(f"{type(msg).__name__} is not a v2 message")

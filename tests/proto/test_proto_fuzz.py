@@ -114,15 +114,19 @@ def test_entry_and_lac_decoding_raise_only_typed_errors(body: bytes, dt: DigestT
             pass
 
 
-def test_a_connection_keeps_the_version_of_its_first_frame() -> None:
-    """DESIGN.md §1: once a connection is v2 it stays v2 (and a v3 one stays v3)."""
+def test_once_v2_a_connection_stays_v2() -> None:
+    """DESIGN.md §1 / BookKeeper's decoder: v3 until the first non-v3 frame, then v2 for good."""
     v2_read = v2.encode_request(ReadRequest(1, 2))
     v3_read = v3.encode_request(ReadRequest(1, 2, txn_id=3))
-    for first, later in ((v2_read, v3_read), (v3_read, v2_read)):
-        server = ServerConnection()
-        assert server.receive(first) == [ReadRequest(1, 2, txn_id=0 if first is v2_read else 3)]
-        with pytest.raises(ProtocolError):
-            server.receive(later)
+    server = ServerConnection()
+    assert server.receive(v2_read) == [ReadRequest(1, 2)]
+    with pytest.raises(ProtocolError):
+        server.receive(v3_read)
+    server = ServerConnection()
+    assert server.receive(v3_read + v2_read) == [ReadRequest(1, 2, txn_id=3), ReadRequest(1, 2)]
+    assert server.version is ProtocolVersion.V2
+    with pytest.raises(ProtocolError):
+        server.receive(v3_read)
 
 
 @pytest.mark.parametrize("body", [b"", b"\x01\x00\x00\x00", b"\x0a\x02\x08", b"\xff" * 30, b"\x02\x01"])

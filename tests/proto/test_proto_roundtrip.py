@@ -234,3 +234,23 @@ def test_out_of_range_values_are_refused_alike_by_every_encoder(bad: int, field:
             if field != "txn_id" and not lo <= bad < hi:
                 with pytest.raises(InvalidArgumentError):
                     v2.encode_response(resp)
+
+
+def test_v2_client_negotiates_tls_with_one_v3_exchange_then_speaks_v2() -> None:
+    """BookKeeper's v2 client with TLS sends START_TLS as v3 on its v2 connection, then continues in v2;
+    the bookie must follow (v3 until the first non-v3 frame)."""
+    client = ClientConnection(m.ProtocolVersion.V2)
+    server = ServerConnection()
+    tls = m.StartTLSRequest(txn_id=1)
+    (got,) = server.receive(client.send(tls))
+    assert got == tls
+    assert server.version is m.ProtocolVersion.V3
+    (answer,) = client.receive(server.send(m.StartTLSResponse(StatusCode.EOK, 1)))
+    assert client.key(answer) == client.key(tls)
+    add = m.AddRequest(1, 2, b"k" * 20, (1).to_bytes(8, "big") + (2).to_bytes(8, "big") + b"e" * 30)
+    (got,) = server.receive(client.send(add))
+    assert got == add and server.version is m.ProtocolVersion.V2
+    frame = server.send(m.AddResponse(StatusCode.EOK, 1, 2))
+    assert frame[4] == 2  # a v2 frame
+    (resp,) = client.receive(frame)
+    assert client.key(resp) == client.key(add)
