@@ -9,7 +9,7 @@ Modules (one concept each; docs/PROTOCOL.md has the compatibility notes):
   `ReadRequest`, `ReadLacRequest`, `WriteLacRequest`, `GetBookieInfoRequest`, `ForceLedgerRequest`,
   `GetListOfEntriesOfLedgerRequest`, `StartTLSRequest`, `AuthRequest`, `UnsupportedRequest`; `AddResponse`,
   `ReadResponse`, ... , `ErrorResponse`), `OpCode`, `ProtocolVersion`, constants.
-* `codec`     -- per connection: `detect_version(first_body)`, `ServerConnection` (bookie: receive requests,
+* `codec`     -- per connection: `detect_version(body)`, `ServerConnection` (bookie: receive requests,
   send responses), `ClientConnection(version)` (client: send requests, receive responses, `key(msg)`).
 * `v2`, `v3`  -- `encode_request`, `decode_request`, `encode_response`, `decode_response`; `v2.match_key`;
   `v3.*_pb` protobuf reference twins. Encoders return whole frames (length prefix included); decoders take
