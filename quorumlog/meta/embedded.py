@@ -285,7 +285,7 @@ class EmbeddedStore(MetadataStore):
                     raise MetadataNotFoundError(f"parent of {path} does not exist")
                 self._make_parents(conn, par)
             elif row[0] is not None:
-                raise MetadataStoreError(f"cannot create {path}: its parent is ephemeral")
+                raise _refused(f"cannot create {path}: its parent is ephemeral")
             name = path
             if sequential:
                 (seq,) = conn.execute(
@@ -356,7 +356,7 @@ class EmbeddedStore(MetadataStore):
             if version != ANY_VERSION and row[0] != version:
                 raise MetadataVersionError(f"{path} is at version {row[0]}, expected {version}")
             if conn.execute("SELECT 1 FROM nodes WHERE parent = ? LIMIT 1", (path,)).fetchone():
-                raise MetadataStoreError(f"cannot delete {path}: it has children")
+                raise _refused(f"cannot delete {path}: it has children")
             conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
             self._record(conn, path, EventType.DELETED)
 
@@ -467,6 +467,13 @@ class EmbeddedStore(MetadataStore):
         with contextlib.suppress(sqlite3.Error):
             await self._run(self._close_db)
         self._executor.shutdown(wait=True)
+
+
+def _refused(message: str) -> MetadataStoreError:
+    """A refusal that trying again cannot change (unlike a locked database)."""
+    err = MetadataStoreError(message)
+    err.retriable = False
+    return err
 
 
 def _is_transient(e: BaseException) -> bool:

@@ -275,9 +275,13 @@ class MetadataStoreConformance:
         with pytest.raises(MetadataNotFoundError):
             await store.children(f"{base}/missing")
         await store.create(f"{base}/a/child")
+        started = time.monotonic()
         with pytest.raises(MetadataStoreError) as info:
             await store.delete(f"{base}/a")  # has a child
         assert not isinstance(info.value, MetadataNotFoundError | MetadataVersionError)
+        assert time.monotonic() - started < OP_TIMEOUT_S / 2, (
+            "a refusal must not be retried until the timeout"
+        )
         assert await store.exists(f"{base}/a") is not None
 
     async def test_compare_and_set_conflict(self, store: MetadataStore, base: str) -> None:
