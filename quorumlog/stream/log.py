@@ -1,0 +1,185 @@
+"""Namespaces and logs: the stream API's entry points (API.md, "Python: streams").
+
+`client.namespace(name)` gives a `Namespace`; it creates, opens, lists and deletes `Log`s. A `Log` opens the
+single writer and any number of readers, lists its segments, truncates, applies retention and keeps
+subscriptions (a committed position per name).
+
+Truncation and retention delete whole segments, oldest first, and never the open one. Order: record the
+new truncation point in the log node first (so a reader asking for an older position gets a clear
+`LogTruncatedError`), then delete the segment's ledger, then its key -- a crash in between leaves a key whose
+ledger is gone, which the next truncation removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+from typing import Any
+
+from quorumlog.errors import MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
+from quorumlog.stream.log_store import LogStore
+from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
+from quorumlog.stream.position import Position
+from quorumlog.stream.reader import LogReader
+from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter, client_env
+
+log = logging.getLogger(__name__)
+
+
+class Namespace:
+    def __init__(self, client: Any, name: str, log_store: LogStore) -> None:
+        self.client = client
+        self.name = check_name("namespace", name)
+        self.log_store = log_store
+
+    async def create_log(self, name: str, **settings: Any) -> Log:
+        """Create a log; settings (E/W/A, digest, rolling, batching, retention) override namespace defaults."""
+        base = await self.log_store.namespace_settings(self.name)
+        md = LogMetadata(name, client_env(self.client).clock.wall_ms(), base.with_overrides(**settings))
+        await self.log_store.create_log(self.name, md)
+        return Log(self.client, self.name, name, self.log_store)
+
+    async def open_log(self, name: str) -> Log:
+        await self.log_store.read_log(self.name, name)  # LogNotFoundError if absent
+        return Log(self.client, self.name, name, self.log_store)
+
+    async def list_logs(self) -> list[str]:
+        return await self.log_store.list_logs(self.name)
+
+    async def delete_log(self, name: str) -> None:
+        """Delete a log with all its segments' ledgers and its subscriptions."""
+        for seg in await self.log_store.segments(self.name, name):
+            await _delete_ledger(self.client, seg.value.ledger_id)
+        md = (await self.log_store.read_log(self.name, name)).value
+        if md.open_segment is not None:
+            await _delete_ledger(self.client, md.open_segment.ledger_id)
+        await self.log_store.delete_log_keys(self.name, name)
+
+    async def set_defaults(self, **settings: Any) -> None:
+        base = await self.log_store.namespace_settings(self.name)
+        await self.log_store.set_namespace_settings(self.name, base.with_overrides(**settings))
+
+
+class Log:
+    def __init__(self, client: Any, namespace: str, name: str, log_store: LogStore) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.name = check_name("log", name)
+        self.log_store = log_store
+
+    def __repr__(self) -> str:
+        return f"Log({self.namespace}/{self.name})"
+
+    async def metadata(self) -> LogMetadata:
+        return (await self.log_store.read_log(self.namespace, self.name)).value
+
+    async def settings(self) -> LogSettings:
+        return (await self.metadata()).settings
+
+    async def open_writer(self, **options: Any) -> LogWriter:
+        """Become the log's only writer, fencing any previous one (its next write fails)."""
+        writer = LogWriter(self, **options)
+        await writer._open()
+        return writer
+
+    async def open_reader(
+        self, start: Position = Position.HEAD, *, start_timestamp_ms: int | None = None
+    ) -> LogReader:
+        reader = LogReader(self, start, start_timestamp_ms)
+        return reader
+
+    async def segments(self) -> list[SegmentInfo]:
+        return [s.value for s in await self.log_store.segments(self.namespace, self.name)]
+
+    def subscription(self, name: str) -> Subscription:
+        return Subscription(self, check_name("subscription", name))
+
+    async def truncate(self, before: Position) -> list[int]:
+        """Delete every closed segment that lies wholly before `before`; returns their sequence numbers."""
+        return await self._truncate(lambda seg, _segs: seg.seq < before.segment, before)
+
+    async def set_retention(self, *, max_age_s: float | None = None, max_bytes: int | None = None) -> None:
+        await self._update(
+            lambda md: replace(
+                md,
+                settings=md.settings.with_overrides(
+                    retention_max_age_s=max_age_s, retention_max_bytes=max_bytes
+                ),
+            )
+        )
+
+    async def enforce_retention(self) -> list[int]:
+        """Apply the retention settings now (the writer also does it on every segment roll)."""
+        settings = await self.settings()
+        now_ms = client_env(self.client).clock.wall_ms()
+
+        def expired(seg: SegmentInfo, segs: list[SegmentInfo]) -> bool:
+            if settings.retention_max_age_s > 0 and seg.max_timestamp_ms is not None:
+                if now_ms - seg.max_timestamp_ms > settings.retention_max_age_s * 1000:
+                    return True
+            if settings.retention_max_bytes > 0:
+                newer = sum(s.bytes for s in segs if s.seq > seg.seq)
+                if newer >= settings.retention_max_bytes:
+                    return True
+            return False
+
+        if settings.retention_max_age_s <= 0 and settings.retention_max_bytes <= 0:
+            return []
+        return await self._truncate(expired, None)
+
+    async def _truncate(self, doomed: Any, before: Position | None) -> list[int]:
+        segs = await self.segments()
+        closed = [s for s in segs if s.state == SegmentState.CLOSED]
+        if segs and segs[-1].state == SegmentState.CLOSED:
+            closed = closed[:-1]  # keep the newest segment: it tells readers where the log ends
+        victims: list[SegmentInfo] = []
+        for seg in closed:  # oldest first; stop at the first segment that stays, so no holes appear
+            if not doomed(seg, segs):
+                break
+            victims.append(seg)
+        if not victims:
+            return []
+        point = Position(victims[-1].seq + 1, 0, 0)
+        if before is not None:
+            point = min(point, before)
+        await self._update(lambda md: replace(md, truncated_before=max(md.truncated_before, point)))
+        for seg in victims:
+            await _delete_ledger(self.client, seg.ledger_id)
+            with contextlib.suppress(MetadataNotFoundError):
+                await self.log_store.delete_segment(self.namespace, self.name, seg.seq)
+        log.info("log %s/%s: deleted segments %s", self.namespace, self.name, [s.seq for s in victims])
+        return [s.seq for s in victims]
+
+    async def _update(self, change: Any) -> None:
+        """CAS loop for non-writer updates of the log node (they never touch the writer's fields)."""
+        for _ in range(CAS_RETRIES_MAX):
+            md = await self.log_store.read_log(self.namespace, self.name)
+            try:
+                await self.log_store.write_log(self.namespace, change(md.value), version=md.version)
+                return
+            except MetadataVersionError:
+                continue
+        raise MetadataVersionError(
+            f"log {self.namespace}/{self.name}: metadata kept changing ({CAS_RETRIES_MAX} lost compare-and-sets)"
+        )
+
+
+class Subscription:
+    """A named, committed position in a log (e.g. a consumer group's progress)."""
+
+    def __init__(self, log_: Log, name: str) -> None:
+        self.log = log_
+        self.name = name
+
+    async def commit(self, position: Position) -> None:
+        await self.log.log_store.commit_subscription(self.log.namespace, self.log.name, self.name, position)
+
+    async def position(self) -> Position | None:
+        """The committed position, or None if nothing was committed yet."""
+        return await self.log.log_store.subscription_position(self.log.namespace, self.log.name, self.name)
+
+
+async def _delete_ledger(client: Any, ledger_id: int) -> None:
+    with contextlib.suppress(NoSuchLedgerError):
+        await client.delete_ledger(ledger_id)

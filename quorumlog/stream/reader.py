@@ -1,0 +1,184 @@
+"""A reader of a log: from a start position across segments, tailing the open one.
+
+Rules it keeps:
+- Delivery is in position order and exactly once per reader: the reader keeps the next position it owes
+  and never goes back.
+- Closed segments are read in chunks up to their last entry; the open segment is followed with the ledger
+  tail (long-poll reads), which ends when the writer closes the segment (a roll, a clean close, or the next
+  writer's recovery). Then the reader moves to the next segment, waiting on metadata watches if the writer
+  has not announced it yet.
+- A start position before the log's truncation point is an error (`LogTruncatedError`), never a silent
+  skip to the first available record. `Position.HEAD` always means "the oldest record still kept".
+- An END_OF_STREAM entry ends the iteration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.errors import LogTruncatedError
+from quorumlog.stream.metadata import SegmentInfo, SegmentState
+from quorumlog.stream.position import Position
+from quorumlog.stream.records import BatchKind, decode_batch
+from quorumlog.stream.writer import STREAM_PASSWORD
+
+if TYPE_CHECKING:
+    from quorumlog.stream.log import Log
+
+READ_CHUNK_ENTRIES = 64
+# Watches are the wake-up; this bounds how long a missed notification could delay a reader.
+METADATA_RECHECK_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    position: Position
+    payload: bytes
+    timestamp_ms: int
+
+
+class LogReader:
+    """Use `await log.open_reader(...)`, then `async for record in reader`."""
+
+    def __init__(self, log_: Log, start: Position, start_timestamp_ms: int | None) -> None:
+        self._log = log_
+        self._start = start
+        self._start_ts = start_timestamp_ms
+        self._gen: AsyncIterator[Record] | None = None
+        self.position: Position | None = None  # the next position this reader owes
+        self._closed = False
+
+    def __aiter__(self) -> LogReader:
+        return self
+
+    async def __anext__(self) -> Record:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._gen is None:
+            self._gen = self._records()
+        return await self._gen.__anext__()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._gen is not None:
+            with contextlib.suppress(Exception):
+                await self._gen.aclose()  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> LogReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- the iteration --------------------------------------------------------------------------------------
+
+    async def _records(self) -> AsyncIterator[Record]:
+        pos = await self._resolve_start()
+        seek_ts = self._start_ts
+        while True:
+            seg = await self._next_segment(pos.segment)
+            if seg is None:
+                return  # sealed, and nothing after pos
+            if seg.seq != pos.segment:
+                pos = Position(seg.seq, 0, 0)
+            ended = False
+            async for entry_id, batch in self._entries(seg, pos.entry):
+                if batch.kind == BatchKind.END_OF_STREAM:
+                    ended = True
+                    break
+                for slot, (ts, payload) in enumerate(batch.records):
+                    if entry_id == pos.entry and slot < pos.slot:
+                        continue
+                    if seek_ts is not None:
+                        if ts < seek_ts:
+                            continue
+                        seek_ts = None
+                    here = Position(seg.seq, entry_id, slot)
+                    self.position = here.next_slot()
+                    yield Record(here, payload, ts)
+                pos = Position(seg.seq, entry_id + 1, 0)
+            if ended or seg.end_of_stream:
+                return
+            pos = Position(seg.seq + 1, 0, 0)
+
+    async def _entries(self, seg: SegmentInfo, first: int) -> AsyncIterator[tuple[int, Any]]:
+        client = self._log.client
+        handle = await client.open_ledger(seg.ledger_id, password=STREAM_PASSWORD, recovery=False)
+        try:
+            if handle.is_closed:
+                last = handle.last_add_confirmed
+                while first <= last:
+                    upto = min(last, first + READ_CHUNK_ENTRIES - 1)
+                    for entry in await handle.read(first, upto):
+                        yield entry.entry_id, decode_batch(entry.payload)
+                    first = upto + 1
+            else:
+                async for entry in handle.tail(start=first):
+                    yield entry.entry_id, decode_batch(entry.payload)
+        finally:
+            await handle.close()
+
+    async def _resolve_start(self) -> Position:
+        md = (await self._log.log_store.read_log(self._log.namespace, self._log.name)).value
+        segments = await self._log.segments()
+        start = self._start
+        if start == Position.TAIL:
+            if md.open_segment is not None:
+                handle = await self._log.client.open_ledger(
+                    md.open_segment.ledger_id, password=STREAM_PASSWORD, recovery=False
+                )
+                try:
+                    lac = await handle.read_last_add_confirmed()
+                finally:
+                    await handle.close()
+                return Position(md.open_segment.seq, lac + 1, 0)
+            return Position(md.next_seq, 0, 0)
+        if self._start_ts is not None:
+            # The first segment that may hold a record at or after the timestamp.
+            for seg in segments:
+                if (
+                    seg.state == SegmentState.OPEN
+                    or seg.max_timestamp_ms is None
+                    or seg.max_timestamp_ms >= self._start_ts
+                ):
+                    return Position(seg.seq, 0, 0)
+            return Position(md.next_seq, 0, 0)
+        if start == Position.HEAD:
+            return Position(segments[0].seq, 0, 0) if segments else Position(md.next_seq, 0, 0)
+        first_kept = segments[0].seq if segments else md.next_seq
+        if start < md.truncated_before or start.segment < first_kept:
+            raise LogTruncatedError(
+                f"position {start} of log {self._log.namespace}/{self._log.name} was truncated; "
+                f"the oldest record kept is in segment {first_kept} (start at Position.HEAD to read from there)"
+            )
+        return start
+
+    async def _next_segment(self, seq: int) -> SegmentInfo | None:
+        """The segment with the smallest sequence number >= seq, waiting for the writer to create it."""
+        store = self._log.log_store.store
+        layout = self._log.log_store.layout
+        ns, name = self._log.namespace, self._log.name
+        seg_watch = await store.watch_children(layout.segments(ns, name))
+        log_watch = await store.watch_data(layout.log(ns, name))
+        try:
+            while True:
+                for seg in await self._log.segments():
+                    if seg.seq >= seq:
+                        return seg
+                md = (await self._log.log_store.read_log(ns, name)).value
+                if md.sealed:
+                    return None
+                waits = [asyncio.ensure_future(seg_watch.next()), asyncio.ensure_future(log_watch.next())]
+                try:
+                    await asyncio.wait(waits, timeout=METADATA_RECHECK_S, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+                    await asyncio.gather(*waits, return_exceptions=True)
+        finally:
+            seg_watch.close()
+            log_watch.close()

@@ -1,0 +1,473 @@
+"""The single writer of a log: fencing on open, batching records into entries, rolling segments.
+
+Rules it keeps (DESIGN.md §2 "Streams"):
+- Opening fences. The writer bumps `writer_epoch` on the log node by CAS, then recovers every segment the
+  previous writer left open (ledger recovery fences that writer at the bookies, so none of its in-flight
+  adds can be acknowledged afterwards), and only then starts a segment of its own.
+- A lost CAS on the log node means a newer writer exists: this writer fails every pending record with
+  `WriterFencedError` and stops. It never retries over the newer writer.
+- Order is fixed at call time. `write` puts the record into the open batch at once; batches become entries
+  in call order, and a ledger assigns entry ids at append time, so every record's `Position` is known when
+  its batch is sent and is resolved once the entry is acknowledged (durable on an ack quorum).
+- Batches are bounded by bytes (`batch_max_bytes`) and time (`linger_s`); pending data is bounded too
+  (`pending_bytes_max`): past it `write` raises `TooManyRequestsError` rather than growing without limit.
+- Segments roll by size (`roll_bytes`) and age (`roll_age_s`). Roll order: close the ledger, mark the
+  segment CLOSED, create the next ledger, announce it in the log node (CAS), then write its segment key. A
+  crash between any two steps leaves a state the next writer's recovery completes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.errors import (
+    ClientClosedError,
+    EndOfStreamError,
+    LedgerFencedError,
+    MetadataExistsError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuorumLogError,
+    TooManyRequestsError,
+    WriterFencedError,
+)
+from quorumlog.meta.store import Versioned
+from quorumlog.stream.metadata import LogMetadata, OpenSegment, SegmentInfo, SegmentState
+from quorumlog.stream.position import Position
+from quorumlog.stream.records import (
+    HEADER_BYTES,
+    RECORD_OVERHEAD_BYTES,
+    BatchKind,
+    decode_batch,
+    encode_batch,
+    encode_end_of_stream,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.stream.log import Log
+
+log = logging.getLogger(__name__)
+
+PENDING_BYTES_MAX_DEFAULT = 64 << 20
+CAS_RETRIES_MAX = 16
+STREAM_PASSWORD = b"quorumlog-stream"
+
+
+@dataclass
+class _Batch:
+    records: list[tuple[int, bytes]] = field(default_factory=list)
+    futures: list[asyncio.Future[Position]] = field(default_factory=list)
+    size_bytes: int = HEADER_BYTES
+
+
+@dataclass
+class _Segment:
+    info: SegmentInfo
+    version: int
+    handle: Any  # the ledger WriteHandle
+    opened_s: float
+    records: int = 0
+    min_ts: int | None = None
+    max_ts: int | None = None
+
+
+async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[SegmentInfo] | None) -> None:
+    """Close a segment a writer left open: fence + recover its ledger, then record its final statistics.
+
+    Statistics come from the ledger itself (length; the last entry's batch header gives the record count),
+    so they are right whatever the dead writer had managed to write into metadata.
+    """
+    client, store, ns, name = log_.client, log_.log_store, log_.namespace, log_.name
+    records = 0
+    length = 0
+    last_entry = -1
+    min_ts = max_ts = None
+    eos = False
+    try:
+        handle = await client.open_ledger(ledger_id, password=STREAM_PASSWORD, recovery=True)
+    except NoSuchLedgerError:
+        handle = None  # announced, but its ledger is gone (deleted by hand): an empty segment
+    if handle is not None:
+        try:
+            last_entry, length = handle.last_add_confirmed, handle.length
+            if last_entry >= 0:
+                first = decode_batch((await handle.read(0, 0))[0].payload)
+                last = decode_batch((await handle.read(last_entry, last_entry))[0].payload)
+                records = last.first_record + len(last.records)
+                eos = last.kind == BatchKind.END_OF_STREAM
+                stamps = [ts for ts, _ in first.records] + [ts for ts, _ in last.records]
+                if stamps:
+                    min_ts, max_ts = min(stamps), max(stamps)
+        finally:
+            await handle.close()
+    base = known.value if known is not None else None
+    info = SegmentInfo(
+        seq=seq,
+        ledger_id=ledger_id,
+        state=SegmentState.CLOSED,
+        writer_epoch=base.writer_epoch if base else 0,
+        created_ms=base.created_ms if base else client_env(client).clock.wall_ms(),
+        records=records,
+        bytes=length,
+        last_entry_id=last_entry,
+        min_timestamp_ms=min_ts,
+        max_timestamp_ms=max_ts,
+        end_of_stream=eos,
+        extra=dict(base.extra) if base else {},
+    )
+    if known is None:
+        try:
+            await store.create_segment(ns, name, info)
+            return
+        except MetadataExistsError:
+            known = await store.read_segment(ns, name, seq)
+            assert known is not None
+    if known.value.state == SegmentState.CLOSED:
+        return
+    with contextlib.suppress(MetadataVersionError):  # a concurrent recoverer wrote the same facts
+        await store.write_segment(ns, name, info, version=known.version)
+
+
+def client_env(client: Any) -> Any:
+    from quorumlog.env import default_env
+
+    return getattr(client, "env", None) or default_env()
+
+
+class LogWriter:
+    """Use `await log.open_writer()`; `async with` closes it."""
+
+    def __init__(self, log_: Log, *, pending_bytes_max: int = PENDING_BYTES_MAX_DEFAULT) -> None:
+        self._log = log_
+        self._client = log_.client
+        self._store = log_.log_store
+        self._ns = log_.namespace
+        self._name = log_.name
+        self._env = client_env(self._client)
+        self._md: Versioned[LogMetadata] | None = None
+        self._segment: _Segment | None = None
+        self._batch = _Batch()
+        self._queue: asyncio.Queue[_Batch | None] = asyncio.Queue()
+        self._pending_bytes = 0
+        self.pending_bytes_max = pending_bytes_max
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._linger: asyncio.TimerHandle | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._error: QuorumLogError | None = None
+        self._closed = False
+        self._sealed = False
+
+    # --- life cycle ---------------------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        md = await self._store.read_log(self._ns, self._name)
+        while True:
+            if md.value.sealed:
+                raise EndOfStreamError(
+                    f"log {self._ns}/{self._name} is sealed (end of stream): no more writes"
+                )
+            fenced = replace(md.value, writer_epoch=md.value.writer_epoch + 1)
+            try:
+                self._md = await self._store.write_log(self._ns, fenced, version=md.version)
+                break
+            except MetadataVersionError:
+                md = await self._store.read_log(self._ns, self._name)  # a concurrent opener: go after it
+        await self._recover_previous()
+        await self._start_segment()
+        self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"writer {self._name}")
+
+    async def _recover_previous(self) -> None:
+        assert self._md is not None
+        segments = {s.value.seq: s for s in await self._store.segments(self._ns, self._name)}
+        todo: dict[int, tuple[int, Versioned[SegmentInfo] | None]] = {
+            seq: (s.value.ledger_id, s) for seq, s in segments.items() if s.value.state == SegmentState.OPEN
+        }
+        announced = self._md.value.open_segment
+        if announced is not None and announced.seq not in segments:
+            todo[announced.seq] = (announced.ledger_id, None)
+        for seq, (ledger_id, known) in sorted(todo.items()):
+            log.info("log %s/%s: recovering segment %d (ledger %d)", self._ns, self._name, seq, ledger_id)
+            await recover_segment(self._log, seq, ledger_id, known)
+        if announced is not None:
+            await self._cas_log(lambda md: replace(md, open_segment=None))
+
+    async def _cas_log(self, update: Callable[[LogMetadata], LogMetadata]) -> None:
+        """Apply `update` to the log node by CAS, as this writer.
+
+        Others may change the log node too (truncation, retention settings): on a lost CAS re-read, and if
+        the writer epoch is still ours apply the update again; if it moved, a newer writer exists and we stop.
+        """
+        assert self._md is not None
+        md = self._md
+        epoch = md.value.writer_epoch
+        for _ in range(CAS_RETRIES_MAX):
+            if md.value.writer_epoch != epoch:
+                raise self._fence(f"writer epoch is now {md.value.writer_epoch}, ours was {epoch}")
+            try:
+                self._md = await self._store.write_log(self._ns, update(md.value), version=md.version)
+                return
+            except MetadataVersionError:
+                md = await self._store.read_log(self._ns, self._name)
+        raise self._fence(f"its log metadata kept changing ({CAS_RETRIES_MAX} lost compare-and-sets)")
+
+    def _fence(self, why: str) -> WriterFencedError:
+        err = WriterFencedError(f"writer of log {self._ns}/{self._name} was fenced by a newer writer ({why})")
+        self._fail(err)
+        return err
+
+    async def _start_segment(self) -> None:
+        assert self._md is not None
+        settings = self._md.value.settings
+        seq = self._md.value.next_seq
+        handle = await self._client.create_ledger(
+            ensemble_size=settings.ensemble_size,
+            write_quorum=settings.write_quorum,
+            ack_quorum=settings.ack_quorum,
+            digest=settings.digest,
+            password=STREAM_PASSWORD,
+            custom_metadata={
+                "quorumlog.log": f"{self._ns}/{self._name}".encode(),
+                "quorumlog.segment": b"%d" % seq,
+            },
+        )
+        try:
+            await self._cas_log(
+                lambda md: replace(md, next_seq=seq + 1, open_segment=OpenSegment(seq, handle.ledger_id))
+            )
+        except WriterFencedError:
+            with contextlib.suppress(QuorumLogError):
+                await handle.close()
+                await self._client.delete_ledger(handle.ledger_id)
+            raise
+        info = SegmentInfo(
+            seq, handle.ledger_id, SegmentState.OPEN, self._md.value.writer_epoch, self._env.clock.wall_ms()
+        )
+        created = await self._store.create_segment(self._ns, self._name, info)
+        self._segment = _Segment(info, created.version, handle, self._env.clock.monotonic_s())
+
+    async def _close_segment(self, *, end_of_stream: bool = False) -> None:
+        seg = self._segment
+        if seg is None:
+            return
+        self._segment = None
+        try:
+            await seg.handle.close()
+        except LedgerFencedError:
+            raise self._fence("its segment ledger was recovered by another writer") from None
+        info = replace(
+            seg.info,
+            state=SegmentState.CLOSED,
+            records=seg.records,
+            bytes=seg.handle.length,
+            last_entry_id=seg.handle.last_add_confirmed,
+            min_timestamp_ms=seg.min_ts,
+            max_timestamp_ms=seg.max_ts,
+            end_of_stream=end_of_stream,
+        )
+        try:
+            await self._store.write_segment(self._ns, self._name, info, version=seg.version)
+        except MetadataVersionError:
+            raise self._fence("its segment was closed by another writer") from None
+
+    async def close(self) -> None:
+        """Send what is batched, wait for every record, close the open segment. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._drain()
+            if self._error is None:
+                await self._close_segment()
+                await self._cas_log(lambda md: replace(md, open_segment=None))
+        finally:
+            await self._stop_sender()
+
+    async def __aenter__(self) -> LogWriter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- writing ------------------------------------------------------------------------------------------
+
+    def write(self, payload: bytes) -> asyncio.Future[Position]:
+        """Queue one record; the future resolves to its Position once it is durable on an ack quorum."""
+        self._check_writable()
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+        size = RECORD_OVERHEAD_BYTES + len(payload)
+        assert self._md is not None
+        settings = self._md.value.settings
+        if HEADER_BYTES + size > settings.batch_max_bytes:
+            raise TooManyRequestsError(
+                f"record of {len(payload)} bytes does not fit in a batch (batch_max_bytes={settings.batch_max_bytes})"
+            )
+        if self._pending_bytes + size > self.pending_bytes_max:
+            raise TooManyRequestsError(
+                f"{self._pending_bytes} bytes are waiting to be acknowledged (pending_bytes_max="
+                f"{self.pending_bytes_max}); await earlier writes before writing more"
+            )
+        if self._batch.size_bytes + size > settings.batch_max_bytes:
+            self._seal_batch()
+        fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
+        batch = self._batch
+        batch.records.append((self._env.clock.wall_ms(), bytes(payload)))
+        batch.futures.append(fut)
+        batch.size_bytes += size
+        self._pending_bytes += size
+        if self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(settings.linger_s, self._seal_batch)
+        return fut
+
+    async def write_many(self, payloads: Sequence[bytes]) -> list[Position]:
+        futures = [self.write(p) for p in payloads]
+        return list(await asyncio.gather(*futures))
+
+    async def flush(self) -> None:
+        """Send the open batch now and wait until everything written so far is acknowledged."""
+        self._check_writable()
+        await self._drain()
+
+    async def mark_end_of_stream(self) -> None:
+        """Seal the log: readers finish at this point and later writes fail with `EndOfStreamError`."""
+        self._check_writable()
+        await self._drain()
+        seg = self._segment
+        assert seg is not None and self._md is not None
+        await seg.handle.append(encode_end_of_stream(seg.records))
+        await self._close_segment(end_of_stream=True)
+        await self._cas_log(lambda md: replace(md, open_segment=None, sealed=True))
+        self._sealed = True
+        self._closed = True
+        await self._stop_sender()
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._sealed:
+            raise EndOfStreamError(f"log {self._ns}/{self._name} is sealed: no more writes")
+        if self._closed:
+            raise ClientClosedError(f"writer of log {self._ns}/{self._name} is closed")
+
+    def _seal_batch(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._batch.records:
+            self._queue.put_nowait(self._batch)
+            self._batch = _Batch()
+
+    async def _drain(self) -> None:
+        self._seal_batch()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        marker = _Batch(futures=[done])  # type: ignore[list-item]
+        self._queue.put_nowait(marker)
+        await done
+        if self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+        if self._error is not None:
+            raise self._error
+
+    async def _stop_sender(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._sender is not None:
+            self._queue.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+            self._sender = None
+
+    # --- the sender: batches → entries, in order ----------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        while True:
+            batch = await self._queue.get()
+            if batch is None:
+                return
+            if not batch.records:  # a drain marker: everything before it has been handed to the ledger
+                for f in batch.futures:
+                    if not f.done():
+                        f.set_result(None)  # type: ignore[arg-type]
+                continue
+            if self._error is not None:
+                self._fail_batch(batch, self._error)
+                continue
+            try:
+                if self._roll_due():
+                    await self._roll()
+                self._send(batch)
+            except QuorumLogError as exc:
+                self._fail(exc)
+                self._fail_batch(batch, exc)
+
+    def _roll_due(self) -> bool:
+        seg = self._segment
+        assert seg is not None and self._md is not None
+        settings = self._md.value.settings
+        if seg.handle.length >= settings.roll_bytes:
+            return True
+        age = self._env.clock.monotonic_s() - seg.opened_s
+        return settings.roll_age_s > 0 and age >= settings.roll_age_s and seg.records > 0
+
+    async def _roll(self) -> None:
+        if self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+        if self._error is not None:
+            raise self._error
+        await self._close_segment()
+        await self._start_segment()
+        with contextlib.suppress(QuorumLogError):
+            await self._log.enforce_retention()
+
+    def _send(self, batch: _Batch) -> None:
+        seg = self._segment
+        assert seg is not None
+        first_record = seg.records
+        entry_fut = seg.handle.append(encode_batch(batch.records, first_record))
+        entry_id = seg.handle.last_add_pushed
+        seq = seg.info.seq
+        seg.records += len(batch.records)
+        stamps = [ts for ts, _ in batch.records]
+        seg.min_ts = min(stamps) if seg.min_ts is None else min(seg.min_ts, *stamps)
+        seg.max_ts = max(stamps) if seg.max_ts is None else max(seg.max_ts, *stamps)
+        self._inflight.add(entry_fut)
+
+        def done(f: asyncio.Future[int]) -> None:
+            self._inflight.discard(f)
+            self._pending_bytes -= batch.size_bytes - HEADER_BYTES
+            if f.cancelled():
+                self._fail_batch(batch, ClientClosedError("the writer was closed"))
+                return
+            exc = f.exception()
+            if exc is not None:
+                err = exc if isinstance(exc, QuorumLogError) else QuorumLogError(str(exc))
+                if isinstance(exc, LedgerFencedError):
+                    err = WriterFencedError(
+                        f"writer of log {self._ns}/{self._name} was fenced: a newer writer recovered segment {seq}"
+                    )
+                self._fail(err)
+                self._fail_batch(batch, err)
+                return
+            for slot, fut in enumerate(batch.futures):
+                if not fut.done():
+                    fut.set_result(Position(seq, entry_id, slot))
+
+        entry_fut.add_done_callback(done)
+
+    def _fail(self, err: QuorumLogError) -> None:
+        if self._error is None:
+            self._error = err
+        if self._batch.records:
+            batch, self._batch = self._batch, _Batch()
+            self._fail_batch(batch, err)
+
+    def _fail_batch(self, batch: _Batch, err: QuorumLogError) -> None:
+        for fut in batch.futures:
+            if not fut.done():
+                fut.set_exception(err)
