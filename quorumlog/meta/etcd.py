@@ -58,6 +58,7 @@ log = logging.getLogger("quorumlog.meta.etcd")
 
 MIN_LEASE_TTL_S = 1
 WATCH_RECONNECT_PAUSE_S = 0.2
+WATCH_RECONNECT_PAUSE_MAX_S = 2.0
 
 
 def _b64(b: bytes) -> str:
@@ -309,6 +310,8 @@ class EtcdStore(MetadataStore):
 
     async def get(self, path: str) -> Versioned[bytes]:
         validate_path(path)
+        if path == "/":
+            return Versioned(b"", 0)  # the root always exists, empty, as in ZooKeeper
         r = await self._read(f"get {path}", {"key": _b64(self._key(path))})
         kvs = r.get("kvs") or []
         if not kvs:
@@ -439,6 +442,7 @@ class EtcdStore(MetadataStore):
     async def _watch_loop(self, watch: Watch, request: dict[str, Any], armed: asyncio.Future[None]) -> None:
         assert self._http is not None
         next_rev = 0
+        pause_s = WATCH_RECONNECT_PAUSE_S
         while not watch.closed:
             body = dict(request)
             if next_rev:
@@ -453,6 +457,7 @@ class EtcdStore(MetadataStore):
                             continue
                         result = json.loads(line).get("result", {})
                         if result.get("created"):
+                            pause_s = WATCH_RECONNECT_PAUSE_S
                             if not armed.done():
                                 armed.set_result(None)
                             elif next_rev:
@@ -469,9 +474,10 @@ class EtcdStore(MetadataStore):
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, ConnectionError, ValueError) as e:
-                log.warning("etcd watch on %s broke: %r; resuming", watch.path, e)
+                log.warning("etcd watch on %s broke: %r; resuming in %.1fs", watch.path, e, pause_s)
                 self._endpoint = (self._endpoint + 1) % len(self.endpoints)
-            await asyncio.sleep(WATCH_RECONNECT_PAUSE_S)
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, WATCH_RECONNECT_PAUSE_MAX_S)
 
     def _deliver_event(self, watch: Watch, ev: dict[str, Any]) -> None:
         deleted = ev.get("type") == "DELETE"

@@ -215,8 +215,11 @@ class BookieRegistration:
             self._unsubscribe()
             self._unsubscribe = None
         for ro in (False, True):
-            with contextlib.suppress(MetadataNotFoundError):
-                await self.store.delete(self._path(ro))
+            path = self._path(ro)
+            # Only our own node: another live bookie misconfigured with our id keeps its registration.
+            if await self.store.ephemeral_owner(path) == self.store.session_id:
+                with contextlib.suppress(MetadataNotFoundError):
+                    await self.store.delete(path)
         self.registered.clear()
 
 
