@@ -1,0 +1,336 @@
+"""The public asyncio `Client` (API.md "Python: ledgers"): connect, create / open / delete / list ledgers.
+
+Owns what every handle of one process shares: the metadata store and its `LedgerManager`, the
+`BookieRegistry` (membership, and bookie id -> address through the registration nodes -- never by parsing an
+id), one `BookieClient` per bookie (shared by every handle), the placement policy and the settings.
+
+Rules it keeps:
+- Arguments are checked up front; bad ones raise `InvalidArgumentError` naming the setting and its range.
+- `open_ledger` checks the password against the one stored in metadata (`UnauthorizedError`) and a given
+  digest type against the ledger's (`DigestMismatchError`); with `recovery=True` it fences and closes the
+  ledger (handles.recover_ledger), without it it learns the LAC from the bookies.
+- Background work (ensemble changes) is tracked and cancelled by `close()`; nothing outlives the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quorumlog.client.add_tracker import OUTSTANDING_ADDS_MAX_DEFAULT, EnsembleChangeMode
+from quorumlog.client.bookie_client import BookieClient
+from quorumlog.client.distribution import Quorum
+from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledger
+from quorumlog.client.placement import BookieInfo, PlacementPolicy, placement_by_name
+from quorumlog.env import Env, default_env
+from quorumlog.errors import (
+    ClientClosedError,
+    DigestMismatchError,
+    InvalidArgumentError,
+    QuorumLogError,
+    UnauthorizedError,
+)
+from quorumlog.meta.ledger_manager import LedgerManager
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.registration import BookieRegistry
+from quorumlog.meta.store import MetadataStore, open_store
+from quorumlog.proto.entry import DigestType, Entry
+from quorumlog.proto.messages import ProtocolVersion
+
+__all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
+
+log = logging.getLogger("quorumlog.client")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Client settings (API.md `Client.connect`). 0 turns an interval or timeout off."""
+
+    explicit_lac_interval_s: float = 0.1
+    """Send WRITE_LAC this often while the LAC is ahead of what bookies saw (readers see the last entry)."""
+    add_timeout_s: float = 5.0
+    """A bookie that has not acknowledged an add for this long counts as failed (ensemble change)."""
+    add_quorum_timeout_s: float = 0.0
+    """An entry without an ack quorum after this long fails the writer (AddQuorumTimeoutError)."""
+    read_timeout_s: float = 5.0
+    """Per-request timeout of reads, LAC reads and recovery reads."""
+    speculative_read_timeout_s: float = 0.5
+    """Ask the next replica after this long without an answer (the first answer wins)."""
+    ensemble_change: EnsembleChangeMode = "immediate"
+    max_ensemble_changes: int = 50
+    """Ensemble changes one write handle may make; the next failure then fails the writer."""
+    outstanding_adds_max: int = OUTSTANDING_ADDS_MAX_DEFAULT
+    """Pending adds per write handle; `append` raises TooManyRequestsError past it."""
+    protocol: str = "v3"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "explicit_lac_interval_s",
+            "add_timeout_s",
+            "add_quorum_timeout_s",
+            "read_timeout_s",
+            "speculative_read_timeout_s",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise InvalidArgumentError(f"{name}={value!r}: must be a number >= 0 (0 turns it off)")
+        if self.ensemble_change not in ("immediate", "delayed", "disabled"):
+            raise InvalidArgumentError(
+                f"ensemble_change={self.ensemble_change!r}: must be 'immediate', 'delayed' or 'disabled'"
+            )
+        if not isinstance(self.max_ensemble_changes, int) or self.max_ensemble_changes < 0:
+            raise InvalidArgumentError(
+                f"max_ensemble_changes={self.max_ensemble_changes!r}: must be an int >= 0"
+            )
+        if not isinstance(self.outstanding_adds_max, int) or self.outstanding_adds_max < 1:
+            raise InvalidArgumentError(
+                f"outstanding_adds_max={self.outstanding_adds_max!r}: must be an int >= 1"
+            )
+        if self.protocol not in ("v2", "v3"):
+            raise InvalidArgumentError(f"protocol={self.protocol!r}: must be 'v3' (default) or 'v2'")
+
+    @property
+    def protocol_version(self) -> ProtocolVersion:
+        return ProtocolVersion.V2 if self.protocol == "v2" else ProtocolVersion.V3
+
+
+def _check_password(password: Any) -> bytes:
+    if isinstance(password, str):
+        return password.encode()
+    if not isinstance(password, bytes | bytearray):
+        raise InvalidArgumentError(f"password must be bytes (or str), not {type(password).__name__}")
+    return bytes(password)
+
+
+class Client:
+    """A connection to one quorumlog / BookKeeper cluster. Make one with `await Client.connect(uri)`."""
+
+    def __init__(
+        self,
+        store: MetadataStore,
+        registry: BookieRegistry,
+        config: ClientConfig,
+        placement: PlacementPolicy,
+        env: Env,
+        *,
+        owns_store: bool = True,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.config = config
+        self.placement = placement
+        self.env = env
+        self.ledger_manager = LedgerManager(store, env=env)
+        self._owns_store = owns_store
+        self._bookies: dict[str, BookieClient] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        uri: str,
+        *,
+        explicit_lac_interval_s: float = ClientConfig.explicit_lac_interval_s,
+        add_timeout_s: float = ClientConfig.add_timeout_s,
+        add_quorum_timeout_s: float = ClientConfig.add_quorum_timeout_s,
+        read_timeout_s: float = ClientConfig.read_timeout_s,
+        speculative_read_timeout_s: float = ClientConfig.speculative_read_timeout_s,
+        ensemble_change: EnsembleChangeMode = "immediate",
+        max_ensemble_changes: int = ClientConfig.max_ensemble_changes,
+        outstanding_adds_max: int = ClientConfig.outstanding_adds_max,
+        placement: str | PlacementPolicy = "random",
+        protocol: str = "v3",
+        env: Env | None = None,
+        store: MetadataStore | None = None,
+    ) -> Client:
+        """Connect to the metadata store at `uri` (zk://, etcd://, file://) and follow bookie membership.
+
+        `store`: use an already open store instead of opening `uri` (it is then not closed by `close()`).
+        """
+        config = ClientConfig(
+            explicit_lac_interval_s=explicit_lac_interval_s,
+            add_timeout_s=add_timeout_s,
+            add_quorum_timeout_s=add_quorum_timeout_s,
+            read_timeout_s=read_timeout_s,
+            speculative_read_timeout_s=speculative_read_timeout_s,
+            ensemble_change=ensemble_change,
+            max_ensemble_changes=max_ensemble_changes,
+            outstanding_adds_max=outstanding_adds_max,
+            protocol=protocol,
+        )
+        policy = placement_by_name(placement) if isinstance(placement, str) else placement
+        owns = store is None
+        if store is None:
+            store = await open_store(uri)
+        registry = BookieRegistry(store)
+        try:
+            await registry.start()
+        except BaseException:
+            await registry.close()
+            if owns:
+                await store.close()
+            raise
+        return cls(store, registry, config, policy, env or default_env(), owns_store=owns)
+
+    # --- shared resources --------------------------------------------------------------------------------
+
+    def bookie(self, bookie_id: str) -> BookieClient:
+        """The one connection to `bookie_id`, made on first use."""
+        client = self._bookies.get(bookie_id)
+        if client is None:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            client = BookieClient(
+                self.env,
+                bookie_id,
+                self.registry.resolve,
+                version=self.config.protocol_version,
+                request_timeout_s=self.config.read_timeout_s,
+            )
+            self._bookies[bookie_id] = client
+        return client
+
+    def bookie_infos(self) -> list[BookieInfo]:
+        """Writable bookies as placement sees them (labels from their registration properties)."""
+        infos = getattr(self.registry, "_writable", {})
+        out = []
+        for bookie_id in sorted(self.registry.writable_bookies()):
+            info = infos.get(bookie_id)
+            labels = dict(info.properties) if info is not None else {}
+            out.append(BookieInfo(bookie_id, True, labels))
+        return out
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+
+    # --- ledgers -----------------------------------------------------------------------------------------
+
+    async def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest: DigestType = DigestType.CRC32C,
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+        ledger_id: int | None = None,
+        adv: bool = False,
+        deferred_sync: bool = False,
+    ) -> WriteHandle:
+        """Create a ledger on a new ensemble chosen by the placement policy; returns its write handle."""
+        self._check_open()
+        for name, value in (
+            ("ensemble_size", ensemble_size),
+            ("write_quorum", write_quorum),
+            ("ack_quorum", ack_quorum),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgumentError(f"{name}={value!r}: must be an int")
+        Quorum(ensemble_size, write_quorum, ack_quorum)  # validates E >= W >= A >= 1 with clear messages
+        try:
+            digest = DigestType(digest)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"digest={digest!r}: must be a DigestType (CRC32, MAC, CRC32C, DUMMY)"
+            ) from None
+        pw = _check_password(password)
+        custom = dict(custom_metadata or {})
+        for k, v in custom.items():
+            if not isinstance(k, str) or not isinstance(v, bytes | bytearray):
+                raise InvalidArgumentError(
+                    f"custom_metadata must map str -> bytes; got {k!r}: {type(v).__name__}"
+                )
+        if ledger_id is not None and (not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63):
+            raise InvalidArgumentError(f"ledger_id={ledger_id!r}: must be an int in [0, 2^63-1]")
+        ensemble = self.placement.new_ensemble(ensemble_size, write_quorum, self.bookie_infos(), self.env.rng)
+        md = await self.ledger_manager.create_ledger(
+            ensemble=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest=digest,
+            password=pw,
+            custom_metadata={k: bytes(v) for k, v in custom.items()},
+            ledger_id=ledger_id,
+            store_ctime=True,
+        )
+        return WriteHandle(self, md, pw, adv=adv, deferred_sync=deferred_sync)
+
+    async def open_ledger(
+        self,
+        ledger_id: int,
+        *,
+        password: bytes = b"",
+        recovery: bool = True,
+        digest: DigestType | None = None,
+    ) -> ReadHandle:
+        """Open a ledger for reading. `recovery=True` fences it and closes it (the old writer stops)."""
+        self._check_open()
+        pw = _check_password(password)
+        md = await self.ledger_manager.read(ledger_id)
+        meta = md.value
+        if digest is not None and DigestType(digest) != meta.digest:
+            raise DigestMismatchError(
+                f"ledger {ledger_id} uses digest {meta.digest.name}, not {DigestType(digest).name}"
+            )
+        if meta.password and meta.password != pw:
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
+        if recovery and not meta.is_closed:
+            md = await recover_ledger(self, ledger_id, pw)
+            return ReadHandle(self, md, pw)
+        handle = ReadHandle(self, md, pw)
+        if not meta.is_closed:
+            with contextlib.suppress(QuorumLogError):
+                # Learn the LAC now, as BookKeeper's open does; a reader can still ask again later.
+                await handle.read_last_add_confirmed()
+        return handle
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's metadata (bookies garbage-collect its entries). NoSuchLedgerError if absent."""
+        self._check_open()
+        await self.ledger_manager.delete(ledger_id)
+
+    async def list_ledgers(self) -> AsyncIterator[int]:
+        """Every ledger id, ascending."""
+        self._check_open()
+        async for ledger_id in self.ledger_manager.list_ledgers():
+            yield ledger_id
+
+    async def get_ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        self._check_open()
+        return (await self.ledger_manager.read(ledger_id)).value
+
+    # --- life cycle --------------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Close bookie connections, the registry and (if it opened it) the metadata store."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        for bookie in self._bookies.values():
+            await bookie.close()
+        self._bookies.clear()
+        await self.registry.close()
+        if self._owns_store:
+            await self.store.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,1148 @@
+"""Ledger handles: the asyncio drivers of the client state machines (DESIGN.md §2; docs/CLIENT.md).
+
+Owns the I/O around the pure decision logic of this package: a `ReadHandle` drives `EntryRead` and `LacRead`
+(read_logic), a `WriteHandle` drives `AddTracker` (add_tracker) and the ensemble-change CAS loop
+(ensemble_change), and `recover_ledger` drives `Recovery` (recovery). Handles never decide anything the state
+machines decide; they send what they are told, verify digests, and feed answers back.
+
+Rules the handles keep:
+- Entry ids are assigned at `append` call time; adds are pipelined and their futures resolve strictly in
+  entry-id order (the tracker's completions). Back-pressure: at most `outstanding_adds_max` adds are pending
+  per handle; past that `append` raises `TooManyRequestsError` at once (nothing is queued without bound) and
+  `await handle.wait_for_capacity()` waits until an append would be accepted.
+- One add-timeout mechanism: the tracker's `add_timeout_s` / `add_quorum_timeout_s`, checked by the handle's
+  timer. Adds are sent with no per-request timeout at the connection (it would double-count).
+- An ensemble change is one task at a time: placement -> plan -> CAS -> merge on conflict -> committed; no
+  add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
+- A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change) fails every pending add and
+  every later append with that error.
+- Every entry read is digest-verified; a mismatch is corruption (`DigestMismatchError`), never "no such
+  entry". Reads go to one replica at a time in recent-failure order, with a speculative read after
+  `speculative_read_timeout_s`.
+- A reader never reads past its LAC unless asked (`read_unconfirmed`); its LAC only grows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.client.add_tracker import (
+    AddAction,
+    AddCompleted,
+    AddFailed,
+    AddTracker,
+    EnsembleChangeNeeded,
+    SendAdd,
+)
+from quorumlog.client.distribution import Quorum, ensemble_for
+from quorumlog.client.ensemble_change import (
+    AlreadyApplied,
+    Retry,
+    merge_on_conflict,
+    plan_ensemble_change,
+)
+from quorumlog.client.read_logic import (
+    EntryRead,
+    LacFailed,
+    LacKnown,
+    LacRead,
+    LacView,
+    ReadDone,
+    ReadFailed,
+    RecentFailures,
+    SendRead,
+    check_read_range,
+)
+from quorumlog.client.recovery import (
+    CloseLedger,
+    EntryFound,
+    EntryMissing,
+    EntryReadFailed,
+    FenceAnswer,
+    FenceEmpty,
+    FenceFailed,
+    Recovery,
+    RecoveryAdd,
+    RecoveryEvent,
+    RecoveryFailed,
+    SendFencingRead,
+    SendRecoveryRead,
+    close_conflict_decision,
+)
+from quorumlog.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    DigestMismatchError,
+    IllegalOperationError,
+    InvalidArgumentError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerRecoveryError,
+    MetadataVersionError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    OperationTimeoutError,
+    ProtocolError,
+    QuorumLogError,
+    UnauthorizedError,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.store import Versioned
+from quorumlog.proto.entry import DigestManager, Entry
+from quorumlog.proto.messages import (
+    LAST_ENTRY_ID,
+    WRITE_FLAG_DEFERRED_SYNC,
+    AddRequest,
+    ForceLedgerRequest,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Response,
+    WriteLacRequest,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.client.client import Client
+
+log = logging.getLogger("quorumlog.client")
+
+__all__ = ["Entry", "ReadHandle", "WriteHandle", "recover_ledger"]
+
+# Entries of one `read` call in flight at once (bounds memory and bookie queues per call).
+READ_WINDOW_ENTRIES = 256
+# Entries `tail` reads per batch once it knows they are confirmed.
+TAIL_BATCH_ENTRIES = 256
+# Longest single long-poll `tail` asks a bookie for (it also wakes on metadata changes).
+TAIL_POLL_S = 5.0
+# CAS attempts for one metadata decision (ensemble change, close, recovery) before giving up.
+METADATA_CAS_ATTEMPTS_MAX = 32
+# Errors that say "this bookie did not have it", as opposed to "could not answer".
+_EMPTY_ERRORS = (NoSuchEntryError, NoSuchLedgerError)
+
+
+def _is_unreachable(error: QuorumLogError) -> bool:
+    return isinstance(error, BookieUnavailableError | OperationTimeoutError | ClientClosedError)
+
+
+def _as_quorumlog_error(exc: BaseException) -> QuorumLogError:
+    if isinstance(exc, QuorumLogError):
+        return exc
+    return BookieUnavailableError(f"request failed: {exc!r}")
+
+
+class LedgerHandle:
+    """What readers and writers share: metadata, digests, and every read operation."""
+
+    def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
+        self._client = client
+        self._md = md
+        meta = md.value
+        self.ledger_id = meta.ledger_id
+        self.quorum = Quorum(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+        self._digest = DigestManager(meta.ledger_id, meta.digest, password)
+        self._master_key = self._digest.master_key
+        self._lac = LacView(meta.last_entry_id if meta.is_closed else -1)
+        self._failures = RecentFailures()
+        self._closed = False
+        self._md_changed = asyncio.Event()
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._md.value
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the *ledger* is closed in metadata (as this handle last saw it)."""
+        return self._md.value.is_closed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac.lac
+
+    @property
+    def length(self) -> int:
+        return self._md.value.length
+
+    def _now(self) -> float:
+        return self._client.env.clock.monotonic_s()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(f"handle of ledger {self.ledger_id} is closed")
+
+    def _set_metadata(self, md: Versioned[LedgerMetadata]) -> None:
+        self._md = md
+        if md.value.is_closed:
+            self._lac.observe(md.value.last_entry_id)
+        self._md_changed.set()
+
+    async def _refresh_metadata(self) -> bool:
+        """Re-read the metadata; returns whether it changed (ensembles or state)."""
+        fresh = await self._client.ledger_manager.read(self.ledger_id)
+        changed = fresh.version != self._md.version
+        if changed:
+            self._set_metadata(fresh)
+        return changed
+
+    # --- reading entries ---------------------------------------------------------------------------------
+
+    async def read(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last (inclusive), all at or below the LAC (else ReadBeyondLastAddConfirmedError)."""
+        self._check_open()
+        closed_last = self._md.value.last_entry_id if self.is_closed else None
+        if closed_last is None and last > self._lac.lac and first >= 0 and last >= first:
+            # The LAC we know may be stale: ask once before refusing.
+            with contextlib.suppress(QuorumLogError):
+                await self.read_last_add_confirmed()
+            closed_last = self._md.value.last_entry_id if self.is_closed else None
+        check_read_range(first, last, self._lac.lac, closed_last_entry_id=closed_last)
+        return await self._read_range(first, last)
+
+    async def read_unconfirmed(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last, possibly past the LAC (they may not be durable; see docs/CLIENT.md)."""
+        self._check_open()
+        closed_last = self._md.value.last_entry_id if self.is_closed else None
+        check_read_range(first, last, self._lac.lac, unconfirmed=True, closed_last_entry_id=closed_last)
+        entries = await self._read_range(first, last)
+        for e in entries:
+            self._lac.observe(e.lac)
+        return entries
+
+    async def read_last_entry(self) -> Entry | None:
+        """The last confirmed entry (None if the ledger has none)."""
+        lac = self.last_add_confirmed if self.is_closed else await self.read_last_add_confirmed()
+        if lac < 0:
+            return None
+        return (await self._read_range(lac, lac))[0]
+
+    async def _read_range(self, first: int, last: int) -> list[Entry]:
+        out: list[Entry] = []
+        for start in range(first, last + 1, READ_WINDOW_ENTRIES):
+            stop = min(last, start + READ_WINDOW_ENTRIES - 1)
+            out.extend(await asyncio.gather(*(self._read_entry_retrying(e) for e in range(start, stop + 1))))
+        return out
+
+    async def _read_entry_retrying(self, entry_id: int) -> Entry:
+        try:
+            return await self._read_entry(entry_id)
+        except (NoSuchEntryError, BookieUnavailableError, OperationTimeoutError):
+            # A writer may have moved this entry to a new ensemble we have not seen: look once more.
+            if self.is_closed or not await self._refresh_metadata():
+                raise
+            return await self._read_entry(entry_id)
+
+    async def _read_entry(self, entry_id: int) -> Entry:
+        _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
+        now = self._now()
+        reader = EntryRead(
+            self.quorum,
+            entry_id,
+            ensemble,
+            failures=self._failures.counts(now),
+            speculative_timeout_s=self._client.config.speculative_read_timeout_s,
+        )
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Entry] = loop.create_future()
+        timer: asyncio.TimerHandle | None = None
+
+        def apply(actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+            nonlocal timer
+            for action in actions:
+                if isinstance(action, SendRead):
+                    send(action.bookie_id)
+                elif isinstance(action, ReadDone):
+                    if not result.done():
+                        result.set_result(action.data)
+                elif not result.done():
+                    result.set_exception(action.error)
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            deadline = reader.next_deadline_s()
+            if deadline is not None and not result.done():
+                timer = loop.call_later(max(0.0, deadline - self._now()), on_timer)
+
+        def on_timer() -> None:
+            apply(reader.check_timeouts(self._now()))
+
+        def send(bookie_id: str) -> None:
+            try:
+                fut = self._client.bookie(bookie_id).send(ReadRequest(self.ledger_id, entry_id))
+            except QuorumLogError as e:
+                on_error(bookie_id, e)
+                return
+            fut.add_done_callback(functools.partial(on_answer, bookie_id))
+
+        def on_error(bookie_id: str, error: QuorumLogError) -> None:
+            if not isinstance(error, _EMPTY_ERRORS):
+                self._failures.record_failure(bookie_id, self._now())
+            apply(reader.on_error(bookie_id, error, self._now()))
+
+        def on_answer(bookie_id: str, fut: asyncio.Future[Response]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                on_error(bookie_id, _as_quorumlog_error(exc))
+                return
+            resp = fut.result()
+            assert isinstance(resp, ReadResponse)
+            if resp.body is None:
+                on_error(bookie_id, NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}"))
+                return
+            try:
+                entry = self._digest.decode_entry(resp.body, entry_id)
+            except (DigestMismatchError, ProtocolError) as e:
+                log.error(
+                    "ledger %d entry %d from bookie %s is corrupt: %s", self.ledger_id, entry_id, bookie_id, e
+                )
+                on_error(bookie_id, DigestMismatchError(str(e)))
+                return
+            self._failures.record_success(bookie_id)
+            if resp.max_lac is not None:
+                self._lac.observe(resp.max_lac)
+            self._lac.observe(entry.lac)
+            apply(reader.on_success(bookie_id, entry))
+
+        apply(reader.start(now))
+        try:
+            return await result
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # --- LAC ---------------------------------------------------------------------------------------------
+
+    async def read_last_add_confirmed(self) -> int:
+        """The LAC as the bookies know it: max over a covering set of the last ensemble (quorum read)."""
+        return await self._read_lac(first_answer_wins=False, explicit=False)
+
+    async def try_read_last_add_confirmed(self) -> int:
+        """Like read_last_add_confirmed, but the first bookie to answer wins (faster, may lag)."""
+        return await self._read_lac(first_answer_wins=True, explicit=False)
+
+    async def read_explicit_last_add_confirmed(self) -> int:
+        """The LAC from READ_LAC (explicit LAC written by the writer, or the last entry's piggyback)."""
+        return await self._read_lac(first_answer_wins=False, explicit=True)
+
+    async def _read_lac(self, *, first_answer_wins: bool, explicit: bool) -> int:
+        self._check_open()
+        if self.is_closed:
+            return self._lac.lac
+        ensemble = self._md.value.last_ensemble
+        op = LacRead(self.quorum, ensemble, first_answer_wins=first_answer_wins)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[int] = loop.create_future()
+
+        def apply(actions: Sequence[Any]) -> None:
+            for action in actions:
+                if isinstance(action, LacKnown):
+                    if not result.done():
+                        result.set_result(action.lac)
+                elif isinstance(action, LacFailed):
+                    if not result.done():
+                        result.set_exception(action.error)
+                else:
+                    send(action.bookie_id)
+
+        def send(bookie_id: str) -> None:
+            req: ReadLacRequest | ReadRequest
+            req = ReadLacRequest(self.ledger_id) if explicit else ReadRequest(self.ledger_id, LAST_ENTRY_ID)
+            try:
+                fut = self._client.bookie(bookie_id).send(req)
+            except QuorumLogError as e:
+                apply(op.on_error(bookie_id, e))
+                return
+            fut.add_done_callback(functools.partial(on_answer, bookie_id))
+
+        def on_answer(bookie_id: str, fut: asyncio.Future[Response]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                err = _as_quorumlog_error(exc)
+                apply(
+                    op.on_empty(bookie_id) if isinstance(err, _EMPTY_ERRORS) else op.on_error(bookie_id, err)
+                )
+                return
+            try:
+                lac = self._lac_from(fut.result())
+            except (DigestMismatchError, ProtocolError) as e:
+                apply(op.on_error(bookie_id, DigestMismatchError(str(e))))
+                return
+            apply(op.on_empty(bookie_id) if lac is None else op.on_answer(bookie_id, lac))
+
+        apply(op.start())
+        lac = await result
+        self._lac.observe(lac)
+        return self._lac.lac
+
+    def _lac_from(self, resp: Response) -> int | None:
+        """A bookie's LAC from a READ_LAC or last-entry READ answer (None: it has nothing)."""
+        lacs: list[int] = []
+        if isinstance(resp, ReadLacResponse):
+            if resp.lac_body:
+                lacs.append(self._digest.decode_lac(resp.lac_body))
+            if resp.last_entry_body:
+                lacs.append(self._digest.decode_entry(resp.last_entry_body).lac)
+        elif isinstance(resp, ReadResponse):
+            if resp.body:
+                lacs.append(self._digest.decode_entry(resp.body).lac)
+            if resp.max_lac is not None:
+                lacs.append(resp.max_lac)
+        return max(lacs) if lacs else None
+
+    # --- long poll and tailing ---------------------------------------------------------------------------
+
+    async def wait_for_entry(self, entry_id: int, timeout_s: float = 1.0) -> tuple[int, Entry | None]:
+        """Wait up to `timeout_s` until `entry_id` is confirmed; returns (LAC, the entry or None).
+
+        A long-poll READ (previousLAC = entry_id - 1): the bookie answers as soon as its LAC passes it, with the
+        entry, or with no entry once the timeout expires.
+        """
+        self._check_open()
+        if entry_id < 0:
+            raise InvalidArgumentError(f"entry_id={entry_id}: must be >= 0")
+        if timeout_s < 0:
+            raise InvalidArgumentError(f"timeout_s={timeout_s}: must be >= 0")
+        if entry_id <= self._lac.lac:
+            return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
+        if self.is_closed:
+            return self._lac.lac, None
+        _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
+        replicas = self.quorum.write_set_bookies(entry_id, ensemble)
+        counts = self._failures.counts(self._now())
+        replicas.sort(key=lambda b: counts.get(b, 0))
+        timeout_ms = int(timeout_s * 1000)
+        last_error: QuorumLogError | None = None
+        for bookie_id in replicas:
+            req = ReadRequest(
+                self.ledger_id, entry_id, piggyback=True, previous_lac=entry_id - 1, timeout_ms=timeout_ms
+            )
+            try:
+                resp = await self._client.bookie(bookie_id).send(
+                    req, timeout_s=timeout_s + self._client.config.read_timeout_s
+                )
+            except NoSuchLedgerError:
+                # The bookie has not seen the ledger yet (no entry reached it): nothing confirmed there.
+                return self._lac.lac, None
+            except QuorumLogError as e:
+                self._failures.record_failure(bookie_id, self._now())
+                last_error = e
+                continue
+            assert isinstance(resp, ReadResponse)
+            if resp.max_lac is not None:
+                self._lac.observe(resp.max_lac)
+            if resp.body:
+                try:
+                    polled = self._digest.decode_entry(resp.body, entry_id)
+                except (DigestMismatchError, ProtocolError) as e:
+                    self._failures.record_failure(bookie_id, self._now())
+                    last_error = DigestMismatchError(str(e))
+                    continue
+                self._lac.observe(polled.lac)
+                self._lac.observe(entry_id)  # the bookie answers with an entry only once it is confirmed
+                return self._lac.lac, polled
+            if entry_id <= self._lac.lac:
+                return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
+            return self._lac.lac, None
+        assert last_error is not None
+        raise last_error
+
+    async def tail(self, start: int = 0, *, poll_s: float = TAIL_POLL_S) -> AsyncIterator[Entry]:
+        """Every entry from `start` on, once each and in order, following the ledger until it is closed.
+
+        Confirmed entries are read in batches; at the end it long-polls the bookies, and a metadata watch
+        wakes it when the ledger is closed or its ensemble changes.
+        """
+        self._check_open()
+        if start < 0:
+            raise InvalidArgumentError(f"start={start}: must be >= 0")
+        watch_task = asyncio.get_running_loop().create_task(self._follow_metadata())
+        try:
+            next_id = start
+            while True:
+                lac = self._lac.lac
+                if next_id <= lac:
+                    last = min(lac, next_id + TAIL_BATCH_ENTRIES - 1)
+                    for entry in await self._read_range(next_id, last):
+                        yield entry
+                    next_id = last + 1
+                    continue
+                if self.is_closed:
+                    return
+                self._md_changed.clear()
+                poll = asyncio.ensure_future(self.wait_for_entry(next_id, poll_s))
+                changed = asyncio.ensure_future(self._md_changed.wait())
+                try:
+                    await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if not poll.done():
+                    # The metadata changed (closed, new ensemble): stop this poll and look again.
+                    poll.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, QuorumLogError):
+                        await poll
+                    continue
+                try:
+                    _, polled = poll.result()
+                except QuorumLogError as e:
+                    if self.is_closed:
+                        continue
+                    log.warning("tail of ledger %d: long poll failed (%s); retrying", self.ledger_id, e)
+                    await asyncio.sleep(min(poll_s, 0.2))  # back off from a failing bookie
+                    continue
+                if polled is not None:
+                    yield polled
+                    next_id += 1
+        finally:
+            watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch_task
+
+    async def _follow_metadata(self) -> None:
+        try:
+            async with await self._client.ledger_manager.watch(self.ledger_id) as watch:
+                # Changes between our read and the watch's arming would be missed: read once now.
+                await self._refresh_metadata()
+                async for md in watch:
+                    if md is None:
+                        return
+                    if md.version != self._md.version:
+                        self._set_metadata(md)
+        except QuorumLogError as e:
+            log.warning("metadata watch of ledger %d failed: %s", self.ledger_id, e)
+
+    async def close(self) -> None:
+        """Release the handle (a read handle holds no ledger state)."""
+        self._closed = True
+
+    async def __aenter__(self) -> LedgerHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ReadHandle(LedgerHandle):
+    """A ledger opened for reading (API.md). Made by `Client.open_ledger`."""
+
+
+class WriteHandle(LedgerHandle):
+    """The single writer of an open ledger (API.md). Made by `Client.create_ledger`.
+
+    Also drives recovery adds (`recovery=True`): then appends carry the bytes recovery read, with the
+    RECOVERY_ADD flag, and the metadata it changes is IN_RECOVERY.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        md: Versioned[LedgerMetadata],
+        password: bytes,
+        *,
+        adv: bool = False,
+        deferred_sync: bool = False,
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+        length: int = 0,
+    ) -> None:
+        super().__init__(client, md, password)
+        cfg = client.config
+        self.adv = adv
+        self.deferred_sync = deferred_sync
+        self._recovery = recovery
+        self._tracker = AddTracker(
+            self.quorum,
+            md.value.ensembles,
+            last_add_confirmed=last_add_confirmed,
+            length=length,
+            outstanding_adds_max=cfg.outstanding_adds_max,
+            add_timeout_s=cfg.add_timeout_s,
+            add_quorum_timeout_s=cfg.add_quorum_timeout_s,
+            ensemble_change=cfg.ensemble_change,
+        )
+        self._lac.observe(last_add_confirmed)
+        self._bodies: dict[int, bytes] = {}
+        self._futures: dict[int, asyncio.Future[int]] = {}
+        self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
+        self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
+        self._ensemble_changes = 0
+        self._change_task: asyncio.Task[None] | None = None
+        self._excluded: set[str] = set()  # bookies that failed this writer: never chosen as replacements
+        self._capacity = asyncio.Event()
+        self._capacity.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._loop = asyncio.get_running_loop()
+        self._timeout_timer: asyncio.TimerHandle | None = None
+        self._lac_timer: asyncio.TimerHandle | None = None
+        self._closing = False
+        self._schedule_lac_timer()
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._tracker.last_add_pushed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._tracker.last_add_confirmed
+
+    @property
+    def length(self) -> int:
+        return self._tracker.length_confirmed
+
+    @property
+    def pending_adds(self) -> int:
+        return self._tracker.pending_count
+
+    # --- appending ---------------------------------------------------------------------------------------
+
+    def append(self, payload: bytes, entry_id: int | None = None) -> asyncio.Future[int]:
+        """Add `payload` as the next entry; the future resolves to its id once A bookies stored it.
+
+        The id is fixed now, so appends issued in a row are pipelined and complete in order. Raises
+        `TooManyRequestsError` when `outstanding_adds_max` adds are pending (see `wait_for_capacity`).
+        On an adv ledger pass `entry_id` (see docs/CLIENT.md for how out-of-order ids are handled).
+        """
+        self._check_writable()
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
+        if self.adv:
+            if entry_id is None:
+                raise IllegalOperationError("this ledger was created with adv=True: append needs an entry_id")
+            return self._append_adv(bytes(payload), entry_id)
+        if entry_id is not None:
+            raise IllegalOperationError(
+                "append(entry_id=...) needs a ledger created with adv=True; this one assigns ids itself"
+            )
+        return self._push(payload)
+
+    async def append_wait(self, payload: bytes, entry_id: int | None = None) -> int:
+        """Append, waiting for capacity first if the pipeline is full; returns the entry id when acknowledged."""
+        await self.wait_for_capacity()
+        return await self.append(payload, entry_id)
+
+    async def wait_for_capacity(self) -> None:
+        """Wait until `append` would not raise TooManyRequestsError (or the writer failed)."""
+        while not self._tracker.has_capacity and self._tracker.error is None and not self._closed:
+            self._capacity.clear()
+            await self._capacity.wait()
+
+    def _check_writable(self) -> None:
+        if self._closed or self._closing:
+            raise LedgerClosedError(f"ledger {self.ledger_id}: the write handle is closed")
+        if self._tracker.error is not None:
+            raise self._tracker.error
+
+    def _push(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
+        appended = self._tracker.append(len(payload), self._now())
+        eid = appended.entry_id
+        body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._bodies[eid] = body
+        self._futures[eid] = fut
+        self._drained.clear()
+        self._send_adds(appended.actions)
+        self._schedule_timeouts()
+        return fut
+
+    def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
+        # Adv ids are the caller's, but entries still complete (and the LAC moves) in id order: an id
+        # ahead of the next one waits here, bounded by outstanding_adds_max, until the gap is filled.
+        nxt = self._tracker.last_add_pushed + 1
+        if entry_id < nxt or entry_id in self._adv_waiting:
+            raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
+        if entry_id != nxt:
+            if len(self._adv_waiting) + self._tracker.pending_count >= self._tracker.outstanding_adds_max:
+                from quorumlog.errors import TooManyRequestsError
+
+                raise TooManyRequestsError(
+                    f"{len(self._adv_waiting)} adv entries wait for earlier ids; append entry {nxt} first"
+                )
+            fut: asyncio.Future[int] = self._loop.create_future()
+            self._adv_waiting[entry_id] = (payload, fut)
+            return fut
+        first = self._push(payload)
+        nxt += 1
+        while nxt in self._adv_waiting and self._tracker.has_capacity:
+            data, waiting_fut = self._adv_waiting.pop(nxt)
+            pushed = self._push(data)
+            _chain_future(pushed, waiting_fut)
+            nxt += 1
+        return first
+
+    def _append_recovery(self, entry_id: int, length: int, body: bytes) -> asyncio.Future[int]:
+        appended = self._tracker.append_recovery(entry_id, length, self._now())
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._bodies[entry_id] = body
+        self._futures[entry_id] = fut
+        self._drained.clear()
+        self._send_adds(appended.actions)
+        self._schedule_timeouts()
+        return fut
+
+    def _send_adds(self, actions: Sequence[SendAdd]) -> None:
+        for action in actions:
+            body = self._bodies.get(action.entry_id)
+            if body is None:
+                continue  # completed or failed meanwhile
+            req = AddRequest(
+                self.ledger_id,
+                action.entry_id,
+                self._master_key,
+                body,
+                recovery=action.recovery,
+                write_flags=self._write_flags,
+            )
+            try:
+                fut = self._client.bookie(action.bookie_id).send(req, timeout_s=0)
+            except QuorumLogError as e:
+                self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
+                continue
+            fut.add_done_callback(functools.partial(self._on_add_answer, action.entry_id, action.bookie_id))
+
+    def _on_add_answer(self, entry_id: int, bookie_id: str, fut: asyncio.Future[Response]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
+            actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
+        else:
+            error = _as_quorumlog_error(exc)
+            if not isinstance(error, LedgerFencedError | UnauthorizedError):
+                log.warning(
+                    "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
+                )
+                self._excluded.add(bookie_id)
+            actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
+        if actions:
+            self._apply(actions)
+
+    def _apply(self, actions: Sequence[AddAction]) -> None:
+        sends: list[SendAdd] = []
+        for action in actions:
+            if isinstance(action, AddCompleted):
+                self._bodies.pop(action.entry_id, None)
+                fut = self._futures.pop(action.entry_id, None)
+                self._lac.observe(action.entry_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(action.entry_id)
+            elif isinstance(action, SendAdd):
+                sends.append(action)
+            elif isinstance(action, AddFailed):
+                self._bodies.pop(action.entry_id, None)
+                fut = self._futures.pop(action.entry_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(action.error)
+            elif isinstance(action, EnsembleChangeNeeded):
+                self._start_ensemble_change(action)
+        if sends:
+            self._send_adds(sends)
+        if self._tracker.error is not None:
+            self._fail_waiting(self._tracker.error)
+        if self._tracker.has_capacity:
+            self._capacity.set()
+        if not self._futures and not self._adv_waiting:
+            self._drained.set()
+
+    def _fail_waiting(self, error: QuorumLogError) -> None:
+        for _, fut in self._adv_waiting.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._adv_waiting.clear()
+        self._capacity.set()
+
+    # --- timers ------------------------------------------------------------------------------------------
+
+    def _schedule_timeouts(self) -> None:
+        if self._timeout_timer is not None or self._tracker.pending_count == 0:
+            return
+        cfg = self._client.config
+        periods = [t / 4 for t in (cfg.add_timeout_s, cfg.add_quorum_timeout_s) if t > 0]
+        if not periods:
+            return
+        # A coarse periodic check (not a timer per add): a timeout fires at most a quarter late.
+        self._timeout_timer = self._loop.call_later(max(0.005, min(periods)), self._on_timeout_timer)
+
+    def _on_timeout_timer(self) -> None:
+        self._timeout_timer = None
+        if self._closed:
+            return
+        actions = self._tracker.check_timeouts(self._now())
+        if actions:
+            self._apply(actions)
+        self._schedule_timeouts()
+
+    def _schedule_lac_timer(self) -> None:
+        interval = self._client.config.explicit_lac_interval_s
+        if interval > 0 and not self._closed and not self._recovery:
+            self._lac_timer = self._loop.call_later(interval, self._on_lac_timer)
+
+    def _on_lac_timer(self) -> None:
+        self._lac_timer = None
+        if self._closed or self._tracker.error is not None:
+            return
+        now = self._now()
+        lac = self._tracker.explicit_lac_due(now, self._client.config.explicit_lac_interval_s)
+        if lac is not None and lac >= 0 and not self._tracker.changing_ensemble:
+            self._send_explicit_lac(lac)
+            self._tracker.explicit_lac_sent(lac, now)
+        self._schedule_lac_timer()
+
+    def _send_explicit_lac(self, lac: int) -> None:
+        _, ensemble = ensemble_for(self._tracker.ensembles, lac)
+        body = self._digest.encode_lac(lac)
+        for bookie_id in self.quorum.write_set_bookies(lac, ensemble):
+            try:
+                fut = self._client.bookie(bookie_id).send(
+                    WriteLacRequest(self.ledger_id, lac, self._master_key, body)
+                )
+            except QuorumLogError:
+                continue
+            # Best effort: a missed explicit LAC only delays readers until the next one.
+            fut.add_done_callback(_ignore_result)
+
+    # --- ensemble change ---------------------------------------------------------------------------------
+
+    def _start_ensemble_change(self, change: EnsembleChangeNeeded) -> None:
+        self._change_task = self._loop.create_task(self._change_ensemble(change))
+        self._client._track(self._change_task)
+
+    async def _change_ensemble(self, change: EnsembleChangeNeeded) -> None:
+        try:
+            first, new_ensemble = await self._commit_ensemble_change(change)
+        except QuorumLogError as e:
+            log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, e)
+            self._apply(self._tracker.ensemble_change_failed(e))
+            return
+        except Exception as e:  # a bug must not leave the writer hanging: fail it loudly
+            log.exception("ledger %d: ensemble change crashed", self.ledger_id)
+            self._apply(
+                self._tracker.ensemble_change_failed(LedgerRecoveryError(f"ensemble change crashed: {e!r}"))
+            )
+            return
+        log.info(
+            "ledger %d: new ensemble from entry %d: %s (replaced %s)",
+            self.ledger_id,
+            first,
+            list(new_ensemble),
+            dict(change.failed),
+        )
+        self._apply(self._tracker.ensemble_change_committed(first, new_ensemble, self._now()))
+
+    async def _commit_ensemble_change(self, change: EnsembleChangeNeeded) -> tuple[int, tuple[str, ...]]:
+        cfg = self._client.config
+        if self._ensemble_changes >= cfg.max_ensemble_changes:
+            raise NotEnoughBookiesError(
+                f"ledger {self.ledger_id}: max_ensemble_changes={cfg.max_ensemble_changes} reached; "
+                f"bookies {sorted(change.failed.values())} failed"
+            )
+        self._ensemble_changes += 1
+        self._excluded.update(change.failed.values())
+        plan = plan_ensemble_change(
+            self.quorum,
+            self._tracker.ensembles,
+            change.first_entry_id,
+            change.failed,
+            self._client.placement,
+            self._client.bookie_infos(),
+            self._client.env.rng,
+            exclude=self._excluded,
+        )
+        base = self._md
+        candidate = base.value.with_ensemble(plan.first_entry_id, plan.new_ensemble)
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            try:
+                written = await self._client.ledger_manager.write(candidate, version=base.version)
+            except MetadataVersionError:
+                stored = await self._client.ledger_manager.read(self.ledger_id)
+                state: Any = stored.value.state
+                if self._recovery and state == LedgerState.IN_RECOVERY:
+                    state = LedgerState.OPEN  # our own recovery's state, not a fence by someone else
+                decision = merge_on_conflict(plan, base.value.ensembles, state, stored.value.ensembles)
+                if isinstance(decision, AlreadyApplied):
+                    self._md = stored
+                    return plan.first_entry_id, plan.new_ensemble
+                assert isinstance(decision, Retry)
+                base = stored
+                candidate = stored.value.replace(ensembles=decision.ensembles, ctoken=0)
+                continue
+            self._md = written
+            return plan.first_entry_id, plan.new_ensemble
+        raise MetadataVersionError(
+            f"ledger {self.ledger_id}: ensemble change lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
+        )
+
+    # --- force, close ------------------------------------------------------------------------------------
+
+    async def force(self) -> int:
+        """Make every entry acknowledged so far durable on its bookies (FORCE_LEDGER); returns that entry id.
+
+        For ledgers created with deferred_sync=True; on others it only waits for pending adds (they are
+        durable when acknowledged).
+        """
+        self._check_writable()
+        target = self._tracker.last_add_pushed
+        waiting = [f for e, f in self._futures.items() if e <= target]
+        if waiting:
+            await asyncio.gather(*waiting)
+        if self.deferred_sync and target >= 0:
+            bookies = sorted({b for ens in self._tracker.ensembles.values() for b in ens})
+            await asyncio.gather(
+                *(self._client.bookie(b).send(ForceLedgerRequest(self.ledger_id)) for b in bookies)
+            )
+        return target
+
+    async def close(self) -> None:
+        """Wait for pending adds, then close the ledger in metadata with its last entry id and length.
+
+        If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
+        last entry is accepted; anything else raises `LedgerFencedError`.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        try:
+            if self._adv_waiting:
+                self._fail_waiting(
+                    LedgerClosedError(f"ledger {self.ledger_id} closed before earlier ids came")
+                )
+            if self._futures:
+                await asyncio.gather(*list(self._futures.values()), return_exceptions=True)
+            if self._change_task is not None and not self._change_task.done():
+                with contextlib.suppress(Exception):
+                    await self._change_task
+            error = self._tracker.error
+            last, length = self._tracker.close()
+            await self._close_metadata(last, length, error)
+        finally:
+            self._closed = True
+            self._cancel_timers()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._timeout_timer, self._lac_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timeout_timer = self._lac_timer = None
+
+    async def _close_metadata(self, last: int, length: int, error: QuorumLogError | None) -> None:
+        md = self._md
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            if md.value.is_closed:
+                break
+            if md.value.state == LedgerState.IN_RECOVERY:
+                raise (
+                    error
+                    if error is not None
+                    else LedgerFencedError(
+                        f"ledger {self.ledger_id} is being recovered by another client: this writer is fenced"
+                    )
+                )
+            try:
+                self._set_metadata(
+                    await self._client.ledger_manager.write(md.value.closed(last, length), version=md.version)
+                )
+                return
+            except MetadataVersionError:
+                md = await self._client.ledger_manager.read(self.ledger_id)
+        stored = md.value
+        self._set_metadata(md)
+        if stored.is_closed and stored.last_entry_id == last and stored.length == length:
+            return  # someone (a recoverer) closed it exactly where we would have
+        raise LedgerFencedError(
+            f"ledger {self.ledger_id} was closed by another client at entry {stored.last_entry_id} "
+            f"(this writer's last confirmed entry is {last})"
+        )
+
+
+def _chain_future(src: asyncio.Future[int], dst: asyncio.Future[int]) -> None:
+    def done(f: asyncio.Future[int]) -> None:
+        if dst.done():
+            return
+        if f.cancelled():
+            dst.cancel()
+        elif (exc := f.exception()) is not None:
+            dst.set_exception(exc)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(done)
+
+
+def _ignore_result(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()  # mark retrieved: a failed explicit LAC is not worth a warning per request
+
+
+# --- recovery ---------------------------------------------------------------------------------------------
+
+
+async def recover_ledger(client: Client, ledger_id: int, password: bytes) -> Versioned[LedgerMetadata]:
+    """Fence the ledger, find its end, re-add unconfirmed entries and close it (DESIGN.md §2 "Recovery").
+
+    Returns the closed metadata. Concurrent recoverers converge through CAS (`close_conflict_decision`).
+    """
+    lm = client.ledger_manager
+    md = await lm.read(ledger_id)
+    for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+        if md.value.is_closed:
+            return md
+        if md.value.state == LedgerState.IN_RECOVERY:
+            break  # another recoverer (or a crashed one) started: we fence and converge too
+        try:
+            md = await lm.write(md.value.in_recovery(), version=md.version)
+            break
+        except MetadataVersionError:
+            md = await lm.read(ledger_id)
+    else:
+        raise LedgerRecoveryError(f"ledger {ledger_id}: could not mark IN_RECOVERY (metadata kept changing)")
+    return await _Recoverer(client, md, password).run()
+
+
+class _Recoverer:
+    """Drives one `Recovery`: answers come back through a queue, actions go out from one loop."""
+
+    def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
+        self.client = client
+        self.md = md
+        self.password = password
+        meta = md.value
+        self.quorum = Quorum(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+        self.digest = DigestManager(meta.ledger_id, meta.digest, password)
+        self.recovery = Recovery(self.quorum, meta.ensembles)
+        self.events: asyncio.Queue[Callable[[], list[Any]]] = asyncio.Queue()
+        self.writer: WriteHandle | None = None
+
+    async def run(self) -> Versioned[LedgerMetadata]:
+        actions: list[Any] = self.recovery.start()
+        while True:
+            for action in actions:
+                if isinstance(action, CloseLedger):
+                    return await self._close(action)
+                if isinstance(action, RecoveryFailed):
+                    raise action.error
+                self._perform(action)
+            step = await self.events.get()
+            actions = step()
+
+    def _perform(self, action: Any) -> None:
+        lid = self.md.value.ledger_id
+        key = self.digest.master_key
+        if isinstance(action, SendFencingRead):
+            req = ReadRequest(lid, LAST_ENTRY_ID, fence=True, master_key=key)
+            self._send(action.bookie_id, req, functools.partial(self._fence_event, action.bookie_id))
+        elif isinstance(action, SendRecoveryRead):
+            req = ReadRequest(lid, action.entry_id, fence=True, master_key=key)
+            self._send(
+                action.bookie_id, req, functools.partial(self._read_event, action.bookie_id, action.entry_id)
+            )
+        elif isinstance(action, RecoveryAdd):
+            writer = self._writer()
+            try:
+                fut = writer._append_recovery(action.entry_id, action.length, bytes(action.data))
+            except QuorumLogError as e:
+                error = e
+                self.events.put_nowait(lambda: self.recovery.on_add_failed(action.entry_id, error))
+                return
+            fut.add_done_callback(functools.partial(self._add_done, action.entry_id))
+
+    def _writer(self) -> WriteHandle:
+        if self.writer is None:
+            self.writer = WriteHandle(
+                self.client,
+                self.md,
+                self.password,
+                recovery=True,
+                last_add_confirmed=self.recovery.max_lac,
+                # Recovery adds carry their lengths as read; the tracker only checks they do not shrink.
+                length=0,
+            )
+        return self.writer
+
+    def _send(
+        self, bookie_id: str, req: ReadRequest, to_event: Callable[[Response | QuorumLogError], RecoveryEvent]
+    ) -> None:
+        def answered(fut: asyncio.Future[Response]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            outcome: Response | QuorumLogError = fut.result() if exc is None else _as_quorumlog_error(exc)
+            self.events.put_nowait(lambda: self.recovery.on_event(to_event(outcome)))
+
+        try:
+            fut = self.client.bookie(bookie_id).send(req)
+        except QuorumLogError as e:
+            error = e
+            self.events.put_nowait(lambda: self.recovery.on_event(to_event(error)))
+            return
+        fut.add_done_callback(answered)
+
+    def _fence_event(self, bookie_id: str, outcome: Response | QuorumLogError) -> RecoveryEvent:
+        if isinstance(outcome, QuorumLogError):
+            if isinstance(outcome, _EMPTY_ERRORS):
+                return FenceEmpty(bookie_id)
+            return FenceFailed(bookie_id, outcome, unreachable=_is_unreachable(outcome))
+        assert isinstance(outcome, ReadResponse)
+        if not outcome.body:
+            return FenceEmpty(bookie_id)
+        try:
+            entry = self.digest.decode_entry(outcome.body)
+        except (DigestMismatchError, ProtocolError) as e:
+            return FenceFailed(bookie_id, DigestMismatchError(str(e)))
+        return FenceAnswer(bookie_id, entry.entry_id, entry.lac, entry.length)
+
+    def _read_event(self, bookie_id: str, entry_id: int, outcome: Response | QuorumLogError) -> RecoveryEvent:
+        if isinstance(outcome, QuorumLogError):
+            if isinstance(outcome, _EMPTY_ERRORS):
+                return EntryMissing(bookie_id, entry_id)
+            return EntryReadFailed(bookie_id, entry_id, outcome)
+        assert isinstance(outcome, ReadResponse)
+        if not outcome.body:
+            return EntryMissing(bookie_id, entry_id)
+        try:
+            entry = self.digest.decode_entry(outcome.body, entry_id)
+        except (DigestMismatchError, ProtocolError) as e:
+            return EntryReadFailed(bookie_id, entry_id, DigestMismatchError(str(e)))
+        return EntryFound(bookie_id, entry_id, entry.length, bytes(outcome.body))
+
+    def _add_done(self, entry_id: int, fut: asyncio.Future[int]) -> None:
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is None:
+            self.events.put_nowait(lambda: self.recovery.on_add_done(entry_id))
+        else:
+            error = _as_quorumlog_error(exc)
+            self.events.put_nowait(lambda: self.recovery.on_add_failed(entry_id, error))
+
+    async def _close(self, close: CloseLedger) -> Versioned[LedgerMetadata]:
+        lm = self.client.ledger_manager
+        md = self.writer._md if self.writer is not None else self.md  # recovery adds may have changed it
+        if self.writer is not None:
+            self.writer._closed = True
+            self.writer._cancel_timers()
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            try:
+                return await lm.write(md.value.closed(close.last_entry_id, close.length), version=md.version)
+            except MetadataVersionError:
+                md = await lm.read(md.value.ledger_id)
+                decision = close_conflict_decision(
+                    close, md.value.state, md.value.last_entry_id, md.value.length
+                )
+                if decision is not None:
+                    return md  # another recoverer closed it; its decision stands
+        raise LedgerRecoveryError(
+            f"ledger {md.value.ledger_id}: close lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
+        )

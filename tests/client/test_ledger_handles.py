@@ -1,0 +1,275 @@
+"""The asyncio handles against real in-process bookies (`LocalCluster`, embedded metadata): fast checks of the
+public ledger API (API.md "Python: ledgers") and the rules in docs/CLIENT.md.
+
+Journal sync is off here (durability under crashes is what the process tests in test_ledger_integration.py
+check); everything else -- wire protocol, bookie storage, metadata CAS -- is the real thing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from quorumlog import Client, DigestType
+from quorumlog.errors import (
+    DigestMismatchError,
+    IllegalOperationError,
+    InvalidArgumentError,
+    LedgerExistsError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    ReadBeyondLastAddConfirmedError,
+    TooManyRequestsError,
+    UnauthorizedError,
+)
+from quorumlog.meta.ledger_metadata import LedgerState
+from quorumlog.proto.entry import DigestManager
+from quorumlog.proto.messages import AddRequest
+from quorumlog.testing.cluster import LocalCluster
+
+PW = b"secret"
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(4, journal_sync=False) as c:
+        yield c
+
+
+@pytest.fixture
+async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
+    async with await Client.connect(
+        cluster.uri, add_timeout_s=2.0, read_timeout_s=2.0, explicit_lac_interval_s=0.05
+    ) as c:
+        yield c
+
+
+async def test_create_append_close_open_read_round_trip(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW, custom_metadata={"app": b"orders"})
+    futures = [w.append(b"entry-%d" % i) for i in range(500)]
+    assert w.last_add_pushed == 499  # ids are fixed at call time
+    order: list[int] = []
+    for f in futures:
+        f.add_done_callback(lambda f: order.append(f.result()))
+    assert await asyncio.gather(*futures) == list(range(500))
+    assert order == list(range(500)), "completions happen in entry-id order"
+    assert w.last_add_confirmed == 499
+    assert w.length == sum(len(b"entry-%d" % i) for i in range(500))
+    await w.close()
+    md = await client.get_ledger_metadata(w.ledger_id)
+    assert md.state == LedgerState.CLOSED and md.last_entry_id == 499 and md.length == w.length
+    assert md.custom_metadata["app"] == b"orders" and md.ctime_ms > 0
+
+    r = await client.open_ledger(w.ledger_id, password=PW)
+    assert r.is_closed and r.last_add_confirmed == 499 and r.length == w.length
+    entries = await r.read(0, 499)
+    assert [e.entry_id for e in entries] == list(range(500))
+    assert entries[7].payload == b"entry-7"
+    assert (await r.read_last_entry()) is not None
+    with pytest.raises(ReadBeyondLastAddConfirmedError):
+        await r.read(0, 500)
+    await r.close()
+
+
+async def test_reader_without_recovery_sees_the_idle_writers_last_entry_by_explicit_lac(
+    client: Client,
+) -> None:
+    w = await client.create_ledger(3, 3, 2, password=PW)
+    for i in range(5):
+        await w.append(b"%d" % i)
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    assert not r.is_closed
+    # Entry 4's LAC reaches the bookies only through explicit LAC (no later entry piggybacks it).
+    lac, entry = await r.wait_for_entry(4, timeout_s=5.0)
+    assert lac >= 4 and entry is not None and entry.payload == b"4"
+    assert await r.read_last_add_confirmed() == 4
+    assert await r.read_explicit_last_add_confirmed() == 4
+    assert await r.try_read_last_add_confirmed() == 4
+    assert [e.payload for e in await r.read(0, 4)] == [b"0", b"1", b"2", b"3", b"4"]
+    lac, none = await r.wait_for_entry(5, timeout_s=0.1)
+    assert lac == 4 and none is None
+    await w.close()
+
+
+async def test_recovery_fences_the_writer_and_closes_at_its_last_acknowledged_entry(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    for i in range(20):
+        await w.append(b"x%d" % i)
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=True)
+    assert r.is_closed and r.metadata.last_entry_id == 19
+    with pytest.raises(LedgerFencedError):
+        await w.append(b"late")
+    with pytest.raises(LedgerFencedError):
+        w.append(b"later")  # the writer is failed for good
+    # The recoverer closed exactly where this writer's acknowledged entries end: a consistent outcome.
+    await w.close()
+    assert (await client.get_ledger_metadata(w.ledger_id)).last_entry_id == 19
+
+
+async def test_writer_close_after_someone_closed_the_ledger_elsewhere_is_refused(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    for i in range(3):
+        await w.append(b"%d" % i)
+    stored = await client.ledger_manager.read(w.ledger_id)
+    # Another client closed it at a different entry (e.g. recovery found an entry this writer never saw acked).
+    await client.ledger_manager.write(stored.value.closed(5, 99), version=stored.version)
+    with pytest.raises(LedgerFencedError, match="closed by another client at entry 5"):
+        await w.close()
+
+
+async def test_wrong_password_and_wrong_digest_are_refused(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW, digest=DigestType.MAC)
+    await w.append(b"a")
+    with pytest.raises(UnauthorizedError):
+        await client.open_ledger(w.ledger_id, password=b"wrong")
+    with pytest.raises(DigestMismatchError):
+        await client.open_ledger(w.ledger_id, password=PW, digest=DigestType.CRC32)
+    r = await client.open_ledger(w.ledger_id, password=PW, digest=DigestType.MAC, recovery=False)
+    assert r.metadata.digest == DigestType.MAC
+    await w.close()
+
+
+async def test_a_corrupt_entry_is_reported_as_corruption_never_as_missing(client: Client) -> None:
+    w = await client.create_ledger(1, 1, 1, password=PW)
+    await w.append(b"good")
+    bookie = w.metadata.ensembles[0][0]
+    dm = DigestManager(w.ledger_id, DigestType.CRC32C, PW)
+    body = bytearray(dm.encode_entry(1, 0, 8, b"evil"))
+    body[-1] ^= 0xFF  # payload flipped after the digest was computed
+    await client.bookie(bookie).request(AddRequest(w.ledger_id, 1, dm.master_key, bytes(body)))
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    assert [e.payload for e in await r.read_unconfirmed(0, 0)] == [b"good"]
+    with pytest.raises(DigestMismatchError):
+        await r.read_unconfirmed(1, 1)
+    # Recovery must not truncate over a corrupt replica: it fails instead of closing at entry 0.
+    with pytest.raises(Exception) as info:
+        await client.open_ledger(w.ledger_id, password=PW, recovery=True)
+    assert "corrupt" in str(info.value) or isinstance(info.value, DigestMismatchError)
+
+
+async def test_adv_ledger_takes_caller_ids_and_completes_in_order(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW, adv=True)
+    f2 = w.append(b"two", entry_id=2)
+    f0 = w.append(b"zero", entry_id=0)
+    f1 = w.append(b"one", entry_id=1)
+    assert await asyncio.gather(f0, f1, f2) == [0, 1, 2]
+    with pytest.raises(InvalidArgumentError):
+        w.append(b"again", entry_id=1)
+    with pytest.raises(IllegalOperationError):
+        w.append(b"no id")
+    await w.close()
+    r = await client.open_ledger(w.ledger_id, password=PW)
+    assert [e.payload for e in await r.read(0, 2)] == [b"zero", b"one", b"two"]
+
+    plain = await client.create_ledger(3, 2, 2)
+    with pytest.raises(IllegalOperationError):
+        plain.append(b"x", entry_id=0)
+    await plain.close()
+
+
+async def test_back_pressure_refuses_past_outstanding_adds_max(cluster: LocalCluster) -> None:
+    async with await Client.connect(cluster.uri, outstanding_adds_max=8) as client:
+        w = await client.create_ledger(3, 2, 2)
+        futures = [w.append(b"x") for _ in range(8)]
+        with pytest.raises(TooManyRequestsError):
+            w.append(b"one too many")
+        await w.wait_for_capacity()
+        assert await w.append_wait(b"after") == 8
+        await asyncio.gather(*futures)
+        await w.close()
+
+
+async def test_invalid_arguments_get_clear_errors(client: Client, cluster: LocalCluster) -> None:
+    with pytest.raises(InvalidArgumentError, match="write_quorum"):
+        await client.create_ledger(2, 3, 2)
+    with pytest.raises(InvalidArgumentError, match="ack_quorum"):
+        await client.create_ledger(3, 2, 3)
+    with pytest.raises(InvalidArgumentError, match="password"):
+        await client.create_ledger(3, 2, 2, password=123)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="ensemble_change"):
+        await Client.connect(cluster.uri, ensemble_change="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="add_timeout_s"):
+        await Client.connect(cluster.uri, add_timeout_s=-1)
+    with pytest.raises(InvalidArgumentError, match="protocol"):
+        await Client.connect(cluster.uri, protocol="v4")
+    w = await client.create_ledger(3, 2, 2)
+    with pytest.raises(InvalidArgumentError, match="payload"):
+        w.append("text")  # type: ignore[arg-type]
+    await w.close()
+
+
+async def test_fixed_ids_delete_list_and_metadata(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, ledger_id=123456)
+    assert w.ledger_id == 123456
+    with pytest.raises(LedgerExistsError):
+        await client.create_ledger(3, 2, 2, ledger_id=123456)
+    await w.close()
+    ids = [lid async for lid in client.list_ledgers()]
+    assert 123456 in ids
+    await client.delete_ledger(123456)
+    with pytest.raises(NoSuchLedgerError):
+        await client.get_ledger_metadata(123456)
+    with pytest.raises(NoSuchLedgerError):
+        await client.open_ledger(123456)
+
+
+async def test_tail_sees_every_entry_once_in_order_and_ends_at_close(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for entry in r.tail(0):
+            assert entry.payload == b"t%d" % entry.entry_id
+            seen.append(entry.entry_id)
+
+    task = asyncio.create_task(follow())
+    for batch in range(5):
+        await asyncio.gather(*(w.append(b"t%d" % (batch * 40 + i)) for i in range(40)))
+        await asyncio.sleep(0.02)  # an idle gap: the tail must catch up through explicit LAC / long poll
+    await w.close()
+    await asyncio.wait_for(task, 10)
+    assert seen == list(range(200))
+
+
+async def test_force_on_a_deferred_sync_ledger(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, deferred_sync=True)
+    for i in range(10):
+        w.append(b"%d" % i)
+    assert await w.force() == 9
+    assert w.last_add_confirmed == 9
+    await w.close()
+
+
+async def test_a_stopped_bookie_causes_an_ensemble_change_and_nothing_is_lost(
+    cluster: LocalCluster, client: Client
+) -> None:
+    w = await client.create_ledger(3, 3, 2, password=PW)
+    first = [w.append(b"a%d" % i) for i in range(100)]
+    await asyncio.gather(*first)
+    victim = w.metadata.ensembles[0][1]
+    await cluster.node(victim).kill()
+    rest = [w.append(b"b%d" % i) for i in range(100)]
+    assert await asyncio.gather(*rest) == list(range(100, 200))
+    await w.close()
+    md = await client.get_ledger_metadata(w.ledger_id)
+    assert len(md.ensembles) == 2 and victim not in md.last_ensemble
+    r = await client.open_ledger(w.ledger_id, password=PW)
+    payloads = [e.payload for e in await r.read(0, 199)]
+    assert payloads == [b"a%d" % i for i in range(100)] + [b"b%d" % i for i in range(100)]
+
+
+async def test_v2_protocol_round_trip(cluster: LocalCluster) -> None:
+    async with await Client.connect(cluster.uri, protocol="v2", explicit_lac_interval_s=0.05) as client:
+        w = await client.create_ledger(3, 2, 2, password=PW)
+        await asyncio.gather(*(w.append(b"v2-%d" % i) for i in range(50)))
+        r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+        lac, _ = await r.wait_for_entry(49, timeout_s=5)  # long poll goes over the v3 side channel
+        assert lac == 49
+        recovered = await client.open_ledger(w.ledger_id, password=PW)
+        assert recovered.last_add_confirmed == 49
+        assert [e.payload for e in await recovered.read(0, 49)] == [b"v2-%d" % i for i in range(50)]
+        with pytest.raises(LedgerFencedError):
+            await w.append(b"fenced")
