@@ -215,12 +215,25 @@ async def _worker_hold_ephemeral(uri: str, path: str) -> None:
     await asyncio.Event().wait()  # until killed
 
 
+async def _worker_bookie(uri: str, root: str, bookie_id: str) -> None:
+    """A bookie's registration that must survive its own session expiring (e.g. after a long pause)."""
+    s = await open_store(uri, session_timeout_s=SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S)
+    reg = BookieRegistration(s, bookie_id, BookieServiceInfo.for_rpc("127.0.0.1", 3181), root=root)
+    await reg.register()
+    print("ready", flush=True)
+    await reg.wait_registrations(2, timeout_s=120)
+    print("re-registered", flush=True)
+    await asyncio.Event().wait()  # until killed
+
+
 def _worker_main(argv: list[str]) -> None:
     cmd, uri, *rest = argv
     if cmd == "cas":
         print(json.dumps(asyncio.run(_worker_cas(uri, rest[0], int(rest[1]), rest[2]))))
     elif cmd == "seq":
         print(json.dumps(asyncio.run(_worker_seq(uri, rest[0], int(rest[1])))))
+    elif cmd == "bookie":
+        asyncio.run(_worker_bookie(uri, rest[0], rest[1]))
     elif cmd == "hold-ephemeral":
         asyncio.run(_worker_hold_ephemeral(uri, rest[0]))
     else:
@@ -408,7 +421,53 @@ class MetadataStoreConformance:
         finally:
             await store.close()
 
+    async def test_paused_owner_loses_its_session_then_reregisters(
+        self, store: MetadataStore, store_factory: StoreFactory, base: str
+    ) -> None:
+        """SIGSTOP a bookie process past its session timeout: its registration goes; after SIGCONT it
+        learns its session expired and registers again under a new session (DESIGN.md §1)."""
+        root = f"{base}/ledgers"
+        node = f"{root}/available/bookie-1"
+        async with _workers(["bookie", store_factory.uri(), root, "bookie-1"]) as (proc,):
+            assert proc.stdout is not None
+            assert (await asyncio.wait_for(proc.stdout.readline(), 30)).strip() == b"ready"
+            first_owner = await store.ephemeral_owner(node)
+            assert first_owner is not None
+            async with await store.watch_data(node) as watch:
+                os.kill(proc.pid, signal.SIGSTOP)
+                try:
+                    while await store.exists(node) is not None:
+                        await watch.next(timeout_s=SESSION_TIMEOUT_S * 4)
+                finally:
+                    os.kill(proc.pid, signal.SIGCONT)
+                line = await asyncio.wait_for(proc.stdout.readline(), SESSION_TIMEOUT_S * 4)
+                assert line.strip() == b"re-registered"
+                while (owner := await store.ephemeral_owner(node)) is None:
+                    await watch.next(timeout_s=OP_TIMEOUT_S)
+            assert owner != first_owner
+
     # -- watches --
+    async def test_watcher_that_rereads_converges_on_the_last_write(
+        self, store: MetadataStore, store_factory: StoreFactory, base: str
+    ) -> None:
+        """Events may coalesce, but a watcher that re-reads on each event always ends at the final value."""
+        other = await store_factory.open()
+        try:
+            path = f"{base}/hot"
+            await other.create(path, b"0", make_parents=True)
+            async with await store.watch_data(path) as watch:
+                for i in range(1, 51):
+                    await other.set(path, b"%d" % i, version=ANY_VERSION)
+                while (await store.get(path)).value != b"50":
+                    await watch.next(timeout_s=OP_TIMEOUT_S)
+                # and nothing is left over that a later change would be confused with
+                while watch.pending():
+                    await watch.next(timeout_s=0)
+                await other.set(path, b"51", version=ANY_VERSION)
+                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CHANGED
+        finally:
+            await other.close()
+
     async def test_data_watch_sees_create_change_delete(
         self, store: MetadataStore, store_factory: StoreFactory, base: str
     ) -> None:
