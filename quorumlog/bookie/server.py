@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, error_response
 from quorumlog.env import Env, Server
@@ -48,8 +48,8 @@ class BookieConnection(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio.Transport (an isinstance check fails under uvloop).
+        self.transport = cast(asyncio.Transport, transport)
         if not self.server.admit(self):
             log.warning("connection refused: max_connections=%d reached", self.server.max_connections)
             transport.abort()

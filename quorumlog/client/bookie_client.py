@@ -32,6 +32,7 @@ import dataclasses
 import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
+from typing import cast
 
 from quorumlog.env import Env
 from quorumlog.errors import (
@@ -96,8 +97,8 @@ class _Connection(asyncio.Protocol):
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports do not subclass asyncio.Transport (an isinstance check fails under uvloop).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -721,7 +721,11 @@ class WriteHandle(LedgerHandle):
             actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
         else:
             error = _as_quorumlog_error(exc)
-            if not isinstance(error, LedgerFencedError | UnauthorizedError):
+            if (
+                not isinstance(error, LedgerFencedError | UnauthorizedError)
+                and bookie_id not in self._excluded
+            ):
+                # Once per bookie: a dead connection fails every outstanding add with the same story.
                 log.warning(
                     "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
                 )
