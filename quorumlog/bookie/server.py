@@ -52,7 +52,7 @@ class BookieConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         if not self.server.admit(self):
             log.warning("connection refused: max_connections=%d reached", self.server.max_connections)
-            transport.abort()
+            self.transport.abort()
             self.transport = None
 
     def connection_lost(self, exc: Exception | None) -> None:
