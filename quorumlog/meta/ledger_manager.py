@@ -165,7 +165,12 @@ class LedgerManager:
         return await self.store.exists(self.path(ledger_id)) is not None
 
     async def write(self, md: LedgerMetadata, *, version: int) -> Versioned[LedgerMetadata]:
-        """Compare-and-set: replace the metadata read at `version`. `MetadataVersionError` if it changed."""
+        """Compare-and-set: replace the metadata read at `version`. `MetadataVersionError` if it changed.
+
+        The creation token is only for the create: BookKeeper writes 0 on every rewrite, and so do we.
+        """
+        if md.ctoken:
+            md = md.replace(ctoken=0)
         try:
             new_version = await self.store.set(self.path(md.ledger_id), md.encode(), version=version)
         except MetadataNotFoundError:

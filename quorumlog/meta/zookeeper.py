@@ -108,7 +108,6 @@ class ZooKeeperStore(MetadataStore):
             logger=_kazoo_log,
         )
         self._session_hex = ""
-        self._lost = False
         self._new_session = asyncio.Event()
         self._rearming: builtins.set[asyncio.Future[None]] = builtins.set()
 
@@ -165,10 +164,9 @@ class ZooKeeperStore(MetadataStore):
         return await fut
 
     def _on_state(self, state: str) -> None:
-        # kazoo thread. LOST = the session is gone (expired or closed); kazoo then builds a new one.
-        if state == KazooState.LOST:
-            self._lost = True
-        elif state == KazooState.CONNECTED:
+        # kazoo thread. After LOST (session expired) kazoo connects again with a new session; we notice the
+        # expiry as a CONNECTED whose session id differs from the one we had.
+        if state == KazooState.CONNECTED:
             session = self._current_session_hex()
             self._to_loop(self._connected, session)
         elif state == KazooState.SUSPENDED:
@@ -180,7 +178,6 @@ class ZooKeeperStore(MetadataStore):
         old = self._session_hex
         self._session_hex = session
         if old and session != old:
-            self._lost = False
             for w in list(self._watches):
                 self._rearm(w)
             self._notify_session_expired()
