@@ -92,6 +92,10 @@ async def test_create_read_cas_write_delete(store: MetadataStore, root: str) -> 
     assert recovering.value.ctoken == 0
     with pytest.raises(MetadataVersionError):  # a second recoverer that read the old version loses
         await lm.write(read.value.in_recovery(), version=read.version)
+    # A rewrite never carries the creation token, even if the caller kept it (BookKeeper writes 0 too).
+    relabelled = await lm.write(recovering.value.replace(ctoken=md.ctoken), version=recovering.version)
+    assert relabelled.value.ctoken == 0 and (await lm.read(md.ledger_id)).value.ctoken == 0
+    recovering = relabelled
     closed = await lm.write(recovering.value.closed(9, 100), version=recovering.version)
     assert (await lm.read(md.ledger_id)) == closed
 
