@@ -183,17 +183,27 @@ async def _result(proc: asyncio.subprocess.Process, timeout_s: float = 60.0) -> 
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
-async def _worker_cas(uri: str, path: str, rounds: int, me: str) -> dict[str, Any]:
-    """Race on `path`: its value is the round number; win a round by CAS-ing it to round+1."""
+async def _worker_cas(uri: str, path: str, rounds: int, me: str, workers: int) -> dict[str, Any]:
+    """Race on `path`, whose value is the round number: every worker reads it, meets the others at a
+    per-round barrier (so all of them hold the same version), then tries to CAS it to round+1. Exactly one
+    must win each round and every other must get MetadataVersionError -- deterministically, not by luck of
+    timing."""
     won: list[int] = []
     lost = 0
     async with await open_store(uri, session_timeout_s=SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S * 3) as s:
         await asyncio.to_thread(_wait_for_go)
-        while True:
+        for r in range(rounds):
             cur = await s.get(path)
-            r = int(cur.value.split(b":")[0])
-            if r >= rounds:
-                break
+            seen = int(cur.value.split(b":")[0])
+            if seen != r:
+                raise AssertionError(f"{me}: round {r} but the key says {seen}: a CAS was lost or doubled")
+            barrier = f"{path}-round-{r:04d}"
+            with contextlib.suppress(MetadataExistsError):
+                await s.create(barrier)
+            async with await s.watch_children(barrier) as watch:
+                await s.create(f"{barrier}/{me}")
+                while len(await s.children(barrier)) < workers:
+                    await watch.next(timeout_s=OP_TIMEOUT_S * 3)
             try:
                 await s.set(path, f"{r + 1}:{me}".encode(), version=cur.version)
                 won.append(r)
@@ -229,7 +239,7 @@ async def _worker_bookie(uri: str, root: str, bookie_id: str) -> None:
 def _worker_main(argv: list[str]) -> None:
     cmd, uri, *rest = argv
     if cmd == "cas":
-        print(json.dumps(asyncio.run(_worker_cas(uri, rest[0], int(rest[1]), rest[2]))))
+        print(json.dumps(asyncio.run(_worker_cas(uri, rest[0], int(rest[1]), rest[2], int(rest[3])))))
     elif cmd == "seq":
         print(json.dumps(asyncio.run(_worker_seq(uri, rest[0], int(rest[1])))))
     elif cmd == "bookie":
@@ -332,13 +342,15 @@ class MetadataStoreConformance:
     ) -> None:
         path = f"{base}/contended"
         await store.create(path, b"0:none", make_parents=True)
-        cmds = [["cas", store_factory.uri(), path, str(CAS_ROUNDS), f"w{i}"] for i in range(WORKERS)]
+        cmds = [
+            ["cas", store_factory.uri(), path, str(CAS_ROUNDS), f"w{i}", str(WORKERS)] for i in range(WORKERS)
+        ]
         async with _workers(*cmds) as procs:
             await _start_together(procs)
             results = [await _result(p) for p in procs]
         rounds = sorted(r for res in results for r in res["won"])
         assert rounds == list(range(CAS_ROUNDS)), "each round must have exactly one winner"
-        assert sum(res["lost"] for res in results) > 0, "the workers never actually contended"
+        assert sum(res["lost"] for res in results) == (WORKERS - 1) * CAS_ROUNDS, "every other worker loses"
         assert (await store.get(path)).value.startswith(b"%d:" % CAS_ROUNDS)
 
     # -- sequential nodes --
