@@ -125,7 +125,7 @@ class _Segment:
 class _Batch:
     data: bytearray
     waiters: list[Callback]
-    marks: list[tuple[int, MarkCallback]]
+    marks: list[tuple[int, MarkCallback]]  # (offset in data, callback)
 
 
 class Journal:
@@ -162,7 +162,7 @@ class Journal:
         # shared with the sync thread, guarded by _cond
         self._cond = threading.Condition(threading.Lock())
         self._buf = bytearray()
-        self._waiters: list[Callback] = []
+        self._waiters: list[tuple[int, Callback]] = []  # (end of the record in _buf, callback)
         self._marks: list[tuple[int, MarkCallback]] = []
         self._first_append_s = 0.0
         self._notify_at_bytes = 1
@@ -371,7 +371,7 @@ class Journal:
             buf += _REC_HEADER.pack(0, n, rtype)
             buf += payload
             if callback is not None:
-                self._waiters.append(callback)
+                self._waiters.append((len(buf), callback))
             if self._thread_waiting and len(buf) >= self._notify_at_bytes:
                 self._cond.notify()
 
@@ -412,15 +412,17 @@ class Journal:
         self.env.disk.remove(path)
 
     def _run(self) -> None:
+        batch: _Batch | None = None
         try:
             while True:
                 batch = self._take_batch()
                 if batch is None:
                     return
                 self._write(batch)
+                batch = None
         except BaseException as exc:  # the thread must never die silently: fail every waiter
             log.exception("journal sync thread failed; the bookie can no longer acknowledge writes")
-            self._fail(exc)
+            self._fail(exc, batch)
 
     def _take_batch(self) -> _Batch | None:
         with self._cond:
@@ -441,11 +443,40 @@ class Journal:
                     self._thread_waiting = False
             if not self._buf and not self._marks:
                 return None  # closing with nothing left
-            batch = _Batch(self._buf, self._waiters, self._marks)
-            self._buf = bytearray()
-            self._waiters = []
-            self._marks = []
-            return batch
+            if len(self._buf) <= self.max_batch_bytes:
+                batch = _Batch(self._buf, [cb for _, cb in self._waiters], self._marks)
+                self._buf = bytearray()
+                self._waiters = []
+                self._marks = []
+                return batch
+            return self._split_batch()
+
+    def _split_batch(self) -> _Batch:
+        """Take whole records up to max_batch_bytes (at least one) from the front of the buffer (under _cond).
+
+        Bounding a batch bounds one sync's latency and lets rolling keep every file near its preallocated
+        size (a batch never straddles files)."""
+        buf = self._buf
+        cut = 0
+        while cut < len(buf):
+            length = _REC_HEADER.unpack_from(buf, cut)[1]
+            nxt = cut + REC_HEADER_SIZE + length
+            if cut > 0 and nxt > self.max_batch_bytes:
+                break
+            cut = nxt
+        n_waiters = 0
+        while n_waiters < len(self._waiters) and self._waiters[n_waiters][0] <= cut:
+            n_waiters += 1
+        n_marks = 0
+        while n_marks < len(self._marks) and self._marks[n_marks][0] <= cut:
+            n_marks += 1
+        batch = _Batch(buf[:cut], [cb for _, cb in self._waiters[:n_waiters]], self._marks[:n_marks])
+        self._buf = buf[cut:]
+        self._waiters = [(end - cut, cb) for end, cb in self._waiters[n_waiters:]]
+        self._marks = [(at - cut, cb) for at, cb in self._marks[n_marks:]]
+        if self._buf or self._marks:
+            self._first_append_s = 0.0  # what is left waited long enough already: no extra group wait
+        return batch
 
     def _salt(self, data: bytearray, seq: int) -> None:
         """Fill in each record's CRC now that its file (the CRC salt) is known."""
@@ -520,11 +551,12 @@ class Journal:
         for pos, mcb in marks:
             mcb(pos, None)
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: BaseException, batch: _Batch | None) -> None:
         with self._cond:
             if self._failed is None:
                 self._failed = exc
-            waiters, marks = self._waiters, self._marks
+            waiters = (batch.waiters if batch else []) + [cb for _, cb in self._waiters]
+            marks = (batch.marks if batch else []) + self._marks
             self._waiters, self._marks, self._buf = [], [], bytearray()
         loop = self._loop
         if loop is None or loop.is_closed():
