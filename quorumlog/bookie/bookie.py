@@ -160,7 +160,7 @@ class Bookie:
             self._periodic.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._periodic
-        if self._checkpoint_task is not None:
+        while self._checkpoint_task is not None and not self._checkpoint_task.done():
             with contextlib.suppress(Exception):
                 await self._checkpoint_task
         if self.failed is None and self.journal.failed is None:
@@ -187,6 +187,8 @@ class Bookie:
                 self._start_checkpoint()
 
     def _start_checkpoint(self) -> None:
+        if self._closed and self._checkpoint_task is not None:
+            return
         if self._checkpoint_task is None or self._checkpoint_task.done():
             self._checkpoint_task = asyncio.create_task(self.checkpoint(), name="bookie-checkpoint")
 
@@ -223,6 +225,9 @@ class Bookie:
         self.storage.end_flush(True)
         await self.env.run_blocking(self.journal.release_before, pos.seq)
         self._unpark()
+        if self._parked or self.storage.wants_flush():
+            # This task is finishing, so it cannot start its successor itself: do it right after.
+            asyncio.get_running_loop().call_soon(self._start_checkpoint)
 
     def _storage_failed(self, exc: BaseException) -> None:
         if self.failed is None:
@@ -232,7 +237,7 @@ class Bookie:
     def _unpark(self) -> None:
         while self._parked and self.storage.has_room(len(self._parked[0][0].body)):
             req, reply = self._parked.popleft()
-            self._add(req, reply)
+            self._add(req, reply, unparking=True)
 
     # --- requests --------------------------------------------------------------------------------------------
 
@@ -262,7 +267,7 @@ class Bookie:
             log.error("request %s failed on storage: %r", type(req).__name__, exc)
             reply(error_response(req, StatusCode.EIO))
 
-    def _add(self, req: m.AddRequest, reply: Reply) -> None:
+    def _add(self, req: m.AddRequest, reply: Reply, unparking: bool = False) -> None:
         body = req.body
         if len(body) < 32 or _IDS.unpack_from(body) != (req.ledger_id, req.entry_id):
             reply(m.AddResponse(StatusCode.EBADREQ, req.ledger_id, req.entry_id, req.txn_id))
@@ -270,8 +275,9 @@ class Bookie:
         if self.failed is not None or self.journal.failed is not None:
             reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
             return
-        if not self.storage.has_room(len(body)):
-            # Bounded memory: wait for the running checkpoint to empty the other half of the cache.
+        if (self._parked and not unparking) or not self.storage.has_room(len(body)):
+            # Bounded memory: wait for the running checkpoint to empty the other half of the cache (in
+            # arrival order: later adds queue behind parked ones).
             self._parked.append((req, reply))
             self._start_checkpoint()
             return

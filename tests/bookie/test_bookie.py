@@ -1,0 +1,242 @@
+"""Request semantics of one bookie over the wire (DESIGN.md §1-§3), driven with the codec over a socket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+
+import pytest
+
+from quorumlog.bookie.bookie import encode_availability
+from quorumlog.bookie.service import BookieService
+from quorumlog.proto import messages as m
+from quorumlog.proto.entry import DigestManager, DigestType, master_key
+from quorumlog.proto.status import StatusCode
+from tests.bookie.conftest import StartBookie
+from tests.bookie.helpers import KEY, PASSWORD, RawClient, entry
+
+V2, V3 = m.ProtocolVersion.V2, m.ProtocolVersion.V3
+OK = StatusCode.EOK
+
+
+async def client(svc: BookieService, version: m.ProtocolVersion = V3) -> RawClient:
+    return await RawClient.connect(*svc.address, version)
+
+
+async def add(c: RawClient, lid: int, eid: int, payload: bytes = b"x", **kw: object) -> StatusCode:
+    lac = kw.pop("lac", None)
+    key = kw.pop("key", KEY)
+    resp = await c.call(m.AddRequest(lid, eid, key, entry(lid, eid, payload, lac=lac), **kw))  # type: ignore[arg-type]
+    return resp.status  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_add_then_read_back_exact_bytes(start_bookie: StartBookie, version: m.ProtocolVersion) -> None:
+    svc = await start_bookie()
+    c = await client(svc, version)
+    bodies = [entry(1, e, os.urandom(100)) for e in range(20)]
+    results = await asyncio.gather(*(c.call(m.AddRequest(1, e, KEY, b)) for e, b in enumerate(bodies)))
+    assert {r.status for r in results} == {OK}
+    for e, b in enumerate(bodies):
+        r = await c.call(m.ReadRequest(1, e))
+        assert (r.status, r.body) == (OK, b)
+    last = await c.call(m.ReadRequest(1, m.LAST_ENTRY_ID))
+    assert (last.status, last.entry_id, last.body) == (OK, -1, bodies[-1])
+    await c.close()
+
+
+async def test_read_statuses_noledger_noentry_and_max_lac(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    assert (await c.call(m.ReadRequest(7, 0))).status == StatusCode.ENOLEDGER
+    for e in range(3):
+        assert await add(c, 7, e) == OK
+    assert (await c.call(m.ReadRequest(7, 100))).status == StatusCode.ENOENTRY
+    r = await c.call(m.ReadRequest(7, 0))
+    assert r.max_lac == 1  # entry 2 piggybacked LAC 1
+    await c.close()
+
+
+async def test_wrong_master_key_is_eua(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    assert await add(c, 3, 0) == OK
+    assert await add(c, 3, 1, key=master_key(b"wrong")) == StatusCode.EUA
+    await c.close()
+
+
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_fencing_read_fences_and_only_recovery_adds_pass(
+    start_bookie: StartBookie, version: m.ProtocolVersion
+) -> None:
+    svc = await start_bookie()
+    c = await client(svc, version)
+    for e in range(3):
+        assert await add(c, 5, e) == OK
+    r = await c.call(m.ReadRequest(5, m.LAST_ENTRY_ID, fence=True, master_key=KEY))
+    assert r.status == OK and struct.unpack_from(">q", r.body, 8)[0] == 2
+    assert r.max_lac is None  # as BookKeeper answers fencing reads
+    assert await add(c, 5, 3) == StatusCode.EFENCED
+    assert await add(c, 5, 3, recovery=True) == OK
+    # fencing with a wrong key is refused and does nothing
+    r = await c.call(m.ReadRequest(5, 0, fence=True, master_key=master_key(b"nope")))
+    assert r.status == StatusCode.EUA
+    await c.close()
+
+
+async def test_fencing_an_unknown_ledger_creates_it_fenced(start_bookie: StartBookie) -> None:
+    """A bookie that never saw the ledger must still refuse the old writer after recovery fenced it."""
+    svc = await start_bookie()
+    c = await client(svc)
+    r = await c.call(m.ReadRequest(9, m.LAST_ENTRY_ID, fence=True, master_key=KEY))
+    assert r.status == StatusCode.ENOENTRY
+    assert await add(c, 9, 0) == StatusCode.EFENCED
+    await c.close()
+
+
+async def test_fence_master_key_and_explicit_lac_survive_restart(start_bookie: StartBookie) -> None:
+    svc = await start_bookie("r")
+    c = await client(svc)
+    assert await add(c, 11, 0) == OK
+    assert await add(c, 12, 0) == OK
+    dm = DigestManager(11, DigestType.CRC32C, PASSWORD)
+    lac_body = dm.encode_lac(0)
+    assert (await c.call(m.WriteLacRequest(11, 0, KEY, lac_body))).status == OK
+    assert (await c.call(m.ReadRequest(11, 0, fence=True, master_key=KEY))).status == OK
+    await c.close()
+    # crash-like stop: no checkpoint, the journal alone must carry the state
+    svc.bookie.checkpoint = _no_checkpoint  # type: ignore[method-assign, union-attr]
+    await svc.stop()
+    svc2 = await start_bookie("r")
+    c = await client(svc2)
+    assert await add(c, 11, 1) == StatusCode.EFENCED
+    assert await add(c, 12, 1, key=master_key(b"other")) == StatusCode.EUA
+    r = await c.call(m.ReadLacRequest(11))
+    assert (r.status, r.lac_body) == (OK, lac_body)
+    await c.close()
+
+
+async def _no_checkpoint() -> None:
+    return None
+
+
+async def test_read_lac_returns_explicit_lac_and_last_entry(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    assert (await c.call(m.ReadLacRequest(20))).status == StatusCode.ENOLEDGER
+    for e in range(3):
+        assert await add(c, 20, e) == OK
+    r = await c.call(m.ReadLacRequest(20))
+    assert r.status == OK and r.lac_body is None and r.last_entry_body == entry(20, 2, b"x")
+    await c.close()
+
+
+async def test_long_poll_answers_at_once_waits_and_times_out(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    for e in range(3):
+        assert await add(c, 30, e) == OK  # bookie LAC = 1
+    now = await c.call(m.ReadRequest(30, -1, piggyback=True, previous_lac=0, timeout_ms=2000))
+    assert (now.status, now.entry_id, now.max_lac, now.lac_update_timestamp_ms) == (OK, 1, 1, None)
+    parked = c.send(m.ReadRequest(30, -1, piggyback=True, previous_lac=1, timeout_ms=5000))
+    await asyncio.sleep(0.05)
+    assert not parked.done()
+    assert await add(c, 30, 3) == OK  # piggybacks LAC 2: wakes the poll
+    woke = await asyncio.wait_for(parked, 5)
+    assert (woke.status, woke.entry_id, woke.max_lac) == (OK, 2, 2)
+    assert woke.body == entry(30, 2, b"x") and woke.lac_update_timestamp_ms is not None
+    # WRITE_LAC also advances the LAC and wakes long polls
+    parked = c.send(m.ReadRequest(30, -1, piggyback=True, previous_lac=2, timeout_ms=5000))
+    lac_body = DigestManager(30, DigestType.CRC32C, PASSWORD).encode_lac(3)
+    assert (await c.call(m.WriteLacRequest(30, 3, KEY, lac_body))).status == OK
+    woke = await asyncio.wait_for(parked, 5)
+    assert (woke.entry_id, woke.max_lac, woke.body) == (3, 3, entry(30, 3, b"x"))
+    timed_out = await c.call(m.ReadRequest(30, -1, piggyback=True, previous_lac=3, timeout_ms=50))
+    assert (timed_out.status, timed_out.body, timed_out.max_lac) == (OK, None, 3)
+    await c.close()
+
+
+async def test_force_ledger_bookie_info_and_list_of_entries(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    for e in (0, 1, 2, 5, 6, 9):
+        assert await add(c, 40, e, lac=-1) == OK
+    assert (await c.call(m.ForceLedgerRequest(40))).status == OK
+    info = await c.call(m.GetBookieInfoRequest())
+    assert info.status == OK and info.total_disk_capacity_bytes > info.free_disk_space_bytes > 0
+    await svc.bookie.checkpoint()  # type: ignore[union-attr]
+    assert await add(c, 40, 7, lac=-1) == OK  # one in the index, one still in the write cache
+    r = await c.call(m.GetListOfEntriesOfLedgerRequest(40))
+    assert r.status == OK and r.availability == encode_availability([0, 1, 2, 5, 6, 7, 9])
+    assert (await c.call(m.GetListOfEntriesOfLedgerRequest(41))).status == StatusCode.ENOLEDGER
+    await c.close()
+
+
+def test_availability_encoding_groups_runs() -> None:
+    raw = encode_availability([0, 1, 2, 5, 6, 9])
+    version, groups = struct.unpack_from(">ii", raw)
+    assert (version, groups, len(raw)) == (0, 3, 64 + 3 * 24)
+    assert struct.unpack_from(">qqii", raw, 64 + 24) == (5, 5, 2, 0)
+
+
+async def test_read_only_bookie_refuses_writes_but_serves_reads(start_bookie: StartBookie) -> None:
+    svc = await start_bookie()
+    c = await client(svc)
+    assert await add(c, 50, 0) == OK
+    svc.bookie.set_read_only(True)  # type: ignore[union-attr]
+    assert await add(c, 50, 1) == StatusCode.EREADONLY
+    assert (await c.call(m.ReadRequest(50, 0))).status == OK
+    lac_body = DigestManager(50, DigestType.CRC32C, PASSWORD).encode_lac(0)
+    assert (await c.call(m.WriteLacRequest(50, 0, KEY, lac_body))).status == StatusCode.EREADONLY
+    await c.close()
+
+
+async def test_corrupt_entry_is_eio_never_enoentry(start_bookie: StartBookie, tmp_path: str) -> None:
+    svc = await start_bookie("c", read_ahead_bytes=0)
+    c = await client(svc)
+    for e in range(5):
+        assert await add(c, 60, e, b"payload-%d" % e) == OK
+    await c.close()
+    await svc.stop()  # checkpoint: the entries are in an entry log now
+    logs = os.path.join(tmp_path, "c", "ledgers", "entrylogs")
+    (name,) = os.listdir(logs)
+    path = os.path.join(logs, name)
+    raw = bytearray(_read(path))
+    at = raw.find(b"payload-3")
+    raw[at] ^= 0xFF
+    _write(path, bytes(raw))
+    svc2 = await start_bookie("c", read_ahead_bytes=0)
+    c = await client(svc2)
+    assert (await c.call(m.ReadRequest(60, 2))).status == OK
+    assert (await c.call(m.ReadRequest(60, 3))).status == StatusCode.EIO
+    assert (await c.call(m.ReadRequest(60, m.LAST_ENTRY_ID))).status == OK
+    await c.close()
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+async def test_entries_survive_checkpoints_and_restart_with_read_ahead(start_bookie: StartBookie) -> None:
+    svc = await start_bookie("ra", write_cache_bytes=1 << 20)
+    c = await client(svc)
+    bodies = {(lid, e): entry(lid, e, os.urandom(3000)) for lid in (70, 71) for e in range(300)}
+    # interleave the two ledgers; ~1.8 MB through a 1 MiB cache forces several checkpoints
+    results = await asyncio.gather(*(c.call(m.AddRequest(lid, e, KEY, b)) for (lid, e), b in bodies.items()))
+    assert {r.status for r in results} == {OK}
+    await c.close()
+    await svc.stop()
+    svc2 = await start_bookie("ra", write_cache_bytes=1 << 20)
+    c = await client(svc2)
+    for (lid, e), b in sorted(bodies.items()):
+        r = await c.call(m.ReadRequest(lid, e))
+        assert (r.status, r.body) == (OK, b)
+    assert svc2.bookie.storage.read_cache._size > 0  # type: ignore[union-attr]
+    await c.close()
