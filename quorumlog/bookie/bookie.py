@@ -89,6 +89,7 @@ class Bookie:
         )
         self.book = LedgerBook(self._load_state)
         self._watchers: dict[int, list[asyncio.Future[None]]] = {}
+        self.long_poll_parked = asyncio.Event()  # set whenever a long poll starts waiting (observability)
         self._parked: deque[tuple[m.AddRequest, Reply]] = deque()
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._periodic: asyncio.Task[None] | None = None
@@ -384,6 +385,7 @@ class Bookie:
                 waited = True
                 fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._watchers.setdefault(lid, []).append(fut)
+                self.long_poll_parked.set()
                 timeout_s = (req.timeout_ms or 0) / 1000.0
                 try:
                     await asyncio.wait_for(fut, timeout_s)

@@ -94,6 +94,24 @@ class RawClient:
         self.transport.write(self.codec.send(req))
         return fut
 
+    def send_many(self, reqs: list[Any]) -> list[asyncio.Future[Any]]:
+        """Send requests in one write (so the bookie reads them in one chunk)."""
+        assert self.transport is not None
+        real, out = self.transport, []
+        frames: list[bytes] = []
+
+        class _Collect:
+            def write(self, data: bytes) -> None:
+                frames.append(data)
+
+        self.transport = _Collect()  # type: ignore[assignment]
+        try:
+            out = [self.send(r) for r in reqs]
+        finally:
+            self.transport = real
+        real.write(b"".join(frames))
+        return out
+
     async def call(self, req: Any, timeout_s: float = 10.0) -> Any:
         return await asyncio.wait_for(self.send(req), timeout_s)
 
