@@ -167,9 +167,8 @@ class BookieRegistration:
                 if await self.store.exists(path) is not None:
                     with contextlib.suppress(TimeoutError):
                         await w.next(timeout_s=min(remaining, 1.0))
-        # Leave the other mode's node, if any (moving between writable and read-only).
-        with contextlib.suppress(MetadataNotFoundError):
-            await self.store.delete(self._path(not readonly))
+        # Leave the other mode's node, if it is ours (moving between writable and read-only).
+        await self._delete_own(self._path(not readonly))
         self.registrations += 1
         self.registered.set()
         async with self._registered_cond:
@@ -215,12 +214,14 @@ class BookieRegistration:
             self._unsubscribe()
             self._unsubscribe = None
         for ro in (False, True):
-            path = self._path(ro)
-            # Only our own node: another live bookie misconfigured with our id keeps its registration.
-            if await self.store.ephemeral_owner(path) == self.store.session_id:
-                with contextlib.suppress(MetadataNotFoundError):
-                    await self.store.delete(path)
+            await self._delete_own(self._path(ro))
         self.registered.clear()
+
+    async def _delete_own(self, path: str) -> None:
+        # Only our own node: another live bookie misconfigured with our id keeps its registration.
+        if await self.store.ephemeral_owner(path) == self.store.session_id:
+            with contextlib.suppress(MetadataNotFoundError):
+                await self.store.delete(path)
 
 
 class BookieRegistry:

@@ -61,6 +61,7 @@ __all__ = [
     "join",
     "open_store",
     "parent",
+    "parse_uri",
     "validate_path",
 ]
 
