@@ -169,6 +169,10 @@ class BookieProcess:
             with open(self.log_path, "rb") as f:
                 raise RuntimeError(f"bookie did not start: {f.read()[-3000:].decode(errors='replace')}")
 
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

@@ -99,14 +99,11 @@ async def test_sigterm_shuts_down_cleanly_and_restart_has_nothing_to_replay(tmp_
         assert {r.status for r in results} == {StatusCode.EOK}
         await c.close()
         assert await asyncio.to_thread(proc.stop) == 0
-        with open(proc.log_path) as f:
-            log = f.read()
-        assert "shutting down" in log
+        assert "shutting down" in proc.log()
         await asyncio.to_thread(proc.start)
         await _verify(port, {(1, e): entry(1, e, b"z" * 100) for e in range(100)})
         assert await asyncio.to_thread(proc.stop) == 0
-        with open(proc.log_path) as f:
-            assert "replayed 0 journal records" in f.read().split("shutting down")[1]
+        assert "replayed 0 journal records" in proc.log().split("shutting down")[1]
     finally:
         proc.kill()
 
