@@ -65,6 +65,25 @@ async def test_ids_are_sequential_from_zero_and_skip_taken_ones(store: MetadataS
     assert await store.children(f"{root}/idgen") == []  # the id nodes are cleaned up
 
 
+async def test_concurrent_creates_get_distinct_ids(
+    store: MetadataStore, store_factory: StoreFactory, root: str
+) -> None:
+    other = await store_factory.open()  # a second client, as another process would be
+    try:
+        managers = [LedgerManager(store, root=root), LedgerManager(other, root=root)]
+        created = await asyncio.gather(
+            *(
+                managers[i % 2].create_ledger(ensemble=BOOKIES, write_quorum=2, ack_quorum=2)
+                for i in range(20)
+            )
+        )
+        ids = [c.value.ledger_id for c in created]
+        assert len(set(ids)) == 20
+        assert [i async for i in managers[0].list_ledgers()] == sorted(ids)
+    finally:
+        await other.close()
+
+
 async def test_given_id_that_exists_is_ledger_exists(store: MetadataStore, root: str) -> None:
     lm = LedgerManager(store, root=root)
     await lm.create_ledger(ensemble=BOOKIES[:1], write_quorum=1, ack_quorum=1, ledger_id=42)
