@@ -135,7 +135,7 @@ class Bookie:
                     self.book.replay_master_key(lid, b"")  # (only if the MASTER_KEY record was lost)
                 self.storage.put(lid, eid, p)
                 self.book.record_add(lid, eid, p)
-                if not self.storage.has_room(0):
+                if rec.last_in_batch and not self.storage.has_room(0):
                     cache = self.storage.begin_flush()
                     self.storage.flush(cache, self.book.take_dirty(), rec.position)
                     self.storage.end_flush(True)

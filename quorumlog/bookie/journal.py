@@ -10,10 +10,15 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
   whole batch. NOTES.md: a thread hand-off costs as much as an fdatasync, so never one per record.
 - The thread waits up to `max_wait_s` for a batch to grow to `max_batch_bytes` before syncing a small batch.
 - Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
-  from files a checkpoint released. Every record's CRC32C is salted with its file's sequence number, so stale
-  records in a recycled file, zeros, and torn writes all fail the check and mark the end of the log.
+  from files a checkpoint released.
+- Checksums are paired: each record carries a CRC32C of its type, length and payload (computed on the loop
+  when it is appended), and each batch -- the unit of one write and one sync -- carries a CRC32C of its bytes
+  salted with its file's sequence number (computed by the sync thread, one C call per batch). A torn write,
+  zeros, and stale batches in a recycled file fail the batch check and mark the end of the log; a record
+  whose own check fails inside a good batch is corruption. A batch is acknowledged only as a whole, so
+  cutting a torn batch never cuts an acknowledged record.
 - Every file but the last ends with a ROLL record, synced before anything is written to the next file. On
-  replay a file that ends without ROLL is the torn tail: it is truncated to its last valid record and sealed
+  replay a file that ends without ROLL is the torn tail: it is truncated to its last valid batch and sealed
   with ROLL. A file without ROLL followed by a file with valid records is corruption, and replay refuses it
   (something acknowledged may be missing), rather than silently skipping it.
 - If a write or sync fails, the journal is failed for good: every waiting and later record gets the error
@@ -42,11 +47,14 @@ FILE_MAGIC = b"QLJ1"
 FILE_VERSION = 1
 HEADER_SIZE = 4096  # records start on the second page, so a torn header write never tears a record
 _FILE_HEADER = struct.Struct(">4sIQI")  # magic, version, seq, crc32c(previous fields)
-_REC_HEADER = struct.Struct(">IIB")  # crc32c, payload length, record type
+_BATCH_HEADER = struct.Struct(">II")  # crc32c(seq salt, length, data), data length
+BATCH_HEADER_SIZE = _BATCH_HEADER.size
+_REC_HEADER = struct.Struct(">IIB")  # crc32c(length, type, payload), payload length, record type
 REC_HEADER_SIZE = _REC_HEADER.size
-_SEQ = struct.Struct(">Q")
+_LEN_TYPE = struct.Struct(">IB")
+_SALT = struct.Struct(">QI")
 _ZEROS = bytes(1 << 20)
-MAX_RECORD_BYTES = 64 << 20  # anything longer read back from disk is garbage, not a record
+MAX_BATCH_BYTES = 256 << 20  # a longer batch length read back from disk is garbage
 
 
 class RecordType(IntEnum):
@@ -77,13 +85,18 @@ Callback = Callable[[BaseException | None], None]
 MarkCallback = Callable[[JournalPosition | None, BaseException | None], None]
 
 
-def _record_crc(seq_salt: int, length: int, rtype: int, payload: bytes | memoryview) -> int:
-    return crc32c.crc32c(payload, crc32c.crc32c(struct.pack(">QIB", seq_salt, length, rtype)))
-
-
-def encode_record(seq: int, rtype: int, payload: bytes | memoryview) -> bytes:
+def encode_record(rtype: int, payload: bytes | memoryview) -> bytes:
+    """A record as it sits inside a batch: its own CRC covers length, type and payload."""
     n = len(payload)
-    return _REC_HEADER.pack(_record_crc(seq, n, rtype, payload), n, rtype) + payload
+    return (
+        _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype) + payload
+    )
+
+
+def encode_batch(seq: int, data: bytes | bytearray) -> bytes:
+    """A batch header + data; the CRC is salted with the file's sequence number."""
+    n = len(data)
+    return _BATCH_HEADER.pack(crc32c.crc32c(data, crc32c.crc32c(_SALT.pack(seq, n))), n) + data
 
 
 def _file_name(seq: int) -> str:
@@ -108,7 +121,8 @@ def _header_bytes(seq: int) -> bytes:
 class ReplayedRecord:
     rtype: RecordType
     payload: bytes
-    position: JournalPosition  # where the record ends
+    position: JournalPosition  # where the record's batch ends (a checkpoint may only point between batches)
+    last_in_batch: bool
 
 
 @dataclass
@@ -174,7 +188,8 @@ class Journal:
         self._file: File | None = None
         self._file_seq = 0
         self._offset = 0
-        self._next_file: tuple[int, File] | None = None
+        self._ready: list[tuple[int, File]] = []  # prepared next files (guarded by _cond)
+        self._preparing = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed_files: list[int] = []  # sealed by the sync thread since start (guarded by _cond)
@@ -253,29 +268,27 @@ class Journal:
         )
 
     def _scan(self, f: File, seq: int, offset: int, size: int) -> Iterator[ReplayedRecord]:
+        """Valid batches from `offset` on; stops at the first that fails its check (the end of the log)."""
         chunk = b""
         chunk_at = offset
-        while offset + REC_HEADER_SIZE <= size:
-            # read in large chunks; a record that straddles a chunk boundary triggers a re-read
+        while offset + BATCH_HEADER_SIZE <= size:
             rel = offset - chunk_at
-            if rel + REC_HEADER_SIZE > len(chunk):
-                chunk, chunk_at, rel = f.pread(max(1 << 20, REC_HEADER_SIZE), offset), offset, 0
-                if len(chunk) < REC_HEADER_SIZE:
-                    return
-            crc, length, rtype = _REC_HEADER.unpack_from(chunk, rel)
-            if length > MAX_RECORD_BYTES or offset + REC_HEADER_SIZE + length > size:
+            if rel + BATCH_HEADER_SIZE > len(chunk):
+                chunk, chunk_at, rel = f.pread(1 << 20, offset), offset, 0
+            crc, length = _BATCH_HEADER.unpack_from(chunk, rel)
+            if length == 0 or length > MAX_BATCH_BYTES or offset + BATCH_HEADER_SIZE + length > size:
                 return
-            end = rel + REC_HEADER_SIZE + length
+            end = rel + BATCH_HEADER_SIZE + length
             if end > len(chunk):
-                chunk, chunk_at, rel = f.pread(max(1 << 20, REC_HEADER_SIZE + length), offset), offset, 0
-                end = REC_HEADER_SIZE + length
+                chunk, chunk_at, rel = f.pread(max(1 << 20, BATCH_HEADER_SIZE + length), offset), offset, 0
+                end = BATCH_HEADER_SIZE + length
                 if end > len(chunk):
                     return
-            payload = chunk[rel + REC_HEADER_SIZE : end]
-            if rtype not in _VALID_TYPES or crc != _record_crc(seq, length, rtype, payload):
+            data = memoryview(chunk)[rel + BATCH_HEADER_SIZE : end]
+            if crc != crc32c.crc32c(data, crc32c.crc32c(_SALT.pack(seq, length))):
                 return
-            offset += REC_HEADER_SIZE + length
-            yield ReplayedRecord(RecordType(rtype), payload, JournalPosition(seq, offset))
+            offset += BATCH_HEADER_SIZE + length
+            yield from _records(data, JournalPosition(seq, offset))
 
     def _seal_tail(self) -> None:
         """Cut every unsealed file at its last valid record and append ROLL, durably, before new writes."""
@@ -290,7 +303,7 @@ class Journal:
                     seg.valid_end = HEADER_SIZE
                 else:
                     f.truncate(seg.valid_end)  # the torn tail, and anything stale after it, is gone
-                roll = encode_record(seg.seq, RecordType.ROLL, b"")
+                roll = encode_batch(seg.seq, encode_record(RecordType.ROLL, b""))
                 f.pwrite(roll, seg.valid_end)
                 f.fdatasync()
                 log.info("journal %s: sealed at offset %d", self._path(seg.seq), seg.valid_end)
@@ -306,8 +319,7 @@ class Journal:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open a fresh file and start the sync thread. Call after `replay`."""
         self._loop = loop
-        self._file_seq, self._file = self._prepare_file(self._next_seq)
-        self._next_seq += 1
+        self._file_seq, self._file = self._prepare_file(self._reserve_seq())
         self._offset = HEADER_SIZE
         if not self.sync:
             log.warning(
@@ -316,6 +328,7 @@ class Journal:
             )
         self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
         self._thread.start()
+        self._start_preparing()
 
     def _prepare_file(self, seq: int) -> tuple[int, File]:
         """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop."""
@@ -355,10 +368,11 @@ class Journal:
     def append(self, rtype: RecordType, payload: bytes | memoryview, callback: Callback | None) -> None:
         """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure.
 
-        Called only from the loop thread. The record's salt is filled in by the sync thread, which alone
-        knows the file it lands in, so the buffer holds records with a placeholder CRC until then.
+        Called only from the loop thread. The record's own CRC is computed here; the batch CRC (salted with
+        the file it lands in, which only the sync thread knows) is computed when the batch is written.
         """
         n = len(payload)
+        header = _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype)
         with self._cond:
             if self._failed is not None or self._closing:
                 err = self._failed or JournalError("journal is closed")
@@ -368,7 +382,7 @@ class Journal:
             buf = self._buf
             if not buf:
                 self._first_append_s = time.monotonic()
-            buf += _REC_HEADER.pack(0, n, rtype)
+            buf += header
             buf += payload
             if callback is not None:
                 self._waiters.append((len(buf), callback))
@@ -376,7 +390,10 @@ class Journal:
                 self._cond.notify()
 
     def mark(self, callback: MarkCallback) -> None:
-        """Report the exact journal position after every record appended so far (for checkpoints)."""
+        """Report the journal position after every record appended so far, once those are durable.
+
+        The sync thread ends a batch at a mark, so the position falls between batches, where replay can
+        start (checkpoints) -- and it is a barrier: everything before it is synced (FORCE_LEDGER)."""
         with self._cond:
             if self._failed is not None or self._closing:
                 self._loop.call_soon(callback, None, self._failed or JournalError("journal is closed"))  # type: ignore[union-attr]
@@ -443,27 +460,31 @@ class Journal:
                     self._thread_waiting = False
             if not self._buf and not self._marks:
                 return None  # closing with nothing left
-            if len(self._buf) <= self.max_batch_bytes:
-                batch = _Batch(self._buf, [cb for _, cb in self._waiters], self._marks)
+            if not self._marks and len(self._buf) <= self.max_batch_bytes:
+                batch = _Batch(self._buf, [cb for _, cb in self._waiters], [])
                 self._buf = bytearray()
                 self._waiters = []
-                self._marks = []
                 return batch
             return self._split_batch()
 
     def _split_batch(self) -> _Batch:
-        """Take whole records up to max_batch_bytes (at least one) from the front of the buffer (under _cond).
+        """Take whole records from the front of the buffer (under _cond): up to the first mark, and at most
+        max_batch_bytes (but at least one record).
 
         Bounding a batch bounds one sync's latency and lets rolling keep every file near its preallocated
-        size (a batch never straddles files)."""
+        size (a batch never straddles files); ending a batch at a mark puts the mark between batches."""
         buf = self._buf
-        cut = 0
-        while cut < len(buf):
-            length = _REC_HEADER.unpack_from(buf, cut)[1]
-            nxt = cut + REC_HEADER_SIZE + length
-            if cut > 0 and nxt > self.max_batch_bytes:
-                break
-            cut = nxt
+        limit = self._marks[0][0] if self._marks else len(buf)
+        if limit <= self.max_batch_bytes:
+            cut = limit
+        else:
+            cut = 0
+            while cut < limit:
+                length = _REC_HEADER.unpack_from(buf, cut)[1]
+                nxt = cut + REC_HEADER_SIZE + length
+                if cut > 0 and nxt > self.max_batch_bytes:
+                    break
+                cut = nxt
         n_waiters = 0
         while n_waiters < len(self._waiters) and self._waiters[n_waiters][0] <= cut:
             n_waiters += 1
@@ -478,72 +499,69 @@ class Journal:
             self._first_append_s = 0.0  # what is left waited long enough already: no extra group wait
         return batch
 
-    def _salt(self, data: bytearray, seq: int) -> None:
-        """Fill in each record's CRC now that its file (the CRC salt) is known."""
-        view = memoryview(data)
-        off = 0
-        end = len(data)
-        salt_crc = crc32c.crc32c(_SEQ.pack(seq))
-        while off < end:
-            _, length, _ = _REC_HEADER.unpack_from(data, off)
-            body = view[off + REC_HEADER_SIZE : off + REC_HEADER_SIZE + length]
-            crc = crc32c.crc32c(body, crc32c.crc32c(data[off + 4 : off + REC_HEADER_SIZE], salt_crc))
-            struct.pack_into(">I", data, off, crc)
-            off += REC_HEADER_SIZE + length
-
     def _write(self, batch: _Batch) -> None:
         data = batch.data
-        if (
-            data
-            and self._offset + len(data) + REC_HEADER_SIZE > self.file_size_bytes
-            and (self._offset > HEADER_SIZE)
-        ):
+        size = BATCH_HEADER_SIZE + len(data)
+        if data and self._offset + size + _ROLL_BYTES > self.file_size_bytes and self._offset > HEADER_SIZE:
             self._roll()
         f = self._file
         assert f is not None
-        start = self._offset
         if data:
-            self._salt(data, self._file_seq)
-            f.pwrite(data, start)
+            f.pwrite(encode_batch(self._file_seq, data), self._offset)
             if self.sync:
                 f.fdatasync()
-            self._offset += len(data)
-            self.bytes_written += len(data)
+            self._offset += size
+            self.bytes_written += size
         self.batches_synced += 1
-        marks = [(JournalPosition(self._file_seq, start + rel), cb) for rel, cb in batch.marks]
+        # Marks all sit at the end of this batch (see _split_batch).
+        pos = JournalPosition(self._file_seq, self._offset)
+        marks = [(pos, cb) for _, cb in batch.marks]
         assert self._loop is not None
         self._loop.call_soon_threadsafe(self._complete, batch.waiters, marks)
 
     def _roll(self) -> None:
         f = self._file
         assert f is not None
-        roll = encode_record(self._file_seq, RecordType.ROLL, b"")
-        f.pwrite(roll, self._offset)
+        f.pwrite(encode_batch(self._file_seq, encode_record(RecordType.ROLL, b"")), self._offset)
         f.fdatasync()  # the ROLL must be durable before the next file holds anything (replay rule)
         f.close()
         with self._cond:
             self._closed_files.append(self._file_seq)
-        if self._next_file is None:
-            self._next_file = self._prepare_file(self._next_seq)
-            self._next_seq += 1
-        self._file_seq, self._file = self._next_file
-        self._next_file = None
+            while not self._ready and self._preparing:
+                self._cond.wait()
+            ready = self._ready.pop(0) if self._ready else None
+        if ready is None:  # the background preparation failed: do it here
+            ready = self._prepare_file(self._reserve_seq())
+        self._file_seq, self._file = ready
         self._offset = HEADER_SIZE
-        # prepare the following file now, so the next roll does not zero 64 MiB on the sync path
+        self._start_preparing()
+
+    def _reserve_seq(self) -> int:
+        with self._cond:
+            seq = self._next_seq
+            self._next_seq += 1
+            return seq
+
+    def _start_preparing(self) -> None:
+        """Prepare the next file in the background, so a roll does not zero a file on the sync path."""
+        with self._cond:
+            if self._preparing or self._ready or self._closing:
+                return
+            self._preparing = True
         threading.Thread(target=self._prepare_next, name="ql-journal-prealloc", daemon=True).start()
 
     def _prepare_next(self) -> None:
+        ready = None
         try:
-            seq = self._next_seq
-            prepared = self._prepare_file(seq)
-            with self._cond:
-                if self._next_file is None and self._next_seq == seq:
-                    self._next_seq += 1
-                    self._next_file = prepared
-                    return
-            prepared[1].close()
+            ready = self._prepare_file(self._reserve_seq())
         except BaseException:
-            log.exception("journal: preparing the next file failed (will retry at the next roll)")
+            log.exception("journal: preparing the next file failed (the next roll will retry)")
+        finally:
+            with self._cond:
+                if ready is not None:
+                    self._ready.append(ready)
+                self._preparing = False
+                self._cond.notify_all()
 
     def _complete(self, waiters: list[Callback], marks: list[tuple[JournalPosition, MarkCallback]]) -> None:
         for cb in waiters:
@@ -581,9 +599,36 @@ class Journal:
         if self._file is not None:
             self._file.close()
             self._file = None
-        if self._next_file is not None:
-            self._next_file[1].close()
-            self._next_file = None
+        with self._cond:
+            while self._preparing:
+                self._cond.wait()
+            for _, f in self._ready:
+                f.close()
+            self._ready = []
 
 
 _VALID_TYPES = frozenset(int(t) for t in RecordType)
+_ROLL_BYTES = BATCH_HEADER_SIZE + REC_HEADER_SIZE
+
+
+def _records(data: memoryview, end: JournalPosition) -> Iterator[ReplayedRecord]:
+    """The records of a batch that passed its check. A record failing its own check is corruption."""
+    off = 0
+    n = len(data)
+    while off < n:
+        if off + REC_HEADER_SIZE > n:
+            raise JournalCorruptError(f"journal batch ending at {end}: record header cut at {off}")
+        crc, length, rtype = _REC_HEADER.unpack_from(data, off)
+        stop = off + REC_HEADER_SIZE + length
+        payload = bytes(data[off + REC_HEADER_SIZE : stop])
+        if (
+            stop > n
+            or rtype not in _VALID_TYPES
+            or crc != crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(length, rtype)))
+        ):
+            raise JournalCorruptError(
+                f"journal batch ending at {end} passed its checksum but record at {off} did not: "
+                "the journal is corrupt (or was written by incompatible software)"
+            )
+        off = stop
+        yield ReplayedRecord(RecordType(rtype), payload, end, off == n)

@@ -14,7 +14,6 @@ import pytest
 
 from quorumlog.bookie.journal import (
     HEADER_SIZE,
-    REC_HEADER_SIZE,
     Journal,
     JournalCorruptError,
     JournalPosition,
@@ -105,9 +104,13 @@ async def _sync_violations(tmp_path: str, *, sync: bool) -> int:
     where = {}
     for rec in journal(OsEnv(), d).replay(None):
         if rec.rtype == RecordType.ADD:
+            # position = the end of the record's batch, which is written with one pwrite
             path = os.path.join(d, f"{rec.position.seq:016x}.jnl")
-            start = rec.position.offset - REC_HEADER_SIZE - len(rec.payload)
-            where[struct.unpack(">q", rec.payload[:8])[0]] = (path, start, rec.position.offset)
+            where[struct.unpack(">q", rec.payload[:8])[0]] = (
+                path,
+                rec.position.offset - 1,
+                rec.position.offset,
+            )
     assert len(where) == 400
     # A record is durable at its acknowledgement if the last write touching its bytes was followed by a
     # sync of that file before the acknowledgement.
@@ -153,6 +156,18 @@ class _AckCounter:
                     self.done.set()
 
         return on_ack
+
+
+def _end_of_batches(path: str) -> int:
+    """Offset after the last batch of a journal file (walking batch headers, without checking CRCs)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    off = HEADER_SIZE
+    while True:
+        (n,) = struct.unpack_from(">I", raw, off + 4)
+        if n == 0:
+            return off
+        off += 8 + n
 
 
 def overwrite(path: str, offset: int, data: bytes, *, size: int | None = None) -> None:
@@ -207,21 +222,22 @@ async def test_torn_and_garbled_tail_is_cut_and_the_journal_continues(tmp_path: 
     replayed(j)
     j.start(asyncio.get_running_loop())
     data = [payload(i) for i in range(50)]
-    await append_all(j, data)
+    await append_all(j, data[:40])
+    await append_all(j, data[40:])  # a second batch: the one that will be torn
     await asyncio.to_thread(j.close)
-    (name,) = [n for n in os.listdir(d) if n.endswith(".jnl")]
+    name = sorted(n for n in os.listdir(d) if n.endswith(".jnl"))[0]
     path = os.path.join(d, name)
-    end = HEADER_SIZE + sum(9 + len(p) for p in data)
-    # Tear the last record in half, then put garbage that looks like a record header after it.
+    end = _end_of_batches(path)
+    # Tear the last batch in its middle, and leave garbage after it.
     overwrite(path, end - len(data[-1]) // 2, b"\xff" * 40, size=end + 4096)
     j2 = journal(env, d, file_size_bytes=1 << 20)
-    assert replayed(j2) == data[:-1]
+    assert replayed(j2) == data[:40]
     assert os.stat(path).st_size < end  # cut at the last valid record (then sealed)
     j2.start(asyncio.get_running_loop())
     more = [payload(1000 + i) for i in range(10)]
     await append_all(j2, more)
     await asyncio.to_thread(j2.close)
-    assert replayed(journal(env, d, file_size_bytes=1 << 20)) == data[:-1] + more
+    assert replayed(journal(env, d, file_size_bytes=1 << 20)) == data[:40] + more
 
 
 async def test_damage_before_later_records_refuses_to_replay(tmp_path: str) -> None:
