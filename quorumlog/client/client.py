@@ -20,7 +20,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.add_tracker import OUTSTANDING_ADDS_MAX_DEFAULT, EnsembleChangeMode
 from quorumlog.client.bookie_client import BookieClient
@@ -45,6 +45,10 @@ from quorumlog.proto.messages import ProtocolVersion
 __all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
 
 log = logging.getLogger("quorumlog.client")
+
+
+if TYPE_CHECKING:
+    from quorumlog.stream.log import Namespace
 
 
 @dataclass(frozen=True)
@@ -309,6 +313,14 @@ class Client:
     async def get_ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         self._check_open()
         return (await self.ledger_manager.read(ledger_id)).value
+
+    def namespace(self, name: str) -> Namespace:
+        """The stream API (API.md "Python: streams"): named logs made of ledger segments."""
+        from quorumlog.stream.log import Namespace
+        from quorumlog.stream.log_store import LogStore
+
+        self._check_open()
+        return Namespace(self, name, LogStore(self.store))
 
     # --- life cycle --------------------------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class _Segment:
     handle: Any  # the ledger WriteHandle
     opened_s: float
     records: int = 0
+    pushed_bytes: int = 0  # sent to the ledger, acknowledged or not: what rolling is decided on
     min_ts: int | None = None
     max_ts: int | None = None
 
@@ -410,7 +411,7 @@ class LogWriter:
         seg = self._segment
         assert seg is not None and self._md is not None
         settings = self._md.value.settings
-        if seg.handle.length >= settings.roll_bytes:
+        if seg.pushed_bytes >= settings.roll_bytes:
             return True
         age = self._env.clock.monotonic_s() - seg.opened_s
         return settings.roll_age_s > 0 and age >= settings.roll_age_s and seg.records > 0
@@ -429,7 +430,9 @@ class LogWriter:
         seg = self._segment
         assert seg is not None
         first_record = seg.records
-        entry_fut = seg.handle.append(encode_batch(batch.records, first_record))
+        payload = encode_batch(batch.records, first_record)
+        entry_fut = seg.handle.append(payload)
+        seg.pushed_bytes += len(payload)
         entry_id = seg.handle.last_add_pushed
         seq = seg.info.seq
         seg.records += len(batch.records)
