@@ -33,7 +33,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
-from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType
+from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType, encode_record
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import Env, default_env
 from quorumlog.proto import messages as m
@@ -133,7 +133,7 @@ class Bookie:
                 lid, eid = _IDS.unpack_from(p)
                 if self.book.get(lid) is None:
                     self.book.replay_master_key(lid, b"")  # (only if the MASTER_KEY record was lost)
-                self.storage.put(lid, eid, p)
+                self.storage.put(lid, eid, encode_record(RecordType.ADD, p))
                 self.book.record_add(lid, eid, p)
                 if rec.last_in_batch and not self.storage.has_room(0):
                     cache = self.storage.begin_flush()
@@ -299,8 +299,9 @@ class Bookie:
                 self._storage_failed(exc)
                 reply(m.AddResponse(StatusCode.EIO, lid, eid, txn))
 
-        journal.append(RecordType.ADD, body, durable)
-        self.storage.put(lid, eid, body)
+        record = encode_record(RecordType.ADD, body)
+        journal.append_record(record, durable)
+        self.storage.put(lid, eid, record)
         if self.book.record_add(lid, eid, body):
             self._wake(lid)
         if self.storage.wants_flush():

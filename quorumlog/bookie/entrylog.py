@@ -6,9 +6,11 @@ Rules it keeps:
 - A checkpoint writes one sorted batch with one pwrite and syncs it (data, then the directory when the file is
   new) *before* the index that points into it is committed: an index entry never points at bytes that might
   not be on disk.
-- Each record is `u32 length | u32 crc32c | i64 ledgerId | i64 entryId | entry bytes`; the CRC covers the ids
-  and the bytes. A read checks the CRC and the ids, and reports a mismatch as `CorruptEntryError`
-  (EIO to clients), never as a missing entry.
+- A stored entry is the journal's ADD record, byte for byte: `u32 crc32c(length, type, entry) | u32 length |
+  u8 type | entry`, where the entry starts with its ledgerId and entryId. The CRC is computed once, when the
+  add arrives, and travels with the bytes through the write cache into the log, so a checkpoint computes no
+  checksums. A read checks the CRC and the ids, and reports a mismatch as `CorruptEntryError` (EIO to
+  clients), never as a missing entry.
 - Logs roll by size. After a restart writing continues in a new log, so a torn tail of an old log (bytes no
   index entry points to) is never appended to.
 """
@@ -18,42 +20,21 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import crc32c
 
+from quorumlog.bookie.journal import REC_HEADER_SIZE, RecordType
 from quorumlog.env import Env, File
 
-_REC = struct.Struct(">IIqq")  # payload length, crc32c(ids + payload), ledgerId, entryId
-REC_HEADER_SIZE = _REC.size
+_REC = struct.Struct(">IIB")  # the journal record header: crc32c, entry length, type
+_LEN_TYPE = struct.Struct(">IB")
 _IDS = struct.Struct(">qq")
-_LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
+LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
+_ADD = int(RecordType.ADD)
 
 
 class CorruptEntryError(Exception):
     """Stored bytes failed their checksum (or are not the entry the index says they are)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    log_id: int
-    offset: int
-    length: int
-
-    def pack(self) -> bytes:
-        return _LOCATION.pack(self.log_id, self.offset, self.length)
-
-    @staticmethod
-    def unpack(raw: bytes) -> Location:
-        if len(raw) != _LOCATION.size:
-            raise CorruptEntryError(f"index value of {len(raw)} bytes is not a location")
-        return Location(*_LOCATION.unpack(raw))
-
-
-def encode_record(ledger_id: int, entry_id: int, data: bytes) -> bytes:
-    ids = _IDS.pack(ledger_id, entry_id)
-    return _REC.pack(len(data), crc32c.crc32c(data, crc32c.crc32c(ids)), ledger_id, entry_id) + data
 
 
 def _log_name(log_id: int) -> str:
@@ -79,22 +60,23 @@ class EntryLogs:
     def _path(self, log_id: int) -> str:
         return os.path.join(self.directory, _log_name(log_id))
 
-    def write_batch(self, records: list[tuple[int, int, bytes]]) -> list[Location]:
-        """Append `(ledgerId, entryId, data)` records durably; return where each landed. Blocking."""
+    def write_batch(self, records: list[bytes]) -> list[bytes]:
+        """Append encoded records durably; return each one's packed location (`LOCATION`). Blocking."""
         if self._current is None or self._current_size >= self.log_size_bytes:
             self._roll()
         assert self._current is not None
-        buf = bytearray()
-        locations = []
         base = self._current_size
         log_id = self._current_id
-        for ledger_id, entry_id, data in records:
-            rec = encode_record(ledger_id, entry_id, data)
-            locations.append(Location(log_id, base + len(buf), len(rec)))
-            buf += rec
-        self._current.pwrite(buf, base)
+        locations = []
+        pack = LOCATION.pack
+        off = base
+        for rec in records:
+            n = len(rec)
+            locations.append(pack(log_id, off, n))
+            off += n
+        self._current.pwrite(b"".join(records), base)
         self._current.fdatasync()
-        self._current_size += len(buf)
+        self._current_size = off
         return locations
 
     def _roll(self) -> None:
@@ -120,22 +102,20 @@ class EntryLogs:
                     self._readers[log_id] = f
         return f
 
-    def read(self, ledger_id: int, entry_id: int, loc: Location) -> bytes:
-        """The entry stored at `loc`, checked against its CRC and ids."""
-        raw = self._reader(loc.log_id).pread(loc.length, loc.offset)
-        for lid, eid, data in parse_records(raw, loc.log_id, loc.offset):
-            if (lid, eid) != (ledger_id, entry_id):
-                raise CorruptEntryError(
-                    f"entry log {loc.log_id} offset {loc.offset} holds {lid}/{eid}, "
-                    f"the index says {ledger_id}/{entry_id}"
-                )
-            return data
-        raise CorruptEntryError(f"entry log {loc.log_id} offset {loc.offset}: no record")
-
-    def read_ahead(self, loc: Location, size_bytes: int) -> list[tuple[int, int, bytes]]:
-        """Records that start at `loc` and fit in `size_bytes` (at least the first one), CRC-checked."""
-        raw = self._reader(loc.log_id).pread(max(size_bytes, loc.length), loc.offset)
-        return list(parse_records(raw, loc.log_id, loc.offset))
+    def read(self, ledger_id: int, entry_id: int, location: bytes, read_ahead_bytes: int = 0) -> list[bytes]:
+        """The entry at `location` (checked against its CRC and ids), then -- with read-ahead -- the entries
+        that follow it in the log, while they are complete and valid."""
+        if len(location) != LOCATION.size:
+            raise CorruptEntryError(f"index value of {len(location)} bytes is not a location")
+        log_id, offset, length = LOCATION.unpack(location)
+        raw = self._reader(log_id).pread(max(length, read_ahead_bytes), offset)
+        entries = parse_entries(raw, log_id, offset)
+        if _IDS.unpack_from(entries[0]) != (ledger_id, entry_id):
+            lid, eid = _IDS.unpack_from(entries[0])
+            raise CorruptEntryError(
+                f"entry log {log_id} offset {offset} holds {lid}/{eid}, the index says {ledger_id}/{entry_id}"
+            )
+        return entries
 
     def close(self) -> None:
         with self._lock:
@@ -147,26 +127,33 @@ class EntryLogs:
             self._current = None
 
 
-def parse_records(raw: bytes, log_id: int, offset: int) -> Iterator[tuple[int, int, bytes]]:
-    """Parse consecutive records; the first must be complete and valid, else corruption.
+def parse_entries(raw: bytes, log_id: int, offset: int) -> list[bytes]:
+    """Entries of consecutive records; the first must be complete and valid, else `CorruptEntryError`.
 
     The first record is the one a reader asked for: a bad CRC there is always corruption. Later records are
     read-ahead; parsing stops quietly at the first partial or bad one (it may be a torn tail that no index
     entry points to) -- an entry that is asked for later is read and checked on its own.
     """
+    out: list[bytes] = []
     pos = 0
     view = memoryview(raw)
-    while pos + REC_HEADER_SIZE <= len(raw):
-        length, crc, lid, eid = _REC.unpack_from(raw, pos)
+    n = len(raw)
+    while pos + REC_HEADER_SIZE <= n:
+        crc, length, rtype = _REC.unpack_from(raw, pos)
         end = pos + REC_HEADER_SIZE + length
-        if end > len(raw):
+        if end > n:
             break
         data = bytes(view[pos + REC_HEADER_SIZE : end])
-        if crc != crc32c.crc32c(data, crc32c.crc32c(_IDS.pack(lid, eid))):
-            if pos > 0:
+        if (
+            rtype != _ADD
+            or length < 16
+            or crc != crc32c.crc32c(data, crc32c.crc32c(_LEN_TYPE.pack(length, rtype)))
+        ):
+            if out:
                 break
             raise CorruptEntryError(f"entry log {log_id} offset {offset + pos}: checksum mismatch")
-        yield lid, eid, data
+        out.append(data)
         pos = end
-    if pos == 0:
+    if not out:
         raise CorruptEntryError(f"entry log {log_id} offset {offset}: truncated record")
+    return out

@@ -1,7 +1,7 @@
 """The location index and per-ledger state, in LMDB (docs/BOOKIE.md explains the choice by measurement).
 
 What it owns: the LMDB environment `<ledger_dir>/index/` with three databases:
-- `loc`:    key `>qq` (ledgerId, entryId) -> `Location` (log id, offset, length). Big-endian keys sort by
+- `loc`:    key `>qq` (ledgerId, entryId) -> location `>IQI` (log id, offset, length). Big-endian keys sort by
             ledger then entry, so "last entry of a ledger" and "entries of a ledger" are cursor range scans.
 - `ledger`: key `>q` ledgerId -> `LedgerState.to_bytes()` (master key, fenced, LAC, explicit LAC).
 - `meta`:   `checkpoint` -> the journal position up to which everything is in entry logs and this index.
@@ -33,10 +33,6 @@ _MAX_ENTRY = (1 << 63) - 1
 
 class IndexError_(Exception):
     """The index store failed; stored data cannot be trusted for this request."""
-
-
-def location_key(ledger_id: int, entry_id: int) -> bytes:
-    return _KEY.pack(ledger_id, entry_id)
 
 
 class LedgerIndex:

@@ -174,7 +174,8 @@ class Journal:
         self._segments: list[_Segment] = []
         self._next_seq = 1
         # shared with the sync thread, guarded by _cond
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()  # taken directly on the hot path (cheaper than the Condition's wrapper)
+        self._cond = threading.Condition(self._lock)
         self._buf = bytearray()
         self._waiters: list[tuple[int, Callback]] = []  # (end of the record in _buf, callback)
         self._marks: list[tuple[int, MarkCallback]] = []
@@ -366,14 +367,16 @@ class Journal:
         return self._failed
 
     def append(self, rtype: RecordType, payload: bytes | memoryview, callback: Callback | None) -> None:
-        """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure.
+        """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure."""
+        self.append_record(encode_record(rtype, payload), callback)
 
-        Called only from the loop thread. The record's own CRC is computed here; the batch CRC (salted with
-        the file it lands in, which only the sync thread knows) is computed when the batch is written.
-        """
-        n = len(payload)
-        header = _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype)
-        with self._cond:
+    def append_record(self, record: bytes, callback: Callback | None) -> None:
+        """`append` for a record already encoded with `encode_record` (the add path keeps the bytes: they are
+        also what the write cache and the entry log store). Called only from the loop thread.
+
+        The record carries its own CRC; the batch CRC (salted with the file it lands in, which only the sync
+        thread knows) is computed when the batch is written."""
+        with self._lock:
             if self._failed is not None or self._closing:
                 err = self._failed or JournalError("journal is closed")
                 if callback is not None:
@@ -382,8 +385,7 @@ class Journal:
             buf = self._buf
             if not buf:
                 self._first_append_s = time.monotonic()
-            buf += header
-            buf += payload
+            buf += record
             if callback is not None:
                 self._waiters.append((len(buf), callback))
             if self._thread_waiting and len(buf) >= self._notify_at_bytes:

@@ -17,28 +17,31 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs, Location
-from quorumlog.bookie.index import LedgerIndex, location_key
-from quorumlog.bookie.journal import JournalPosition
+from quorumlog.bookie.entrylog import EntryLogs
+from quorumlog.bookie.index import LedgerIndex
+from quorumlog.bookie.journal import REC_HEADER_SIZE, JournalPosition
+
+_IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
 
 
 @dataclass
 class WriteCache:
-    """Entries not yet in an entry log, by (ledger, entry)."""
+    """Entries not yet in an entry log, by (ledger, entry), as encoded records (CRC header + entry)."""
 
     entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
     size_bytes: int = 0
 
-    def put(self, ledger_id: int, entry_id: int, body: bytes) -> None:
+    def put(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         key = (ledger_id, entry_id)
         old = self.entries.get(key)
         if old is not None:
             self.size_bytes -= len(old)
-        self.entries[key] = body
-        self.size_bytes += len(body)
+        self.entries[key] = record
+        self.size_bytes += len(record)
 
     def clear(self) -> None:
         self.entries = {}
@@ -92,8 +95,9 @@ class LedgerStorage:
 
     # --- loop thread -------------------------------------------------------------------------------------
 
-    def put(self, ledger_id: int, entry_id: int, body: bytes) -> None:
-        self.active.put(ledger_id, entry_id, body)
+    def put(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+        """Store an encoded ADD record (`journal.encode_record`): the bytes the entry log will hold."""
+        self.active.put(ledger_id, entry_id, record)
         self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
 
     def has_room(self, nbytes: int) -> bool:
@@ -103,31 +107,26 @@ class LedgerStorage:
         return self.active.size_bytes >= self.cache_half_bytes // 2
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """The entry, or None if it is not stored; `CorruptEntryError` / `IndexError_` if it cannot be read."""
         key = (ledger_id, entry_id)
-        data = self.active.entries.get(key)
-        if data is None:
-            data = self.flushing.entries.get(key)
-        if data is None:
-            data = self.read_cache.get(key)
+        rec = self.active.entries.get(key)
+        if rec is None:
+            rec = self.flushing.entries.get(key)
+        if rec is not None:
+            return rec[REC_HEADER_SIZE:]
+        data = self.read_cache.get(key)
         if data is not None:
             return data
-        raw = self.index.location(ledger_id, entry_id)
-        if raw is None:
+        location = self.index.location(ledger_id, entry_id)
+        if location is None:
             return None
-        loc = Location.unpack(raw)
-        if self.read_ahead_bytes <= loc.length:
-            return self.entry_logs.read(ledger_id, entry_id, loc)
-        records = self.entry_logs.read_ahead(loc, self.read_ahead_bytes)
-        lid, eid, data = records[0]
-        if (lid, eid) != key:
-            raise CorruptEntryError(
-                f"entry log {loc.log_id} offset {loc.offset} holds {lid}/{eid}, not {key}"
-            )
-        for rlid, reid, rdata in records[1:]:
-            if rlid != ledger_id:
+        entries = self.entry_logs.read(ledger_id, entry_id, location, self.read_ahead_bytes)
+        for body in entries[1:]:
+            lid, eid = _IDS.unpack_from(body)
+            if lid != ledger_id:
                 break  # checkpoints write ledgers contiguously: the rest belongs to other readers
-            self.read_cache.put((rlid, reid), rdata)
-        return data
+            self.read_cache.put((lid, eid), body)
+        return entries[0]
 
     def entries(self, ledger_id: int) -> list[int]:
         ids = set(self.index.entries(ledger_id))
@@ -159,16 +158,12 @@ class LedgerStorage:
     def flush(self, cache: WriteCache, states: dict[int, bytes], checkpoint: JournalPosition | None) -> None:
         """Write `cache` to an entry log and commit the index (blocking; runs off the loop)."""
         keys = sorted(cache.entries)
-        locations: list[Location] = []
+        locations: list[bytes] = []
         if keys:
-            locations = self.entry_logs.write_batch(
-                [(lid, eid, cache.entries[(lid, eid)]) for lid, eid in keys]
-            )
-        self.index.commit(
-            ((location_key(lid, eid), loc.pack()) for (lid, eid), loc in zip(keys, locations, strict=True)),
-            states,
-            checkpoint,
-        )
+            entries = cache.entries
+            locations = self.entry_logs.write_batch([entries[k] for k in keys])
+        pack = _IDS.pack
+        self.index.commit(zip([pack(*k) for k in keys], locations, strict=True), states, checkpoint)
 
     def close(self) -> None:
         self.entry_logs.close()
