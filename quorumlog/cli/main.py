@@ -27,12 +27,28 @@ def demo() -> None:
 
 
 from quorumlog.cli.bookie import bookie as _bookie  # noqa: E402
+from quorumlog.cli.shell import shell as _shell  # noqa: E402
+from quorumlog.cli.standalone import standalone as _standalone  # noqa: E402
 
 cli.add_command(_bookie)
+cli.add_command(_shell)
+cli.add_command(_standalone)
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(cli.main(args=argv, prog_name="quorumlog", standalone_mode=True))
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        sys.exit(cli.main(args=args, prog_name="quorumlog", standalone_mode=True))
+    except Exception as exc:
+        # Commands report their own failures (quorumlog.cli.common); this is the last line of defence
+        # against a bare traceback. --debug shows it.
+        if "--debug" in args:
+            raise
+        from quorumlog.cli.common import explain
+
+        err = explain(exc)
+        err.show()
+        sys.exit(err.exit_code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""What every `quorumlog` subcommand shares: turning failures into one clear line plus a hint, running
+async command bodies, and printing (rich for people, JSON for scripts).
+
+Rules kept here:
+- A failure prints `error: <what happened>` and `hint: <what to do>` on stderr and exits non-zero; a bare
+  traceback appears only with `quorumlog --debug`. Exit codes: 2 for bad arguments or settings (as click
+  does for usage errors), 1 for everything else, 130 after Ctrl-C.
+- Tables and progress go through rich; `--json` output is plain `json.dumps` on stdout and nothing else is
+  printed there, so scripts can parse it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from quorumlog.errors import (
+    BookieUnavailableError,
+    ConfigError,
+    DigestMismatchError,
+    InvalidArgumentError,
+    LedgerExistsError,
+    LedgerFencedError,
+    MetadataExistsError,
+    MetadataNotFoundError,
+    MetadataStoreError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    OperationTimeoutError,
+    QuorumLogError,
+    ReadBeyondLastAddConfirmedError,
+    UnauthorizedError,
+)
+
+T = TypeVar("T")
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliError(click.ClickException):
+    """A failure to report as one line plus a hint (no traceback)."""
+
+    def __init__(self, message: str, hint: str | None = None, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.hint = hint
+        vars(self)["exit_code"] = exit_code  # click reads it; a class attribute there, per error here
+
+    def show(self, file: Any = None) -> None:
+        err = sys.stderr if file is None else file
+        click.echo(f"error: {self.message}", file=err)
+        if self.hint:
+            click.echo(f"hint: {self.hint}", file=err)
+
+
+# Hints by error class, most specific first: what a person can do about it.
+_HINTS: list[tuple[type[BaseException], str]] = [
+    (
+        MetadataNotFoundError,
+        "is this the right metadata URI? A new cluster needs `quorumlog shell --metadata URI initnewcluster`",
+    ),
+    (MetadataExistsError, "the cluster (or node) already exists; `metaformat --force` wipes it"),
+    (
+        MetadataStoreError,
+        "is the metadata store running and reachable? check the URI (--metadata / $QUORUMLOG_METADATA)",
+    ),
+    (NoSuchLedgerError, "`quorumlog shell --metadata URI listledgers` lists the ledgers that exist"),
+    (NoSuchEntryError, "the entry is not stored on the bookies asked; check --first/--last"),
+    (ReadBeyondLastAddConfirmedError, "read up to the ledger's last add confirmed (omit --last)"),
+    (UnauthorizedError, "pass the ledger's password with --password"),
+    (DigestMismatchError, "the data or the digest type does not match the ledger's; check the password"),
+    (
+        NotEnoughBookiesError,
+        "start more bookies (`listbookies` shows the writable ones) or use a smaller ensemble",
+    ),
+    (BookieUnavailableError, "is the bookie running? `listbookies` shows which bookies are registered"),
+    (OperationTimeoutError, "the cluster is slow or a bookie is stuck; retry, or raise the timeout"),
+    (LedgerFencedError, "another client recovered this ledger; this writer can write no more"),
+    (LedgerExistsError, "choose another ledger id"),
+]
+
+
+def explain(exc: BaseException) -> CliError:
+    """The one-line report of an exception a command raised."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, ConfigError | InvalidArgumentError):
+        if "metadata URI" in str(exc):
+            hint = (
+                "metadata URIs look like file:///abs/dir, zk://host:2181/ledgers or etcd://host:2379/prefix"
+            )
+        else:
+            hint = "see `--help`, and docs/CONFIG.md for settings"
+        return CliError(str(exc), hint, EXIT_USAGE)
+    if isinstance(exc, QuorumLogError):
+        found = next((h for cls, h in _HINTS if isinstance(exc, cls)), None)
+        return CliError(f"{str(exc) or type(exc).__name__} ({type(exc).__name__})", found)
+    if isinstance(exc, OSError):
+        return CliError(str(exc), "check the path and its permissions")
+    return CliError(
+        f"unexpected {type(exc).__name__}: {exc}",
+        "run with `quorumlog --debug ...` for the traceback, and please report it",
+    )
+
+
+def quiet_logging(ctx: click.Context | None = None) -> None:
+    """Library log lines (kazoo's reconnect chatter, our retry warnings) stay out of a command's output;
+    with --debug they go to stderr."""
+    import logging
+
+    root = logging.getLogger()
+    if debug_enabled(ctx):
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    elif not root.handlers:
+        root.addHandler(logging.NullHandler())
+
+
+def debug_enabled(ctx: click.Context | None = None) -> bool:
+    ctx = ctx or click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    root = ctx.find_root()
+    return bool(root.obj and root.obj.get("debug"))
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine on the event loop; failures become `CliError`s (tracebacks with --debug)."""
+    from quorumlog.env import run
+
+    try:
+        return run(main)
+    except KeyboardInterrupt:
+        raise CliError("interrupted", None, EXIT_INTERRUPTED) from None
+    except (click.ClickException, click.exceptions.Exit, click.Abort):
+        raise
+    except Exception as exc:
+        if debug_enabled():
+            raise
+        raise explain(exc) from exc
+
+
+def fail(message: str, hint: str | None = None, exit_code: int = EXIT_FAILURE) -> NoReturn:
+    raise CliError(message, hint, exit_code)
+
+
+def usage(message: str, hint: str | None = None) -> NoReturn:
+    raise CliError(message, hint or "see `--help`", EXIT_USAGE)
+
+
+def config_errors(fn: Callable[[], T]) -> T:
+    """Call `fn`; a bad setting exits 2 with the message naming the key."""
+    try:
+        return fn()
+    except (ConfigError, InvalidArgumentError) as exc:
+        raise explain(exc) from exc
+
+
+# --- output ------------------------------------------------------------------------------------------------
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).hex()
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def stdin_is_interactive() -> bool:
+    return sys.stdin is not None and sys.stdin.isatty()

@@ -1,0 +1,417 @@
+"""Settings for every quorumlog component: one table per component of names, types, defaults, help texts and
+allowed ranges, read from a TOML file, `QUORUMLOG_<NAME>` environment variables and `--kebab-case` flags.
+
+What it owns:
+- `Setting` (one row) and `SettingsTable` (one component: `bookie`, `client`, `shell`, `standalone`).
+- Loading with one precedence everywhere: a flag beats an environment variable, which beats the TOML file,
+  which beats the default.
+- The error messages: every bad value raises `ConfigError` naming the key, the value, where it came from
+  and what is allowed (`port=70000 is out of range: allowed 0 .. 65535 (from --port)`).
+- `all_tables()`: what `scripts/gen_config_docs.py` turns into docs/CONFIG.md, so the documentation is
+  generated from these tables and cannot drift from them.
+
+The bookie's table lives with the bookie (`quorumlog.bookie.config.SETTINGS`); the client, shell and
+standalone tables live here. The client table names the keyword arguments of `Client.connect`
+(`client_connect_options` turns loaded values into them).
+
+A TOML file may hold one component's keys at top level, or several components as tables (`[bookie]`,
+`[client]`, `[shell]`, `[standalone]`); each component reads its own table.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quorumlog.errors import ConfigError
+
+__all__ = [
+    "CLIENT",
+    "SHELL",
+    "STANDALONE",
+    "Setting",
+    "SettingsTable",
+    "all_tables",
+    "check_value",
+    "client_connect_options",
+    "parse_text",
+    "read_toml",
+]
+
+ENV_PREFIX = "QUORUMLOG_"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting. `kind` is int, float, bool, str or list (of str); `low`/`high` bound numbers (inclusive);
+    `choices` lists the allowed values of a str setting."""
+
+    name: str
+    kind: type
+    default: Any
+    help: str
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def allowed(self) -> str:
+        """What values are allowed, in words (for error messages and docs)."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.low is not None and self.high is not None:
+            return f"{_num(self.low)} .. {_num(self.high)}"
+        if self.kind is bool:
+            return "true or false"
+        if self.kind is list:
+            return "a list of paths (comma-separated in flags and env vars)"
+        return f"any {self.kind.__name__}"
+
+
+def _num(x: float) -> str:
+    # 65536 rather than 6.5536e+04; large round powers of two stay readable too.
+    if float(x).is_integer():
+        return str(int(x))
+    return f"{x:g}"
+
+
+def check_value(s: Setting, value: Any, source: str) -> Any:
+    """`value` if it is valid for `s` (ints widen to float for float settings), else `ConfigError`."""
+    if s.kind is list:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{s.name}: expected a list of paths, got {value!r} ({source})")
+        return value
+    if s.kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    ok = isinstance(value, s.kind) and not (s.kind is int and isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"{s.name}: expected {s.kind.__name__}, got {value!r} ({source})")
+    if s.kind is float and math.isnan(value):
+        raise ConfigError(f"{s.name}: NaN is not a value; allowed {s.allowed()} ({source})")
+    if s.low is not None and s.high is not None and not (s.low <= value <= s.high):
+        raise ConfigError(f"{s.name}={value!r} is out of range: allowed {s.allowed()} ({source})")
+    if s.choices and value not in s.choices:
+        raise ConfigError(f"{s.name}={value!r} is not allowed: {s.allowed()} ({source})")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_text(s: Setting, text: str, source: str) -> Any:
+    """A setting's value from text (an env var or a flag); not yet range-checked."""
+    t = text.strip()
+    try:
+        if s.kind is bool:
+            if t.lower() in _TRUE:
+                return True
+            if t.lower() in _FALSE:
+                return False
+            raise ValueError
+        if s.kind is int:
+            return int(t.replace("_", ""), 0)
+        if s.kind is float:
+            return float(t)
+        if s.kind is list:
+            return [p for p in t.split(",") if p]
+    except ValueError:
+        raise ConfigError(
+            f"{s.name}: cannot parse {text!r} as {s.kind.__name__}; allowed {s.allowed()} ({source})"
+        ) from None
+    return t
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    """A TOML file's contents; unreadable or malformed files raise `ConfigError` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+SECTION_NAMES = ("bookie", "client", "shell", "standalone")
+
+
+@dataclass(frozen=True)
+class SettingsTable:
+    """One component's settings; `section` is its TOML table name."""
+
+    section: str
+    title: str
+    doc: str
+    settings: tuple[Setting, ...]
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.settings]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.section}: duplicate setting names")
+        for s in self.settings:
+            check_value(s, s.default, "default")
+
+    def get(self, name: str) -> Setting:
+        for s in self.settings:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.settings)
+
+    def defaults(self) -> dict[str, Any]:
+        return {s.name: s.default for s in self.settings}
+
+    def section_of(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
+        """This component's keys in a parsed TOML file (its own table, else the top level)."""
+        own = data.get(self.section)
+        if isinstance(own, dict):
+            return own
+        return {k: v for k, v in data.items() if not (k in SECTION_NAMES and isinstance(v, dict))}
+
+    def load(
+        self,
+        path: str | None = None,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        data: Mapping[str, Any] | None = None,
+        base: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Every setting's value: defaults < `base` (e.g. values remembered from an earlier run) < TOML file
+        (`path`, or already parsed `data`) < environment < `overrides` (typed values from flags; None means
+        "not given")."""
+        by_name = {s.name: s for s in self.settings}
+        values = self.defaults()
+        for key, value in (base or {}).items():
+            if key in by_name:
+                values[key] = check_value(by_name[key], value, "remembered value")
+        if path is not None and data is None:
+            data = read_toml(path)
+        if data is not None:
+            where = f"from {path}" if path else "from the config file"
+            for key, value in self.section_of(data).items():
+                s = by_name.get(key)
+                if s is None:
+                    raise ConfigError(
+                        f"{key}: unknown {self.section} setting ({where}); known: {', '.join(sorted(by_name))}"
+                    )
+                if s.kind is list and isinstance(value, str):
+                    value = [value]
+                values[key] = check_value(s, value, where)
+        env = os.environ if environ is None else environ
+        for s in self.settings:
+            if s.env_var in env:
+                where = f"from ${s.env_var}"
+                values[s.name] = check_value(s, parse_text(s, env[s.env_var], where), where)
+        for key, value in (overrides or {}).items():
+            if value is None:
+                continue
+            s = by_name.get(key)
+            if s is None:
+                raise ConfigError(f"{key}: unknown {self.section} setting")
+            values[key] = check_value(s, value, f"from {s.flag}")
+        return values
+
+    def parsers(self) -> dict[str, Callable[[str], Any]]:
+        """Text parsers by setting name, for command-line flags."""
+
+        def parser(s: Setting) -> Callable[[str], Any]:
+            return lambda text: parse_text(s, text, f"from {s.flag}")
+
+        return {s.name: parser(s) for s in self.settings}
+
+    def parse_flags(self, flags: Mapping[str, str | None]) -> dict[str, Any]:
+        """Typed overrides from raw flag texts (None: flag not given); `ConfigError` names a bad one."""
+        out: dict[str, Any] = {}
+        for name, text in flags.items():
+            if text is not None:
+                s = self.get(name)
+                out[name] = parse_text(s, text, f"from {s.flag}")
+        return out
+
+    def click_options(self, *, skip: Iterable[str] = ()) -> Callable[[Any], Any]:
+        """A decorator adding one `--kebab-case` option per setting (value None when not given)."""
+        import click  # the CLI's dependency; the rest of this module does without it
+
+        skipped = set(skip)
+
+        def decorate(fn: Any) -> Any:
+            for s in reversed(self.settings):
+                if s.name in skipped:
+                    continue
+                fn = click.option(
+                    s.flag,
+                    s.name,
+                    default=None,
+                    metavar=s.kind.__name__.upper() if not s.choices else "|".join(s.choices),
+                    help=f"{s.help} [env {s.env_var}; default {_show(s.default)}]",
+                )(fn)
+            return fn
+
+        return decorate
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return repr(value)
+
+
+# --- the client ----------------------------------------------------------------------------------------------
+
+CLIENT = SettingsTable(
+    "client",
+    "Client",
+    "Keyword arguments of `Client.connect(uri, ...)` (API.md); the shell reads them from flags, "
+    "`QUORUMLOG_*` variables or the `[client]` table of its `--config` file. 0 turns an interval or "
+    "timeout off.",
+    (
+        Setting(
+            "explicit_lac_interval_s",
+            float,
+            0.1,
+            "send the LAC to bookies this often while idle, so readers see the last entry",
+            0,
+            3600,
+        ),
+        Setting(
+            "add_timeout_s",
+            float,
+            5.0,
+            "a bookie silent this long on an add counts as failed (ensemble change)",
+            0,
+            3600,
+        ),
+        Setting(
+            "add_quorum_timeout_s",
+            float,
+            0.0,
+            "an entry without an ack quorum this long fails the writer (AddQuorumTimeoutError)",
+            0,
+            3600,
+        ),
+        Setting("read_timeout_s", float, 5.0, "timeout of each read, LAC read and recovery read", 0, 3600),
+        Setting(
+            "speculative_read_timeout_s",
+            float,
+            0.5,
+            "ask the next replica after this long without an answer",
+            0,
+            3600,
+        ),
+        Setting(
+            "ensemble_change",
+            str,
+            "immediate",
+            "what a writer does when a bookie fails",
+            choices=("immediate", "delayed", "disabled"),
+        ),
+        Setting(
+            "max_ensemble_changes",
+            int,
+            50,
+            "ensemble changes one write handle may make before it fails",
+            0,
+            1_000_000,
+        ),
+        Setting(
+            "placement",
+            str,
+            "random",
+            "how bookies are chosen for ensembles (rack/zone read the bookies' labels)",
+            choices=("random", "rack", "zone"),
+        ),
+        Setting(
+            "outstanding_adds_max",
+            int,
+            10_000,
+            "pending adds per write handle; append raises TooManyRequestsError beyond",
+            1,
+            10_000_000,
+        ),
+        Setting("protocol", str, "v3", "bookie wire protocol", choices=("v3", "v2")),
+    ),
+)
+
+
+def client_connect_options(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`Client.connect` keyword arguments from loaded client settings (only the client table's keys)."""
+    return {name: values[name] for name in CLIENT.names if name in values}
+
+
+# --- the shell ------------------------------------------------------------------------------------------------
+
+SHELL = SettingsTable(
+    "shell",
+    "Shell",
+    "`quorumlog shell` (flags go before the command: `quorumlog shell --metadata URI listbookies`). "
+    "Client settings apply to the commands that read or write ledgers.",
+    (
+        Setting("metadata", str, "", "metadata store URI (zk://, etcd://, file://); required"),
+        Setting(
+            "connect_timeout_s",
+            float,
+            5.0,
+            "give up on an unreachable metadata store after this long",
+            0.1,
+            600,
+        ),
+        Setting("op_timeout_s", float, 10.0, "longest one metadata operation may take", 0.1, 600),
+        Setting("bookie_timeout_s", float, 5.0, "timeout of direct bookie requests (listbookies)", 0.1, 600),
+    ),
+)
+
+
+# --- the standalone cluster -------------------------------------------------------------------------------------
+
+STANDALONE = SettingsTable(
+    "standalone",
+    "Standalone cluster",
+    "`quorumlog standalone`: an embedded metadata store and N bookies on one machine. The bookies are "
+    "`quorumlog bookie` processes with their default settings (docs/OPERATIONS.md).",
+    (
+        Setting("bookies", int, 3, "number of bookies", 1, 64),
+        Setting("data_dir", str, "./data", "directory for metadata and every bookie's data"),
+        Setting(
+            "metadata",
+            str,
+            "",
+            "metadata store URI; empty: the embedded store, file://<data_dir>/metadata",
+        ),
+        Setting("port_base", int, 3181, "first bookie port; bookie i listens on port_base + i", 1, 65535),
+        Setting("http_port", int, 8080, "admin HTTP API port (planned: not served yet)", 0, 65535),
+    ),
+)
+
+
+def all_tables() -> list[SettingsTable]:
+    """Every component's table, in the order docs/CONFIG.md lists them."""
+    from quorumlog.bookie.config import SETTINGS as BOOKIE_SETTINGS  # the bookie owns its table
+
+    bookie = SettingsTable(
+        "bookie",
+        "Bookie",
+        "`quorumlog bookie` (API.md); the `[bookie]` table or the top level of `--config bookie.toml`.",
+        tuple(
+            Setting(s.name, s.kind, s.default, s.help, s.low, s.high, getattr(s, "choices", ()))
+            for s in BOOKIE_SETTINGS
+        ),
+    )
+    return [bookie, CLIENT, SHELL, STANDALONE]

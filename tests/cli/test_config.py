@@ -1,0 +1,165 @@
+"""Settings (quorumlog.config; docs/CONFIG.md): one precedence everywhere (flag > env > file > default),
+every bad value is refused with a message naming its key and what is allowed, and docs/CONFIG.md is the
+generated text of the tables in the code."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from quorumlog.bookie.config import load_config
+from quorumlog.config import CLIENT, SHELL, STANDALONE, Setting, SettingsTable, all_tables
+from quorumlog.errors import ConfigError
+from tests.cli.helpers import ROOT, assert_clean_error, ql
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Any) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[client]\nadd_timeout_s = 1.5\nread_timeout_s = 2.5\nmax_ensemble_changes = 7\n")
+    env = {"QUORUMLOG_READ_TIMEOUT_S": "3.5", "QUORUMLOG_MAX_ENSEMBLE_CHANGES": "8"}
+    values = CLIENT.load(str(cfg), environ=env, overrides={"max_ensemble_changes": 9})
+    assert values["explicit_lac_interval_s"] == 0.1  # default
+    assert values["add_timeout_s"] == 1.5  # file
+    assert values["read_timeout_s"] == 3.5  # env over file
+    assert values["max_ensemble_changes"] == 9  # flag over env over file
+
+
+def test_bookie_config_keeps_the_same_precedence(tmp_path: Any) -> None:
+    cfg = tmp_path / "bookie.toml"
+    cfg.write_text('[bookie]\nport = 4000\nhost = "10.1.1.1"\njournal_max_wait_ms = 3\n')
+    c = load_config(
+        str(cfg), environ={"QUORUMLOG_PORT": "4001", "QUORUMLOG_HOST": "10.2.2.2"}, overrides={"port": 4002}
+    )
+    assert (c.port, c.host, c.journal_max_wait_ms) == (4002, "10.2.2.2", 3.0)
+
+
+def test_one_file_configures_several_components(tmp_path: Any) -> None:
+    cfg = tmp_path / "all.toml"
+    cfg.write_text('[bookie]\nport = 4100\n[client]\nplacement = "rack"\n[shell]\nop_timeout_s = 3\n')
+    assert load_config(str(cfg), environ={}).port == 4100
+    assert CLIENT.load(str(cfg), environ={})["placement"] == "rack"
+    assert SHELL.load(str(cfg), environ={})["op_timeout_s"] == 3.0
+    assert STANDALONE.load(str(cfg), environ={})["bookies"] == 3  # no [standalone] table: defaults
+
+
+def _bad_values(s: Setting) -> list[Any]:
+    """Values that must be refused for `s` (typed, as from a TOML file)."""
+    if s.kind is bool:
+        return ["yes please", 3]
+    if s.kind is list:
+        return [7, [1, 2]]
+    if s.kind is str:
+        return [5] + (["not-a-choice"] if s.choices else [])
+    bad: list[Any] = ["ten", True]
+    if s.low is not None and s.high is not None:
+        bad += [s.low - 1, s.high * 2 + 1]
+    if s.kind is float:
+        bad.append(float("nan"))
+    return bad
+
+
+TABLE_SETTINGS = [(t.section, s) for t in all_tables() for s in t.settings]
+
+
+@pytest.mark.parametrize(
+    ("section", "setting"), TABLE_SETTINGS, ids=[f"{t}.{s.name}" for t, s in TABLE_SETTINGS]
+)
+def test_every_bad_value_names_the_key(section: str, setting: Setting) -> None:
+    table = {t.section: t for t in all_tables()}[section]
+    for value in _bad_values(setting):
+        with pytest.raises(ConfigError) as err:
+            table.load(data={setting.name: value}, environ={})
+        assert setting.name in str(err.value), (value, str(err.value))
+        if setting.low is not None and not isinstance(value, str | bool):
+            assert "allowed" in str(err.value)
+    if setting.kind in (int, float, bool):
+        with pytest.raises(ConfigError) as err:
+            table.load(environ={setting.env_var: "garbage!"})
+        assert setting.name in str(err.value) and setting.env_var in str(err.value)
+
+
+def test_unknown_keys_are_refused_with_the_known_ones(tmp_path: Any) -> None:
+    cfg = tmp_path / "typo.toml"
+    cfg.write_text("[client]\nread_timout_s = 1\n")
+    with pytest.raises(ConfigError, match=r"read_timout_s.*known:.*read_timeout_s"):
+        CLIENT.load(str(cfg), environ={})
+
+
+def test_unreadable_and_malformed_files_name_the_file(tmp_path: Any) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        CLIENT.load(str(tmp_path / "missing.toml"), environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        CLIENT.load(str(bad), environ={})
+
+
+def test_text_parsing() -> None:
+    t = SettingsTable(
+        "x",
+        "X",
+        "",
+        (Setting("n", int, 1, "", 0, 1 << 30), Setting("b", bool, False, ""), Setting("l", list, [], "")),
+    )
+    env = {"QUORUMLOG_N": "64_000", "QUORUMLOG_B": "on", "QUORUMLOG_L": "/a,/b"}
+    assert t.load(environ=env) == {"n": 64000, "b": True, "l": ["/a", "/b"]}
+    assert t.load(environ={"QUORUMLOG_N": "0x10"})["n"] == 16
+
+
+def test_client_table_matches_client_connect() -> None:
+    """The client table documents Client.connect: same names, same defaults."""
+    from quorumlog.client.client import Client
+
+    params = inspect.signature(Client.connect).parameters
+    for s in CLIENT.settings:
+        assert s.name in params, f"{s.name} is not a Client.connect argument"
+        assert params[s.name].default == s.default, (s.name, params[s.name].default, s.default)
+    for name in (
+        "explicit_lac_interval_s",
+        "add_timeout_s",
+        "add_quorum_timeout_s",
+        "read_timeout_s",
+        "speculative_read_timeout_s",
+        "ensemble_change",
+        "max_ensemble_changes",
+        "placement",
+    ):
+        assert name in CLIENT.names
+
+
+def test_bookie_table_is_documented_whole() -> None:
+    from quorumlog.bookie.config import SETTINGS
+
+    bookie = next(t for t in all_tables() if t.section == "bookie")
+    assert bookie.names == tuple(s.name for s in SETTINGS)
+
+
+def test_docs_config_md_is_generated_from_the_code() -> None:
+    r = subprocess.run(
+        [sys.executable, "scripts/gen_config_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr + "\n(run: .venv/bin/python scripts/gen_config_docs.py)"
+    with open(f"{ROOT}/docs/CONFIG.md") as f:
+        text = f.read()
+    for t in all_tables():
+        for s in t.settings:
+            assert f"`{s.name}`" in text and s.env_var in text
+
+
+def test_cli_bad_values_exit_2_naming_the_key() -> None:
+    for args, key in (
+        (["standalone", "--bookies", "0"], "bookies"),
+        (["standalone", "--port-base", "70000"], "port_base"),
+        (["bookie", "--port", "70000"], "port"),
+        (["bookie", "--journal-sync", "maybe"], "journal_sync"),
+    ):
+        r = ql(*args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert key in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = ql("standalone", "--bookies", "0")
+    assert_clean_error(r, 2)
+    assert "allowed 1 .. 64" in r.stderr
