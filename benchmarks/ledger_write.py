@@ -18,6 +18,7 @@ import cProfile
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -33,7 +34,21 @@ def _quorum(spec: str) -> tuple[int, int, int]:
     return int(e), int(w), int(a)
 
 
-async def _one_case(client: Client, spec: str, outstanding: int, args: argparse.Namespace) -> dict[str, Any]:
+def _cpu_s(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds used so far by this process and by the bookie processes (user + system)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    tick = os.sysconf("SC_CLK_TCK")
+    bookies = 0.0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        bookies += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return own.ru_utime + own.ru_stime, bookies
+
+
+async def _one_case(
+    client: Client, spec: str, outstanding: int, args: argparse.Namespace, pids: list[int]
+) -> dict[str, Any]:
     e, w, a = _quorum(spec)
     handle = await client.create_ledger(e, w, a, password=b"bench")
     payload = os.urandom(args.entry_bytes)
@@ -68,9 +83,11 @@ async def _one_case(client: Client, spec: str, outstanding: int, args: argparse.
     await asyncio.sleep(args.warmup_s)
     state["measuring"] = True
     started = perf()
+    cpu_before = _cpu_s(pids)
     await asyncio.sleep(args.seconds)
     state["measuring"] = False
     elapsed = perf() - started
+    cpu_after = _cpu_s(pids)
     state["stop"] = True
     await finished
     await handle.close()
@@ -90,6 +107,9 @@ async def _one_case(client: Client, spec: str, outstanding: int, args: argparse.
         "p50_ms": pct(0.50),
         "p99_ms": pct(0.99),
         "max_ms": pct(1.0),
+        # Where the two cores went: CPU seconds per second of the measured interval.
+        "client_cpu": round((cpu_after[0] - cpu_before[0]) / elapsed, 2),
+        "bookies_cpu": round((cpu_after[1] - cpu_before[1]) / elapsed, 2),
     }
 
 
@@ -103,17 +123,18 @@ def _commit() -> str:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")]
     results = []
-    async with LocalCluster(3, processes=True, journal_sync=True) as cluster:
+    async with LocalCluster(3, processes=True, journal_sync=not args.no_sync) as cluster:
         for protocol in args.protocols.split(","):
             async with await Client.connect(cluster.uri, protocol=protocol) as client:
                 for spec, outstanding in cases:
-                    result = await _one_case(client, spec, outstanding, args)
+                    pids = [b.pid for b in cluster.bookies if b.pid is not None]
+                    result = await _one_case(client, spec, outstanding, args, pids)
                     print(json.dumps(result), file=sys.stderr, flush=True)
                     results.append(result)
     return {
         "benchmark": "ledger_write",
         "bookies": 3,
-        "journal_sync": True,
+        "journal_sync": not args.no_sync,
         "commit": _commit(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
@@ -131,6 +152,9 @@ if __name__ == "__main__":
     parser.add_argument("--entry-bytes", type=int, default=1024)
     parser.add_argument("--protocols", default="v3")
     parser.add_argument("--cases", default="E3W2A2:100,E3W2A2:1000,E1W1A1:1000")
+    parser.add_argument(
+        "--no-sync", action="store_true", help="diagnostics only: bookies without fsync (never report this)"
+    )
     parser.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
     ns = parser.parse_args()
     profiler = cProfile.Profile() if ns.profile else None

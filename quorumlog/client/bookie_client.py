@@ -6,7 +6,7 @@ asks for around the sans-IO codec (`quorumlog.proto.codec.ClientConnection`).
 
 Rules it keeps:
 - One connection per bookie in the chosen protocol version, v3 by default. v3 responses are matched by
-  `txn_id` (assigned here). v2 responses are matched by (opcode, ledger, entry) and may arrive out of order;
+  `txn_id` (assigned here, set in place on the request just before it is encoded). v2 responses are matched by (opcode, ledger, entry) and may arrive out of order;
   requests with the same key are answered first-in first-out. v2 cannot carry READ_LAC, WRITE_LAC,
   long-poll reads, FORCE_LEDGER or GET_BOOKIE_INFO, so in v2 mode those go over a second, v3 connection
   (as BookKeeper's v2 client does).
@@ -28,7 +28,6 @@ Rules it keeps:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
@@ -122,7 +121,10 @@ class _Connection(asyncio.Protocol):
                 f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
             )
         if self.version is ProtocolVersion.V3:
-            request = dataclasses.replace(request, txn_id=self._next_txn_id)
+            # The txn id is the transport's to assign: set it in place through the slot (a frozen message's
+            # `dataclasses.replace` cost more than encoding it). The frame is encoded right below, so a
+            # caller may reuse one request object for several bookies or sends.
+            _set_txn_id(request, self._next_txn_id)
             self._next_txn_id = self._next_txn_id + 1 if self._next_txn_id < _TXN_ID_MAX else 1
         key = self.codec.key(request)
         frame = self.codec.send(request)
@@ -381,6 +383,17 @@ class BookieClient:
     def _connection_failed(self, conn: _Connection) -> None:
         if self._conns.get(conn.version) is conn:
             del self._conns[conn.version]
+
+
+_TXN_SETTERS: dict[type, Callable[[object, int], None]] = {}
+
+
+def _set_txn_id(request: Request, txn_id: int) -> None:
+    cls = type(request)
+    setter = _TXN_SETTERS.get(cls)
+    if setter is None:
+        setter = _TXN_SETTERS[cls] = cls.__dict__["txn_id"].__set__
+    setter(request, txn_id)
 
 
 def _chain(inner: asyncio.Future[Response], outer: asyncio.Future[Response]) -> None:

@@ -694,18 +694,22 @@ class WriteHandle(LedgerHandle):
         return fut
 
     def _send_adds(self, actions: Sequence[SendAdd]) -> None:
+        req: AddRequest | None = None
         for action in actions:
             body = self._bodies.get(action.entry_id)
             if body is None:
                 continue  # completed or failed meanwhile
-            req = AddRequest(
-                self.ledger_id,
-                action.entry_id,
-                self._master_key,
-                body,
-                recovery=action.recovery,
-                write_flags=self._write_flags,
-            )
+            if req is None or req.entry_id != action.entry_id or req.recovery != action.recovery:
+                # One request object per entry, sent to each bookie of its write set (the connection sets
+                # its txn id just before encoding).
+                req = AddRequest(
+                    self.ledger_id,
+                    action.entry_id,
+                    self._master_key,
+                    body,
+                    action.recovery,
+                    self._write_flags,
+                )
             try:
                 fut = self._client.bookie(action.bookie_id).send(req, timeout_s=0)
             except QuorumLogError as e:
