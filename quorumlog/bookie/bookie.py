@@ -42,6 +42,9 @@ from quorumlog.proto.status import StatusCode
 log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
+_EOK = StatusCode.EOK
+_ADD = RecordType.ADD
+_AddResponse = m.AddResponse
 _IDS = struct.Struct(">qq")
 Reply = Callable[[Any], None]
 
@@ -269,42 +272,44 @@ class Bookie:
             reply(error_response(req, StatusCode.EIO))
 
     def _add(self, req: m.AddRequest, reply: Reply, unparking: bool = False) -> None:
+        # The hot path: every line here runs once per entry, so state is read into locals once.
         body = req.body
-        if len(body) < 32 or _IDS.unpack_from(body) != (req.ledger_id, req.entry_id):
-            reply(m.AddResponse(StatusCode.EBADREQ, req.ledger_id, req.entry_id, req.txn_id))
+        lid, eid, txn = req.ledger_id, req.entry_id, req.txn_id
+        if len(body) < 32 or _IDS.unpack_from(body) != (lid, eid):
+            reply(m.AddResponse(StatusCode.EBADREQ, lid, eid, txn))
             return
         if self.failed is not None or self.journal.failed is not None:
-            reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
+            reply(m.AddResponse(StatusCode.EIO, lid, eid, txn))
             return
-        if (self._parked and not unparking) or not self.storage.has_room(len(body)):
+        storage = self.storage
+        if (self._parked and not unparking) or not storage.has_room(len(body)):
             # Bounded memory: wait for the running checkpoint to empty the other half of the cache (in
             # arrival order: later adds queue behind parked ones).
             self._parked.append((req, reply))
             self._start_checkpoint()
             return
-        lid, eid = req.ledger_id, req.entry_id
-        verdict = self.book.check_add(lid, req.master_key, req.recovery)
-        if verdict.status is not StatusCode.EOK:
-            reply(m.AddResponse(verdict.status, lid, eid, req.txn_id))
+        book = self.book
+        verdict = book.check_add(lid, req.master_key, req.recovery)
+        if verdict.status is not _EOK:
+            reply(m.AddResponse(verdict.status, lid, eid, txn))
             return
         journal = self.journal
         if verdict.created:
             journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
-        txn = req.txn_id
 
         def durable(exc: BaseException | None) -> None:
             if exc is None:
-                reply(m.AddResponse(StatusCode.EOK, lid, eid, txn))
+                reply(_AddResponse(_EOK, lid, eid, txn))
             else:
                 self._storage_failed(exc)
-                reply(m.AddResponse(StatusCode.EIO, lid, eid, txn))
+                reply(_AddResponse(StatusCode.EIO, lid, eid, txn))
 
-        record = encode_record(RecordType.ADD, body)
+        record = encode_record(_ADD, body)
         journal.append_record(record, durable)
-        self.storage.put(lid, eid, record)
-        if self.book.record_add(lid, eid, body):
+        storage.put(lid, eid, record)
+        if book.record_add(lid, eid, body):
             self._wake(lid)
-        if self.storage.wants_flush():
+        if storage.wants_flush():
             self._start_checkpoint()
 
     def _wake(self, ledger_id: int) -> None:

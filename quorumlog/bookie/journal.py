@@ -137,9 +137,9 @@ class _Segment:
 
 @dataclass
 class _Batch:
-    data: bytearray
-    waiters: list[Callback]
-    marks: list[tuple[int, MarkCallback]]  # (offset in data, callback)
+    records: list[bytes]
+    callbacks: list[Callback | None]  # one per record
+    marks: list[MarkCallback]  # all at the end of the batch
 
 
 class Journal:
@@ -176,9 +176,12 @@ class Journal:
         # shared with the sync thread, guarded by _cond
         self._lock = threading.Lock()  # taken directly on the hot path (cheaper than the Condition's wrapper)
         self._cond = threading.Condition(self._lock)
-        self._buf = bytearray()
-        self._waiters: list[tuple[int, Callback]] = []  # (end of the record in _buf, callback)
-        self._marks: list[tuple[int, MarkCallback]] = []
+        # Queued records and their callbacks, in parallel lists (a list append is cheaper than growing a
+        # buffer, and record boundaries stay known for splitting batches).
+        self._records: list[bytes] = []
+        self._callbacks: list[Callback | None] = []
+        self.pending_bytes = 0  # bytes in _records (read without the lock for back-pressure decisions)
+        self._marks: list[tuple[int, MarkCallback]] = []  # (number of records before the mark, callback)
         self._first_append_s = 0.0
         self._notify_at_bytes = 1
         self._thread_waiting = False
@@ -359,10 +362,6 @@ class Journal:
         return JournalPosition(self._file_seq, HEADER_SIZE)
 
     @property
-    def pending_bytes(self) -> int:
-        return len(self._buf)
-
-    @property
     def failed(self) -> BaseException | None:
         return self._failed
 
@@ -382,13 +381,13 @@ class Journal:
                 if callback is not None:
                     self._loop.call_soon(callback, err)  # type: ignore[union-attr]
                 return
-            buf = self._buf
-            if not buf:
+            records = self._records
+            if not records:
                 self._first_append_s = time.monotonic()
-            buf += record
-            if callback is not None:
-                self._waiters.append((len(buf), callback))
-            if self._thread_waiting and len(buf) >= self._notify_at_bytes:
+            records.append(record)
+            self._callbacks.append(callback)
+            self.pending_bytes += len(record)
+            if self._thread_waiting and self.pending_bytes >= self._notify_at_bytes:
                 self._cond.notify()
 
     def mark(self, callback: MarkCallback) -> None:
@@ -400,9 +399,9 @@ class Journal:
             if self._failed is not None or self._closing:
                 self._loop.call_soon(callback, None, self._failed or JournalError("journal is closed"))  # type: ignore[union-attr]
                 return
-            if not self._buf:
+            if not self._records:
                 self._first_append_s = time.monotonic()
-            self._marks.append((len(self._buf), callback))
+            self._marks.append((len(self._records), callback))
             if self._thread_waiting:
                 self._cond.notify()
 
@@ -445,7 +444,7 @@ class Journal:
 
     def _take_batch(self) -> _Batch | None:
         with self._cond:
-            while not self._buf and not self._marks and not self._closing:
+            while not self._records and not self._marks and not self._closing:
                 self._notify_at_bytes = 1
                 self._thread_waiting = True
                 self._cond.wait()
@@ -453,56 +452,51 @@ class Journal:
             if self.max_wait_s > 0 and not self._closing:
                 deadline = self._first_append_s + self.max_wait_s
                 self._notify_at_bytes = self.max_batch_bytes
-                while len(self._buf) < self.max_batch_bytes and not self._closing:
+                while self.pending_bytes < self.max_batch_bytes and not self._closing:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._thread_waiting = True
                     self._cond.wait(left)
                     self._thread_waiting = False
-            if not self._buf and not self._marks:
+            if not self._records and not self._marks:
                 return None  # closing with nothing left
-            if not self._marks and len(self._buf) <= self.max_batch_bytes:
-                batch = _Batch(self._buf, [cb for _, cb in self._waiters], [])
-                self._buf = bytearray()
-                self._waiters = []
+            if not self._marks and self.pending_bytes <= self.max_batch_bytes:
+                batch = _Batch(self._records, self._callbacks, [])
+                self._records, self._callbacks, self.pending_bytes = [], [], 0
                 return batch
             return self._split_batch()
 
     def _split_batch(self) -> _Batch:
-        """Take whole records from the front of the buffer (under _cond): up to the first mark, and at most
+        """Take whole records from the front of the queue (under _cond): up to the first mark, and at most
         max_batch_bytes (but at least one record).
 
         Bounding a batch bounds one sync's latency and lets rolling keep every file near its preallocated
         size (a batch never straddles files); ending a batch at a mark puts the mark between batches."""
-        buf = self._buf
-        limit = self._marks[0][0] if self._marks else len(buf)
-        if limit <= self.max_batch_bytes:
-            cut = limit
-        else:
-            cut = 0
-            while cut < limit:
-                length = _REC_HEADER.unpack_from(buf, cut)[1]
-                nxt = cut + REC_HEADER_SIZE + length
-                if cut > 0 and nxt > self.max_batch_bytes:
-                    break
-                cut = nxt
-        n_waiters = 0
-        while n_waiters < len(self._waiters) and self._waiters[n_waiters][0] <= cut:
-            n_waiters += 1
+        records = self._records
+        limit = self._marks[0][0] if self._marks else len(records)
+        cut = 0
+        size = 0
+        while cut < limit:
+            n = len(records[cut])
+            if cut > 0 and size + n > self.max_batch_bytes:
+                break
+            size += n
+            cut += 1
         n_marks = 0
         while n_marks < len(self._marks) and self._marks[n_marks][0] <= cut:
             n_marks += 1
-        batch = _Batch(buf[:cut], [cb for _, cb in self._waiters[:n_waiters]], self._marks[:n_marks])
-        self._buf = buf[cut:]
-        self._waiters = [(end - cut, cb) for end, cb in self._waiters[n_waiters:]]
+        batch = _Batch(records[:cut], self._callbacks[:cut], [cb for _, cb in self._marks[:n_marks]])
+        del records[:cut]
+        del self._callbacks[:cut]
+        self.pending_bytes -= size
         self._marks = [(at - cut, cb) for at, cb in self._marks[n_marks:]]
-        if self._buf or self._marks:
+        if records or self._marks:
             self._first_append_s = 0.0  # what is left waited long enough already: no extra group wait
         return batch
 
     def _write(self, batch: _Batch) -> None:
-        data = batch.data
+        data = b"".join(batch.records)
         size = BATCH_HEADER_SIZE + len(data)
         if data and self._offset + size + _ROLL_BYTES > self.file_size_bytes and self._offset > HEADER_SIZE:
             self._roll()
@@ -517,9 +511,8 @@ class Journal:
         self.batches_synced += 1
         # Marks all sit at the end of this batch (see _split_batch).
         pos = JournalPosition(self._file_seq, self._offset)
-        marks = [(pos, cb) for _, cb in batch.marks]
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._complete, batch.waiters, marks)
+        self._loop.call_soon_threadsafe(self._complete, batch.callbacks, pos, batch.marks)
 
     def _roll(self) -> None:
         f = self._file
@@ -565,19 +558,22 @@ class Journal:
                 self._preparing = False
                 self._cond.notify_all()
 
-    def _complete(self, waiters: list[Callback], marks: list[tuple[JournalPosition, MarkCallback]]) -> None:
-        for cb in waiters:
-            cb(None)
-        for pos, mcb in marks:
+    def _complete(
+        self, callbacks: list[Callback | None], pos: JournalPosition, marks: list[MarkCallback]
+    ) -> None:
+        for cb in callbacks:
+            if cb is not None:
+                cb(None)
+        for mcb in marks:
             mcb(pos, None)
 
     def _fail(self, exc: BaseException, batch: _Batch | None) -> None:
         with self._cond:
             if self._failed is None:
                 self._failed = exc
-            waiters = (batch.waiters if batch else []) + [cb for _, cb in self._waiters]
-            marks = (batch.marks if batch else []) + self._marks
-            self._waiters, self._marks, self._buf = [], [], bytearray()
+            waiters = [cb for cb in (batch.callbacks if batch else []) + self._callbacks if cb is not None]
+            marks = (batch.marks if batch else []) + [cb for _, cb in self._marks]
+            self._records, self._callbacks, self._marks, self.pending_bytes = [], [], [], 0
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -585,7 +581,7 @@ class Journal:
         def fail_all() -> None:
             for cb in waiters:
                 cb(exc)
-            for _, mcb in marks:
+            for mcb in marks:
                 mcb(None, exc)
 
         loop.call_soon_threadsafe(fail_all)

@@ -79,19 +79,18 @@ class BookieConnection(asyncio.Protocol):
                 self.transport.close()
             return
         journal = self.bookie.journal
+        journal_full = journal.pending_bytes > journal.max_pending_bytes
+        handle, reply = self.bookie.handle, self.reply
         for req in requests:
-            if self._pending >= self._max_pending or (
-                type(req) is m.AddRequest and journal.pending_bytes > journal.max_pending_bytes
-            ):
-                self._pending += 1
-                self.reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
-                continue
             self._pending += 1
+            if self._pending > self._max_pending or (journal_full and type(req) is m.AddRequest):
+                reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
+                continue
             try:
-                self.bookie.handle(req, self.reply)
+                handle(req, reply)
             except Exception:  # a bug must cost one request, not the bookie
                 log.exception("request %r failed", type(req).__name__)
-                self.reply(error_response(req, StatusCode.EIO))
+                reply(error_response(req, StatusCode.EIO))
         self._update_reading()
 
     # --- responses --------------------------------------------------------------------------------------

@@ -98,7 +98,8 @@ class LedgerStorage:
     def put(self, ledger_id: int, entry_id: int, record: bytes) -> None:
         """Store an encoded ADD record (`journal.encode_record`): the bytes the entry log will hold."""
         self.active.put(ledger_id, entry_id, record)
-        self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
+        if self.read_cache._entries:
+            self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
 
     def has_room(self, nbytes: int) -> bool:
         return self.active.size_bytes + nbytes <= self.cache_half_bytes or not self.active.entries
