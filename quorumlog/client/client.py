@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,6 +134,8 @@ class Client:
         self._owns_store = owns_store
         self._bookies: dict[str, BookieClient] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Write handles still open: close() stops their timers and fails their pending adds.
+        self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         self._closed = False
 
     @classmethod
@@ -268,7 +271,9 @@ class Client:
             ledger_id=ledger_id,
             store_ctime=True,
         )
-        return WriteHandle(self, md, pw, adv=adv, deferred_sync=deferred_sync)
+        handle = WriteHandle(self, md, pw, adv=adv, deferred_sync=deferred_sync)
+        self._writers.add(handle)
+        return handle
 
     async def open_ledger(
         self,
@@ -329,6 +334,10 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        for writer in list(self._writers):
+            writer._abandon(
+                ClientClosedError("the client was closed with this ledger still open for writing")
+            )
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):

@@ -587,6 +587,7 @@ class WriteHandle(LedgerHandle):
         self._timeout_timer: asyncio.TimerHandle | None = None
         self._lac_timer: asyncio.TimerHandle | None = None
         self._closing = False
+        self._abandoned: QuorumLogError | None = None
         self._schedule_lac_timer()
 
     # --- state -------------------------------------------------------------------------------------------
@@ -641,6 +642,8 @@ class WriteHandle(LedgerHandle):
             await self._capacity.wait()
 
     def _check_writable(self) -> None:
+        if self._abandoned is not None:
+            raise self._abandoned
         if self._closed or self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id}: the write handle is closed")
         if self._tracker.error is not None:
@@ -718,7 +721,7 @@ class WriteHandle(LedgerHandle):
             fut.add_done_callback(functools.partial(self._on_add_answer, action.entry_id, action.bookie_id))
 
     def _on_add_answer(self, entry_id: int, bookie_id: str, fut: asyncio.Future[Response]) -> None:
-        if fut.cancelled():
+        if fut.cancelled() or self._abandoned is not None:
             return
         exc = fut.exception()
         if exc is None:
@@ -938,6 +941,24 @@ class WriteHandle(LedgerHandle):
         finally:
             self._closed = True
             self._cancel_timers()
+
+    def _abandon(self, error: QuorumLogError) -> None:
+        """Stop without closing the ledger (the client is going away): pending adds fail with `error`.
+
+        The ledger stays open in metadata; whoever opens it with recovery closes it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._abandoned = error
+        self._cancel_timers()
+        self._fail_waiting(error)
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._futures.clear()
+        self._bodies.clear()
+        self._drained.set()
 
     def _cancel_timers(self) -> None:
         for timer in (self._timeout_timer, self._lac_timer):

@@ -273,3 +273,25 @@ async def test_v2_protocol_round_trip(cluster: LocalCluster) -> None:
         assert [e.payload for e in await recovered.read(0, 49)] == [b"v2-%d" % i for i in range(50)]
         with pytest.raises(LedgerFencedError):
             await w.append(b"fenced")
+
+
+async def test_closing_the_client_fails_pending_adds_and_leaves_the_ledger_recoverable(
+    cluster: LocalCluster,
+) -> None:
+    from quorumlog.errors import ClientClosedError
+
+    client = await Client.connect(cluster.uri)
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await w.append(b"kept")
+    pending = w.append(b"maybe")
+    await client.close()
+    try:
+        await pending
+    except ClientClosedError:
+        pass  # it may also have been acknowledged before the close
+    with pytest.raises(ClientClosedError):
+        w.append(b"after close")
+    async with await Client.connect(cluster.uri) as other:
+        r = await other.open_ledger(w.ledger_id, password=PW)
+        assert r.is_closed and r.last_add_confirmed in (0, 1)
+        assert (await r.read(0, 0))[0].payload == b"kept"
