@@ -295,3 +295,25 @@ async def test_closing_the_client_fails_pending_adds_and_leaves_the_ledger_recov
         r = await other.open_ledger(w.ledger_id, password=PW)
         assert r.is_closed and r.last_add_confirmed in (0, 1)
         assert (await r.read(0, 0))[0].payload == b"kept"
+
+
+async def test_concurrent_recoverers_converge_on_one_close(cluster: LocalCluster, client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    acked = await asyncio.gather(*(w.append(b"c%d" % i) for i in range(50)))
+    async with await Client.connect(cluster.uri) as a, await Client.connect(cluster.uri) as b:
+        ra, rb = await asyncio.gather(
+            a.open_ledger(w.ledger_id, password=PW), b.open_ledger(w.ledger_id, password=PW)
+        )
+        assert ra.metadata.last_entry_id == rb.metadata.last_entry_id >= acked[-1]
+        assert ra.length == rb.length
+        stored = await client.get_ledger_metadata(w.ledger_id)
+        assert stored.is_closed and stored.last_entry_id == ra.metadata.last_entry_id
+
+
+async def test_recovering_an_empty_ledger_closes_it_empty(client: Client) -> None:
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    r = await client.open_ledger(w.ledger_id, password=PW)
+    assert r.is_closed and r.metadata.last_entry_id == -1 and r.length == 0
+    assert await r.read_last_entry() is None
+    with pytest.raises(LedgerFencedError):
+        await w.append(b"too late")
