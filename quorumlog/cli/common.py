@@ -169,7 +169,11 @@ def config_errors(fn: Callable[[], T]) -> T:
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    out = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    if not out.is_terminal:
+        # Piped into a file or a test: rich would assume 80 columns and wrap; lines this long read better.
+        out = Console(stderr=stderr, highlight=False, soft_wrap=False, width=160)
+    return out
 
 
 def print_json(value: Any) -> None:

@@ -19,18 +19,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-@cli.command()
-def demo() -> None:
-    """End-to-end tour on the embedded default."""
-    click.echo("quorumlog demo: the standalone cluster is not built yet (issue 6).")
-    click.echo("What exists: the wire codec (quorumlog.proto) and the Env seam (quorumlog.env).")
-
-
 from quorumlog.cli.bookie import bookie as _bookie  # noqa: E402
+from quorumlog.cli.demo import demo as _demo  # noqa: E402
 from quorumlog.cli.shell import shell as _shell  # noqa: E402
 from quorumlog.cli.standalone import standalone as _standalone  # noqa: E402
 
 cli.add_command(_bookie)
+cli.add_command(_demo)
 cli.add_command(_shell)
 cli.add_command(_standalone)
 

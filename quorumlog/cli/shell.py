@@ -163,10 +163,7 @@ def _table(*columns: str, title: str | None = None) -> Any:
 
 
 def _print(renderable: Any) -> None:
-    out = console()
-    if not out.is_terminal:
-        out = type(out)(width=160, highlight=False)
-    out.print(renderable)
+    console().print(renderable)
 
 
 def _ledger_id(value: int) -> int:
