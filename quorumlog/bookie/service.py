@@ -28,6 +28,7 @@ from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.server import BookieServer
 from quorumlog.env import Env, default_env
+from quorumlog.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,8 @@ class BookieService:
         self.store: Any = None
         self.registration: Any = None
         self._stopped = asyncio.Event()
+        self._disk_checker: asyncio.Task[None] | None = None
+        self.stop_requested = asyncio.Event()  # a full disk with read_only_mode off asks for shutdown
 
     @property
     def bookie_id(self) -> str:
@@ -54,6 +57,10 @@ class BookieService:
     async def start(self) -> None:
         cfg = self.config
         if cfg.metadata:
+            if cfg.port == 0 and not cfg.bookie_id:
+                raise ConfigError(
+                    "port=0 with metadata: a bookie id must not change across restarts; set port or bookie_id"
+                )
             await self._open_metadata_and_check_cookie()
         self.bookie = Bookie(cfg, self.env)
         try:
@@ -70,13 +77,14 @@ class BookieService:
             await self.server.start()
             if self.store is not None:
                 await self._register()
+            self._disk_checker = asyncio.create_task(self._check_disk_every(), name="bookie-disk-checker")
         except BaseException:
             await self._close_parts()
             raise
         log.info("bookie %s serving on %s:%d", self.bookie_id, *self.address)
 
     async def _open_metadata_and_check_cookie(self) -> None:
-        from quorumlog.bookie.identity import check_cookie  # metadata drivers load only when configured
+        from quorumlog.bookie.identity import check_cookie  # metadata modules load only when configured
         from quorumlog.meta.store import open_store
 
         self.store = await open_store(self.config.metadata)
@@ -96,8 +104,46 @@ class BookieService:
         )
         await self.registration.register()
 
+    async def _check_disk_every(self) -> None:
+        """Read-only above `disk_usage_threshold`, writable again below `disk_usage_lwm` (DESIGN.md §3)."""
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.disk_check_interval_s)
+            try:
+                used = self.env.disk.usage(cfg.ledger_dir).used_fraction
+                await self.apply_disk_usage(used)
+            except Exception:  # keep checking: one failed check must not stop the checker
+                log.exception("disk check failed")
+
+    async def apply_disk_usage(self, used_fraction: float) -> None:
+        bookie = self.bookie
+        assert bookie is not None
+        cfg = self.config
+        if not bookie.read_only and used_fraction >= cfg.disk_usage_threshold:
+            if not cfg.read_only_mode:
+                log.error("disk %.1f%% full and read_only_mode is off: shutting down", used_fraction * 100)
+                self.stop_requested.set()
+                return
+            log.warning("disk %.1f%% full: going read-only", used_fraction * 100)
+            await self.set_read_only(True)
+        elif bookie.read_only and used_fraction < cfg.disk_usage_lwm:
+            log.info("disk %.1f%% full: writable again", used_fraction * 100)
+            await self.set_read_only(False)
+
+    async def set_read_only(self, read_only: bool) -> None:
+        """Refuse (or accept again) writes, and move the registration to match."""
+        assert self.bookie is not None
+        self.bookie.set_read_only(read_only)
+        if self.registration is not None:
+            await self.registration.set_readonly(read_only)
+
     async def stop(self) -> None:
         """Clean shutdown (what SIGTERM does)."""
+        if self._disk_checker is not None:
+            self._disk_checker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._disk_checker
+            self._disk_checker = None
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
@@ -129,12 +175,12 @@ async def run_until_signalled(config: BookieConfig, *, ready: Any = None) -> Non
     if ready is not None:
         ready(service)
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop = service.stop_requested
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await stop.wait()
-        log.info("bookie %s: signal received, shutting down", service.bookie_id)
+        log.info("bookie %s: shutting down", service.bookie_id)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
