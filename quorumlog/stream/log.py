@@ -84,10 +84,15 @@ class Log:
         return writer
 
     async def open_reader(
-        self, start: Position = Position.HEAD, *, start_timestamp_ms: int | None = None
+        self,
+        start: Position = Position.HEAD,
+        *,
+        start_timestamp_ms: int | None = None,
+        end: Position | None = None,
     ) -> LogReader:
-        reader = LogReader(self, start, start_timestamp_ms)
-        return reader
+        """A reader from `start` (inclusive), or from the first record at or after `start_timestamp_ms`;
+        with `end`, it stops before that position instead of tailing forever."""
+        return LogReader(self, start, start_timestamp_ms, end)
 
     async def segments(self) -> list[SegmentInfo]:
         return [s.value for s in await self.log_store.segments(self.namespace, self.name)]

@@ -9,7 +9,7 @@ Rules it keeps:
   has not announced it yet.
 - A start position before the log's truncation point is an error (`LogTruncatedError`), never a silent
   skip to the first available record. `Position.HEAD` always means "the oldest record still kept".
-- An END_OF_STREAM entry ends the iteration.
+- An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
 """
 
 from __future__ import annotations
@@ -44,9 +44,12 @@ class Record:
 class LogReader:
     """Use `await log.open_reader(...)`, then `async for record in reader`."""
 
-    def __init__(self, log_: Log, start: Position, start_timestamp_ms: int | None) -> None:
+    def __init__(
+        self, log_: Log, start: Position, start_timestamp_ms: int | None, end: Position | None = None
+    ) -> None:
         self._log = log_
         self._start = start
+        self._end = end
         self._start_ts = start_timestamp_ms
         self._gen: AsyncIterator[Record] | None = None
         self.position: Position | None = None  # the next position this reader owes
@@ -80,11 +83,15 @@ class LogReader:
         pos = await self._resolve_start()
         seek_ts = self._start_ts
         while True:
+            if self._end is not None and pos >= self._end:
+                return
             seg = await self._next_segment(pos.segment)
             if seg is None:
                 return  # sealed, and nothing after pos
             if seg.seq != pos.segment:
                 pos = Position(seg.seq, 0, 0)
+                if self._end is not None and pos >= self._end:
+                    return
             ended = False
             async for entry_id, batch in self._entries(seg, pos.entry):
                 if batch.kind == BatchKind.END_OF_STREAM:
@@ -98,6 +105,8 @@ class LogReader:
                             continue
                         seek_ts = None
                     here = Position(seg.seq, entry_id, slot)
+                    if self._end is not None and here >= self._end:
+                        return
                     self.position = here.next_slot()
                     yield Record(here, payload, ts)
                 pos = Position(seg.seq, entry_id + 1, 0)

@@ -162,6 +162,13 @@ class LogWriter:
         self._error: QuorumLogError | None = None
         self._closed = False
         self._sealed = False
+        self._first_position = Position.HEAD
+
+    @property
+    def first_position(self) -> Position:
+        """Where this writer's records begin: every record before it was written by earlier writers (and
+        is final, since opening recovered their segments)."""
+        return self._first_position
 
     # --- life cycle ---------------------------------------------------------------------------------------
 
@@ -180,6 +187,8 @@ class LogWriter:
                 md = await self._store.read_log(self._ns, self._name)  # a concurrent opener: go after it
         await self._recover_previous()
         await self._start_segment()
+        assert self._segment is not None
+        self._first_position = Position(self._segment.info.seq, 0, 0)
         self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"writer {self._name}")
 
     async def _recover_previous(self) -> None:
