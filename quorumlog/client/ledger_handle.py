@@ -121,6 +121,9 @@ READ_WINDOW_ENTRIES = 256
 TAIL_BATCH_ENTRIES = 256
 # Longest single long-poll `tail` asks a bookie for (it also wakes on metadata changes).
 TAIL_POLL_S = 5.0
+# How often `wait_for_entry` asks again while no bookie of the write set knows the ledger yet (a bookie can
+# only hold a long poll for a ledger it has).
+UNKNOWN_LEDGER_POLL_S = 0.05
 # CAS attempts for one metadata decision (ensemble change, close, recovery) before giving up.
 METADATA_CAS_ATTEMPTS_MAX = 32
 # Errors that say "this bookie did not have it", as opposed to "could not answer".
@@ -422,41 +425,54 @@ class LedgerHandle:
         replicas = self.quorum.write_set_bookies(entry_id, ensemble)
         counts = self._failures.counts(self._now())
         replicas.sort(key=lambda b: counts.get(b, 0))
-        timeout_ms = int(timeout_s * 1000)
-        last_error: QuorumLogError | None = None
-        for bookie_id in replicas:
-            req = ReadRequest(
-                self.ledger_id, entry_id, piggyback=True, previous_lac=entry_id - 1, timeout_ms=timeout_ms
-            )
-            try:
-                resp = await self._client.bookie(bookie_id).send(
-                    req, timeout_s=timeout_s + self._client.config.read_timeout_s
+        deadline = self._now() + timeout_s
+        while True:
+            remaining_s = max(0.0, deadline - self._now())
+            last_error: QuorumLogError | None = None
+            unaware = 0
+            for bookie_id in replicas:
+                req = ReadRequest(
+                    self.ledger_id,
+                    entry_id,
+                    piggyback=True,
+                    previous_lac=entry_id - 1,
+                    timeout_ms=int(remaining_s * 1000),
                 )
-            except NoSuchLedgerError:
-                # The bookie has not seen the ledger yet (no entry reached it): nothing confirmed there.
-                return self._lac.lac, None
-            except QuorumLogError as e:
-                self._failures.record_failure(bookie_id, self._now())
-                last_error = e
-                continue
-            assert isinstance(resp, ReadResponse)
-            if resp.max_lac is not None:
-                self._lac.observe(resp.max_lac)
-            if resp.body:
                 try:
-                    polled = self._digest.decode_entry(resp.body, entry_id)
-                except (DigestMismatchError, ProtocolError) as e:
-                    self._failures.record_failure(bookie_id, self._now())
-                    last_error = DigestMismatchError(str(e))
+                    resp = await self._client.bookie(bookie_id).send(
+                        req, timeout_s=remaining_s + self._client.config.read_timeout_s
+                    )
+                except NoSuchLedgerError:
+                    unaware += 1  # no entry of the ledger reached this bookie yet: ask the next one
                     continue
-                self._lac.observe(polled.lac)
-                self._lac.observe(entry_id)  # the bookie answers with an entry only once it is confirmed
-                return self._lac.lac, polled
-            if entry_id <= self._lac.lac:
-                return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
-            return self._lac.lac, None
-        assert last_error is not None
-        raise last_error
+                except QuorumLogError as e:
+                    self._failures.record_failure(bookie_id, self._now())
+                    last_error = e
+                    continue
+                assert isinstance(resp, ReadResponse)
+                if resp.max_lac is not None:
+                    self._lac.observe(resp.max_lac)
+                if resp.body:
+                    try:
+                        polled = self._digest.decode_entry(resp.body, entry_id)
+                    except (DigestMismatchError, ProtocolError) as e:
+                        self._failures.record_failure(bookie_id, self._now())
+                        last_error = DigestMismatchError(str(e))
+                        continue
+                    self._lac.observe(polled.lac)
+                    self._lac.observe(entry_id)  # a bookie answers with the entry only once it is confirmed
+                    return self._lac.lac, polled
+                if entry_id <= self._lac.lac:
+                    return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
+                return self._lac.lac, None
+            if not unaware:
+                assert last_error is not None
+                raise last_error
+            remaining_s = deadline - self._now()
+            if remaining_s <= 0:
+                return self._lac.lac, None
+            # No replica knows the ledger yet, so none can hold a long poll: look again shortly.
+            await asyncio.sleep(min(UNKNOWN_LEDGER_POLL_S, remaining_s))
 
     async def tail(self, start: int = 0, *, poll_s: float = TAIL_POLL_S) -> AsyncIterator[Entry]:
         """Every entry from `start` on, once each and in order, following the ledger until it is closed.
@@ -813,9 +829,11 @@ class WriteHandle(LedgerHandle):
         self._schedule_lac_timer()
 
     def _send_explicit_lac(self, lac: int) -> None:
-        _, ensemble = ensemble_for(self._tracker.ensembles, lac)
+        # To the whole current ensemble, not only the LAC entry's write set: with striping (E > W) a reader
+        # waiting for an earlier entry long-polls *that* entry's write set, and a bookie holding it but not
+        # the last entry would otherwise never learn it is confirmed until the writer writes again.
         body = self._digest.encode_lac(lac)
-        for bookie_id in self.quorum.write_set_bookies(lac, ensemble):
+        for bookie_id in self._tracker.current_ensemble:
             try:
                 fut = self._client.bookie(bookie_id).send(
                     WriteLacRequest(self.ledger_id, lac, self._master_key, body)
