@@ -35,3 +35,10 @@ async def start_bookie(tmp_path: str) -> AsyncIterator[StartBookie]:
     yield start
     for svc in started:
         await svc.stop()
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], Any]]:
+    """Run the bookie tests on uvloop, as production does (its transports are not asyncio's classes)."""
+    import uvloop
+
+    return {"uvloop": uvloop.new_event_loop}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+from typing import Any
 
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
@@ -80,20 +81,28 @@ async def test_connections_beyond_the_limit_are_refused(start_bookie: StartBooki
     await b.close()
 
 
+class _CountingTransport:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.writes: list[int] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(len(data))
+        self.inner.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
 async def test_responses_of_one_batch_go_out_in_one_write(start_bookie: StartBookie) -> None:
     svc = await start_bookie(journal_max_wait_ms=20.0)
     c = await RawClient.connect(*svc.address)
     assert svc.server is not None
     (conn,) = svc.server.connections
-    writes: list[int] = []
     assert conn.transport is not None
-    real_write = conn.transport.write
-
-    def counting_write(data: bytes | bytearray | memoryview) -> None:
-        writes.append(len(data))
-        real_write(data)
-
-    conn.transport.write = counting_write  # type: ignore[method-assign]
+    counting = _CountingTransport(conn.transport)
+    conn.transport = counting  # type: ignore[assignment]
+    writes = counting.writes
     results = await asyncio.gather(*(c.call(m.AddRequest(3, e, KEY, entry(3, e, b"y"))) for e in range(100)))
     assert {r.status for r in results} == {StatusCode.EOK}
     assert len(writes) <= 5  # 100 acknowledgements from a handful of journal batches
