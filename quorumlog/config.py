@@ -174,7 +174,8 @@ class SettingsTable:
         return tuple(s.name for s in self.settings)
 
     def defaults(self) -> dict[str, Any]:
-        return {s.name: s.default for s in self.settings}
+        # Lists are copied: a loaded config must never share (and mutate) the table's default list.
+        return {s.name: list(s.default) if isinstance(s.default, list) else s.default for s in self.settings}
 
     def section_of(self, data: Mapping[str, Any]) -> Mapping[str, Any]:
         """This component's keys in a parsed TOML file (its own table, else the top level)."""
@@ -403,15 +404,6 @@ STANDALONE = SettingsTable(
 
 def all_tables() -> list[SettingsTable]:
     """Every component's table, in the order docs/CONFIG.md lists them."""
-    from quorumlog.bookie.config import SETTINGS as BOOKIE_SETTINGS  # the bookie owns its table
+    from quorumlog.bookie.config import TABLE as BOOKIE  # the bookie owns its table
 
-    bookie = SettingsTable(
-        "bookie",
-        "Bookie",
-        "`quorumlog bookie` (API.md); the `[bookie]` table or the top level of `--config bookie.toml`.",
-        tuple(
-            Setting(s.name, s.kind, s.default, s.help, s.low, s.high, getattr(s, "choices", ()))
-            for s in BOOKIE_SETTINGS
-        ),
-    )
-    return [bookie, CLIENT, SHELL, STANDALONE]
+    return [BOOKIE, CLIENT, SHELL, STANDALONE]

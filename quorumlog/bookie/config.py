@@ -1,38 +1,24 @@
 """Bookie settings: one table of names, types, defaults and allowed ranges, read from a TOML file, environment
 variables and command-line flags (API.md, "Command line").
 
-What it owns: `BookieConfig` (frozen) and `load_config`. Precedence: flag > `QUORUMLOG_<NAME>` env var > TOML
-file > default. Every bad value raises `ConfigError` naming the key, the value and what is allowed.
+What it owns: the bookie's table (`SETTINGS`), `BookieConfig` (frozen) and `load_config`. Loading, parsing
+and the error messages are the shared ones of `quorumlog.config`: precedence flag > `QUORUMLOG_<NAME>` env
+var > TOML file > default, and every bad value raises `ConfigError` naming the key, the value and what is
+allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from quorumlog.config import Setting, SettingsTable, check_value, parse_text
 from quorumlog.errors import ConfigError
 
-
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    kind: type  # int, float, bool, str, or list (of str)
-    default: Any
-    help: str
-    low: float | None = None
-    high: float | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    @property
-    def env_var(self) -> str:
-        return "QUORUMLOG_" + self.name.upper()
+__all__ = ["SETTINGS", "TABLE", "BookieConfig", "Setting", "load_config", "parse_text", "setting_parsers"]
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -80,6 +66,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
+TABLE = SettingsTable(
+    "bookie",
+    "Bookie",
+    "`quorumlog bookie` (API.md); the `[bookie]` table or the top level of `--config bookie.toml`.",
+    SETTINGS,
+)
 
 
 @dataclass(frozen=True)
@@ -145,42 +137,7 @@ class BookieConfig:
 
 
 def _check(s: Setting, value: Any, source: str) -> None:
-    if s.kind is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{s.name}: expected a list of paths, got {value!r} ({source})")
-        return
-    ok = isinstance(value, s.kind) and not (s.kind is int and isinstance(value, bool))
-    if s.kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        raise ConfigError(f"{s.name}: expected {s.kind.__name__}, got {value!r} ({source})")
-    if s.low is not None and s.high is not None and not (s.low <= value <= s.high):
-        raise ConfigError(f"{s.name}={value!r} is out of range: allowed {s.low:g} .. {s.high:g} ({source})")
-
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
-
-
-def parse_text(s: Setting, text: str, source: str) -> Any:
-    """A setting's value from text (env var or flag)."""
-    t = text.strip()
-    try:
-        if s.kind is bool:
-            if t.lower() in _TRUE:
-                return True
-            if t.lower() in _FALSE:
-                return False
-            raise ValueError
-        if s.kind is int:
-            return int(t.replace("_", ""), 0)
-        if s.kind is float:
-            return float(t)
-        if s.kind is list:
-            return [p for p in t.split(",") if p]
-    except ValueError:
-        raise ConfigError(f"{s.name}: cannot parse {text!r} as {s.kind.__name__} ({source})") from None
-    return t
+    check_value(s, value, source)
 
 
 def load_config(
@@ -190,44 +147,9 @@ def load_config(
     environ: Mapping[str, str] | None = None,
 ) -> BookieConfig:
     """Defaults < TOML file < environment < overrides (already-typed values from flags)."""
-    values: dict[str, Any] = {}
-    if path:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-        section = data.get("bookie", data) if isinstance(data.get("bookie"), dict) else data
-        for key, value in section.items():
-            s = _BY_NAME.get(key)
-            if s is None:
-                raise ConfigError(f"{key}: unknown setting in {path}; known: {', '.join(sorted(_BY_NAME))}")
-            if s.kind is list and isinstance(value, str):
-                value = [value]
-            _check(s, value, f"from {path}")
-            values[key] = value
-    env = os.environ if environ is None else environ
-    for s in SETTINGS:
-        if s.env_var in env:
-            values[s.name] = parse_text(s, env[s.env_var], f"from ${s.env_var}")
-            _check(s, values[s.name], f"from ${s.env_var}")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        s = _BY_NAME.get(key)
-        if s is None:
-            raise ConfigError(f"{key}: unknown setting")
-        _check(s, value, f"from {s.flag}")
-        values[key] = value
-    return BookieConfig(**values)
+    return BookieConfig(**TABLE.load(path, overrides=overrides, environ=environ))
 
 
 def setting_parsers() -> dict[str, Callable[[str], Any]]:
     """Text parsers by setting name, for command-line flags."""
-
-    def parser(s: Setting) -> Callable[[str], Any]:
-        return lambda text: parse_text(s, text, f"from {s.flag}")
-
-    return {s.name: parser(s) for s in SETTINGS}
+    return TABLE.parsers()
