@@ -33,7 +33,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
-from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType, encode_record
+from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType, record_header
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import Env, default_env
 from quorumlog.proto import messages as m
@@ -136,7 +136,7 @@ class Bookie:
                 lid, eid = _IDS.unpack_from(p)
                 if self.book.get(lid) is None:
                     self.book.replay_master_key(lid, b"")  # (only if the MASTER_KEY record was lost)
-                self.storage.put(lid, eid, encode_record(RecordType.ADD, p))
+                self.storage.put(lid, eid, record_header(RecordType.ADD, p), p)
                 self.book.record_add(lid, eid, p)
                 if rec.last_in_batch and not self.storage.has_room(0):
                     cache = self.storage.begin_flush()
@@ -170,6 +170,7 @@ class Bookie:
         if self.failed is None and self.journal.failed is None:
             with contextlib.suppress(Exception):
                 await self.checkpoint()
+        self.journal.handoff()
         await self.env.run_blocking(self.journal.close)
         await asyncio.sleep(0)  # let the last completion callbacks run before the loop moves on
         for futs in self._watchers.values():
@@ -304,15 +305,17 @@ class Bookie:
                 self._storage_failed(exc)
                 reply(_AddResponse(StatusCode.EIO, lid, eid, txn))
 
-        record = encode_record(_ADD, body)
-        journal.append_record(record, durable)
-        storage.put(lid, eid, record)
+        header = record_header(_ADD, body)
+        journal.append_parts(header, body, durable)
+        storage.put(lid, eid, header, body)
         if book.record_add(lid, eid, body):
             self._wake(lid)
         if storage.wants_flush():
             self._start_checkpoint()
 
     def _wake(self, ledger_id: int) -> None:
+        if not self._watchers:
+            return
         futs = self._watchers.pop(ledger_id, None)
         if futs:
             for f in futs:

@@ -20,10 +20,11 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from itertools import chain
 
 import crc32c
 
-from quorumlog.bookie.journal import REC_HEADER_SIZE, RecordType
+from quorumlog.bookie.journal import REC_HEADER_SIZE, Record, RecordType
 from quorumlog.env import Env, File
 
 _REC = struct.Struct(">IIB")  # the journal record header: crc32c, entry length, type
@@ -60,8 +61,8 @@ class EntryLogs:
     def _path(self, log_id: int) -> str:
         return os.path.join(self.directory, _log_name(log_id))
 
-    def write_batch(self, records: list[bytes]) -> list[bytes]:
-        """Append encoded records durably; return each one's packed location (`LOCATION`). Blocking."""
+    def write_batch(self, records: list[Record]) -> list[bytes]:
+        """Append (header, entry) records durably; return each one's packed location (`LOCATION`). Blocking."""
         if self._current is None or self._current_size >= self.log_size_bytes:
             self._roll()
         assert self._current is not None
@@ -70,11 +71,11 @@ class EntryLogs:
         locations = []
         pack = LOCATION.pack
         off = base
-        for rec in records:
-            n = len(rec)
+        for header, body in records:
+            n = len(header) + len(body)
             locations.append(pack(log_id, off, n))
             off += n
-        self._current.pwrite(b"".join(records), base)
+        self._current.pwrite(b"".join(chain.from_iterable(records)), base)
         self._current.fdatasync()
         self._current_size = off
         return locations

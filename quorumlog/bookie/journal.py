@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import chain
 
 import crc32c
 
@@ -85,12 +86,15 @@ Callback = Callable[[BaseException | None], None]
 MarkCallback = Callable[[JournalPosition | None, BaseException | None], None]
 
 
-def encode_record(rtype: int, payload: bytes | memoryview) -> bytes:
-    """A record as it sits inside a batch: its own CRC covers length, type and payload."""
+def record_header(rtype: int, payload: bytes | memoryview) -> bytes:
+    """The 9-byte header of a record: its own CRC covers length, type and payload."""
     n = len(payload)
-    return (
-        _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype) + payload
-    )
+    return _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype)
+
+
+def encode_record(rtype: int, payload: bytes | memoryview) -> bytes:
+    """A record as it sits inside a batch: header + payload."""
+    return record_header(rtype, payload) + payload
 
 
 def encode_batch(seq: int, data: bytes | bytearray) -> bytes:
@@ -135,9 +139,12 @@ class _Segment:
     size: int
 
 
+Record = tuple[bytes, bytes]  # (header, payload): kept apart so the payload is never copied on the loop
+
+
 @dataclass
 class _Batch:
-    records: list[bytes]
+    records: list[Record]
     callbacks: list[Callback | None]  # one per record
     marks: list[MarkCallback]  # all at the end of the batch
 
@@ -178,9 +185,15 @@ class Journal:
         self._cond = threading.Condition(self._lock)
         # Queued records and their callbacks, in parallel lists (a list append is cheaper than growing a
         # buffer, and record boundaries stay known for splitting batches).
-        self._records: list[bytes] = []
+        self._records: list[Record] = []
         self._callbacks: list[Callback | None] = []
-        self.pending_bytes = 0  # bytes in _records (read without the lock for back-pressure decisions)
+        self._queued_bytes = 0  # bytes in _records
+        # Loop-side staging: records appended during one event-loop turn are handed to the sync thread
+        # together, so the lock is taken once per turn, not once per record (owned by the loop thread).
+        self._staged: list[Record] = []
+        self._staged_callbacks: list[Callback | None] = []
+        self._staged_bytes = 0
+        self._handoff_scheduled = False
         self._marks: list[tuple[int, MarkCallback]] = []  # (number of records before the mark, callback)
         self._first_append_s = 0.0
         self._notify_at_bytes = 1
@@ -365,29 +378,48 @@ class Journal:
     def failed(self) -> BaseException | None:
         return self._failed
 
-    def append(self, rtype: RecordType, payload: bytes | memoryview, callback: Callback | None) -> None:
-        """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure."""
-        self.append_record(encode_record(rtype, payload), callback)
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes appended and not yet taken by the sync thread (for back-pressure)."""
+        return self._queued_bytes + self._staged_bytes
 
-    def append_record(self, record: bytes, callback: Callback | None) -> None:
-        """`append` for a record already encoded with `encode_record` (the add path keeps the bytes: they are
-        also what the write cache and the entry log store). Called only from the loop thread.
+    def append(self, rtype: RecordType, payload: bytes, callback: Callback | None) -> None:
+        """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure."""
+        self.append_parts(record_header(rtype, payload), payload, callback)
+
+    def append_parts(self, header: bytes, payload: bytes, callback: Callback | None) -> None:
+        """`append` for a record whose header (`record_header`) the caller already made: the add path keeps
+        both, as they are also what the write cache and the entry log store. Loop thread only.
 
         The record carries its own CRC; the batch CRC (salted with the file it lands in, which only the sync
         thread knows) is computed when the batch is written."""
+        self._staged.append((header, payload))
+        self._staged_callbacks.append(callback)
+        self._staged_bytes += len(header) + len(payload)
+        if not self._handoff_scheduled:
+            self._handoff_scheduled = True
+            self._loop.call_soon(self.handoff)  # type: ignore[union-attr]
+
+    def handoff(self) -> None:
+        """Give the records staged in this loop turn to the sync thread (loop thread)."""
+        self._handoff_scheduled = False
+        if not self._staged:
+            return
+        staged, callbacks, nbytes = self._staged, self._staged_callbacks, self._staged_bytes
+        self._staged, self._staged_callbacks, self._staged_bytes = [], [], 0
         with self._lock:
             if self._failed is not None or self._closing:
                 err = self._failed or JournalError("journal is closed")
-                if callback is not None:
-                    self._loop.call_soon(callback, err)  # type: ignore[union-attr]
+                for cb in callbacks:
+                    if cb is not None:
+                        self._loop.call_soon(cb, err)  # type: ignore[union-attr]
                 return
-            records = self._records
-            if not records:
+            if not self._records:
                 self._first_append_s = time.monotonic()
-            records.append(record)
-            self._callbacks.append(callback)
-            self.pending_bytes += len(record)
-            if self._thread_waiting and self.pending_bytes >= self._notify_at_bytes:
+            self._records += staged
+            self._callbacks += callbacks
+            self._queued_bytes += nbytes
+            if self._thread_waiting and self._queued_bytes >= self._notify_at_bytes:
                 self._cond.notify()
 
     def mark(self, callback: MarkCallback) -> None:
@@ -395,6 +427,7 @@ class Journal:
 
         The sync thread ends a batch at a mark, so the position falls between batches, where replay can
         start (checkpoints) -- and it is a barrier: everything before it is synced (FORCE_LEDGER)."""
+        self.handoff()  # records appended earlier in this loop turn come before the mark
         with self._cond:
             if self._failed is not None or self._closing:
                 self._loop.call_soon(callback, None, self._failed or JournalError("journal is closed"))  # type: ignore[union-attr]
@@ -452,7 +485,7 @@ class Journal:
             if self.max_wait_s > 0 and not self._closing:
                 deadline = self._first_append_s + self.max_wait_s
                 self._notify_at_bytes = self.max_batch_bytes
-                while self.pending_bytes < self.max_batch_bytes and not self._closing:
+                while self._queued_bytes < self.max_batch_bytes and not self._closing:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -461,9 +494,9 @@ class Journal:
                     self._thread_waiting = False
             if not self._records and not self._marks:
                 return None  # closing with nothing left
-            if not self._marks and self.pending_bytes <= self.max_batch_bytes:
+            if not self._marks and self._queued_bytes <= self.max_batch_bytes:
                 batch = _Batch(self._records, self._callbacks, [])
-                self._records, self._callbacks, self.pending_bytes = [], [], 0
+                self._records, self._callbacks, self._queued_bytes = [], [], 0
                 return batch
             return self._split_batch()
 
@@ -478,7 +511,7 @@ class Journal:
         cut = 0
         size = 0
         while cut < limit:
-            n = len(records[cut])
+            n = len(records[cut][0]) + len(records[cut][1])
             if cut > 0 and size + n > self.max_batch_bytes:
                 break
             size += n
@@ -489,14 +522,14 @@ class Journal:
         batch = _Batch(records[:cut], self._callbacks[:cut], [cb for _, cb in self._marks[:n_marks]])
         del records[:cut]
         del self._callbacks[:cut]
-        self.pending_bytes -= size
+        self._queued_bytes -= size
         self._marks = [(at - cut, cb) for at, cb in self._marks[n_marks:]]
         if records or self._marks:
             self._first_append_s = 0.0  # what is left waited long enough already: no extra group wait
         return batch
 
     def _write(self, batch: _Batch) -> None:
-        data = b"".join(batch.records)
+        data = b"".join(chain.from_iterable(batch.records))
         size = BATCH_HEADER_SIZE + len(data)
         if data and self._offset + size + _ROLL_BYTES > self.file_size_bytes and self._offset > HEADER_SIZE:
             self._roll()
@@ -573,7 +606,7 @@ class Journal:
                 self._failed = exc
             waiters = [cb for cb in (batch.callbacks if batch else []) + self._callbacks if cb is not None]
             marks = (batch.marks if batch else []) + [cb for _, cb in self._marks]
-            self._records, self._callbacks, self._marks, self.pending_bytes = [], [], [], 0
+            self._records, self._callbacks, self._marks, self._queued_bytes = [], [], [], 0
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -587,7 +620,8 @@ class Journal:
         loop.call_soon_threadsafe(fail_all)
 
     def close(self) -> None:
-        """Write and sync everything queued, stop the thread, close files. Blocking."""
+        """Write and sync everything queued, stop the thread, close files. Blocking: call `handoff()` on the
+        loop first, or records staged in the current loop turn are failed instead of written."""
         with self._cond:
             self._closing = True
             self._cond.notify()

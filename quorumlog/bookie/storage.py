@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from quorumlog.bookie.entrylog import EntryLogs
 from quorumlog.bookie.index import LedgerIndex
-from quorumlog.bookie.journal import REC_HEADER_SIZE, JournalPosition
+from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
 
@@ -32,16 +32,16 @@ _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
 class WriteCache:
     """Entries not yet in an entry log, by (ledger, entry), as encoded records (CRC header + entry)."""
 
-    entries: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    entries: dict[tuple[int, int], Record] = field(default_factory=dict)
     size_bytes: int = 0
 
-    def put(self, ledger_id: int, entry_id: int, record: bytes) -> None:
+    def put(self, ledger_id: int, entry_id: int, header: bytes, body: bytes) -> None:
         key = (ledger_id, entry_id)
         old = self.entries.get(key)
         if old is not None:
-            self.size_bytes -= len(old)
-        self.entries[key] = record
-        self.size_bytes += len(record)
+            self.size_bytes -= len(old[0]) + len(old[1])
+        self.entries[key] = (header, body)
+        self.size_bytes += len(header) + len(body)
 
     def clear(self) -> None:
         self.entries = {}
@@ -95,9 +95,9 @@ class LedgerStorage:
 
     # --- loop thread -------------------------------------------------------------------------------------
 
-    def put(self, ledger_id: int, entry_id: int, record: bytes) -> None:
-        """Store an encoded ADD record (`journal.encode_record`): the bytes the entry log will hold."""
-        self.active.put(ledger_id, entry_id, record)
+    def put(self, ledger_id: int, entry_id: int, header: bytes, body: bytes) -> None:
+        """Store an entry with its ADD record header (`journal.record_header`): the entry log's bytes."""
+        self.active.put(ledger_id, entry_id, header, body)
         if self.read_cache._entries:
             self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
 
@@ -114,7 +114,7 @@ class LedgerStorage:
         if rec is None:
             rec = self.flushing.entries.get(key)
         if rec is not None:
-            return rec[REC_HEADER_SIZE:]
+            return rec[1]
         data = self.read_cache.get(key)
         if data is not None:
             return data
@@ -148,9 +148,9 @@ class LedgerStorage:
         if ok:
             self.flushing.clear()
         else:
-            for (lid, eid), body in self.flushing.entries.items():
+            for (lid, eid), (header, body) in self.flushing.entries.items():
                 if (lid, eid) not in self.active.entries:
-                    self.active.put(lid, eid, body)
+                    self.active.put(lid, eid, header, body)
             self.flushing.clear()
         self.flush_running = False
 

@@ -240,3 +240,27 @@ async def test_entries_survive_checkpoints_and_restart_with_read_ahead(start_boo
         assert (r.status, r.body) == (OK, b)
     assert svc2.bookie.storage.read_cache._size > 0  # type: ignore[union-attr]
     await c.close()
+
+
+async def test_failed_checkpoint_stops_acknowledging_but_keeps_entries_readable(
+    start_bookie: StartBookie,
+) -> None:
+    svc = await start_bookie()
+    assert svc.bookie is not None
+    c = await client(svc)
+    for e in range(5):
+        assert await add(c, 80, e) == OK
+
+    def broken_flush(*args: object) -> None:
+        raise OSError(5, "EIO from the test")
+
+    svc.bookie.storage.flush = broken_flush  # type: ignore[method-assign]
+    with pytest.raises(OSError):
+        await svc.bookie.checkpoint()
+    assert await add(c, 80, 5) == StatusCode.EIO  # storage failed: acknowledge nothing more
+    for e in range(5):
+        r = await c.call(m.ReadRequest(80, e))
+        assert (r.status, r.body) == (OK, entry(80, e, b"x"))  # back in the write cache, still served
+    await c.close()
+    svc.bookie.failed = None  # let the fixture's clean stop checkpoint through the real flush
+    del svc.bookie.storage.flush

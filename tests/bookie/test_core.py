@@ -1,0 +1,78 @@
+"""The pure decision table (core.LedgerBook): no I/O, every verdict of DESIGN.md §1-§3 in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from quorumlog.bookie.core import LedgerBook, LedgerState, entry_lac
+from quorumlog.proto.status import StatusCode
+from tests.bookie.helpers import KEY, entry
+
+OTHER = b"\x01" * 20
+
+
+def book() -> LedgerBook:
+    return LedgerBook(lambda _lid: None)
+
+
+def test_first_add_creates_with_its_key_and_later_keys_must_match() -> None:
+    b = book()
+    v = b.check_add(1, KEY, recovery=False)
+    assert (v.status, v.created) == (StatusCode.EOK, True)
+    assert b.check_add(1, KEY, recovery=False).created is False
+    assert b.check_add(1, OTHER, recovery=False).status == StatusCode.EUA
+    assert b.check_add(1, OTHER, recovery=True).status == StatusCode.EUA
+
+
+def test_fence_refuses_adds_except_recovery_adds() -> None:
+    b = book()
+    b.check_add(1, KEY, recovery=False)
+    assert b.check_fence(1, KEY).status == StatusCode.EOK
+    assert b.check_add(1, KEY, recovery=False).status == StatusCode.EFENCED
+    assert b.check_add(1, KEY, recovery=True).status == StatusCode.EOK
+    assert b.check_fence(1, OTHER).status == StatusCode.EUA
+
+
+def test_fencing_an_unknown_ledger_creates_it_fenced() -> None:
+    b = book()
+    v = b.check_fence(9, KEY)
+    assert (v.status, v.created) == (StatusCode.EOK, True)
+    assert b.check_add(9, KEY, recovery=False).status == StatusCode.EFENCED
+
+
+@pytest.mark.parametrize("check", ["add", "write_lac"])
+def test_read_only_refuses_writes_before_anything_else(check: str) -> None:
+    b = book()
+    b.read_only = True
+    v = b.check_add(1, KEY, False) if check == "add" else b.check_write_lac(1, KEY)
+    assert v.status == StatusCode.EREADONLY
+    assert b.get(1) is None  # nothing created
+    assert b.check_fence(1, KEY).status == StatusCode.EOK  # recovery still works on a read-only bookie
+
+
+def test_lac_only_grows_from_piggybacked_and_explicit_values() -> None:
+    b = book()
+    b.check_add(1, KEY, False)
+    assert b.record_add(1, 5, entry(1, 5, b"x", lac=4)) is True
+    assert b.record_add(1, 3, entry(1, 3, b"x", lac=2)) is False  # a late, older entry
+    st = b.get(1)
+    assert st is not None and (st.lac, st.last_entry) == (4, 5)
+    assert b.record_explicit_lac(1, 3, b"lac-body") is False
+    assert b.record_explicit_lac(1, 7, b"lac-body-2") is True
+    assert (st.lac, st.explicit_lac) == (7, b"lac-body-2")
+
+
+def test_unknown_ledger_reads_are_enoledger_and_state_round_trips() -> None:
+    b = book()
+    assert b.check_read(1).status == StatusCode.ENOLEDGER
+    st = LedgerState(7, KEY, fenced=True, lac=3, last_entry=9, explicit_lac=b"\x00" * 20)
+    assert LedgerState.from_bytes(7, st.to_bytes()) == st
+    assert entry_lac(b"short") == -1
+
+
+def test_dirty_states_are_taken_once_per_checkpoint() -> None:
+    b = book()
+    b.check_add(1, KEY, False)
+    b.check_fence(2, KEY)
+    assert set(b.take_dirty()) == {1, 2}
+    assert b.take_dirty() == {}
