@@ -280,3 +280,17 @@ def test_settings_come_from_env_and_config_file(cluster: Running, tmp_path) -> N
     bad = ql("shell", "--config", str(cfg), "--metadata", cluster.uri, "whatisinstanceid")
     assert_clean_error(bad, 2)
     assert "read_timeout_s" in bad.stderr and str(cfg) in bad.stderr
+
+
+def test_operations_guide_documents_every_shell_command() -> None:
+    import click
+
+    from quorumlog.cli.shell import shell
+    from tests.cli.helpers import ROOT
+
+    with open(f"{ROOT}/docs/OPERATIONS.md") as f:
+        guide = f.read()
+    assert isinstance(shell, click.Group)
+    for name in shell.commands:
+        assert f"| `{name}" in guide, f"docs/OPERATIONS.md does not describe `shell {name}`"
+    assert set(COMMANDS) <= set(shell.commands)
