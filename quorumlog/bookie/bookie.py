@@ -95,6 +95,8 @@ class Bookie:
         self.long_poll_parked = asyncio.Event()  # set whenever a long poll starts waiting (observability)
         self._parked: deque[tuple[m.AddRequest, Reply]] = deque()
         self._checkpoint_task: asyncio.Task[None] | None = None
+        self._checkpoint_lock = asyncio.Lock()  # one checkpoint at a time, whoever starts it
+        self._polls: set[asyncio.Task[None]] = set()  # parked long polls (kept referenced until done)
         self._periodic: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -199,9 +201,10 @@ class Bookie:
 
     async def checkpoint(self) -> None:
         """Flush the write cache to an entry log + index and release the journal before it."""
-        while self.storage.flush_running:
-            assert self._checkpoint_task is not None
-            await asyncio.shield(self._checkpoint_task)
+        async with self._checkpoint_lock:
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
         loop = asyncio.get_running_loop()
         marked: asyncio.Future[JournalPosition] = loop.create_future()
 
@@ -336,7 +339,9 @@ class Bookie:
             self._fencing_read(req, reply)
             return
         if req.piggyback and req.previous_lac is not None:
-            asyncio.get_running_loop().create_task(self._long_poll(req, reply))
+            task = asyncio.get_running_loop().create_task(self._long_poll(req, reply))
+            self._polls.add(task)
+            task.add_done_callback(self._polls.discard)
             return
         state = self.book.get(lid)
         if state is None:

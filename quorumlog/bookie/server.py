@@ -99,7 +99,13 @@ class BookieConnection(asyncio.Protocol):
         self._pending -= 1
         if self.transport is None:
             return
-        self._out.append(self.codec.send(response))
+        try:
+            self._out.append(self.codec.send(response))
+        except Exception:  # a response we cannot encode is a bug: lose this connection, not the bookie
+            log.exception("cannot encode %r; closing the connection", response)
+            self.transport.close()
+            self.transport = None
+            return
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
