@@ -38,6 +38,7 @@ __all__ = [
     "all_tables",
     "check_value",
     "client_connect_options",
+    "client_options",
     "parse_text",
     "read_toml",
 ]
@@ -280,8 +281,9 @@ def _show(value: Any) -> str:
 CLIENT = SettingsTable(
     "client",
     "Client",
-    "Keyword arguments of `Client.connect(uri, ...)` (API.md); the shell reads them from flags, "
-    "`QUORUMLOG_*` variables or the `[client]` table of its `--config` file. 0 turns an interval or "
+    "Keyword arguments of `Client.connect(uri, ...)` (API.md). The shell reads them from flags, "
+    "`QUORUMLOG_*` variables or the `[client]` table of its `--config` file; applications can do the same "
+    'with `Client.connect(uri, **quorumlog.config.client_options("app.toml"))`. 0 turns an interval or '
     "timeout off.",
     (
         Setting(
@@ -355,6 +357,17 @@ CLIENT = SettingsTable(
 def client_connect_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """`Client.connect` keyword arguments from loaded client settings (only the client table's keys)."""
     return {name: values[name] for name in CLIENT.names if name in values}
+
+
+def client_options(
+    path: str | None = None, *, environ: Mapping[str, str] | None = None, **overrides: Any
+) -> dict[str, Any]:
+    """`Client.connect` keyword arguments for an application, checked and with the shared precedence:
+    `overrides` > `QUORUMLOG_*` variables > the file's `[client]` table > defaults.
+
+        client = await Client.connect(uri, **client_options("app.toml"))
+    """
+    return client_connect_options(CLIENT.load(path, environ=environ, overrides=overrides))
 
 
 # --- the shell ------------------------------------------------------------------------------------------------

@@ -163,3 +163,16 @@ def test_cli_bad_values_exit_2_naming_the_key() -> None:
     r = ql("standalone", "--bookies", "0")
     assert_clean_error(r, 2)
     assert "allowed 1 .. 64" in r.stderr
+
+
+def test_client_options_feed_client_connect(tmp_path: Any) -> None:
+    from quorumlog.client.client import Client
+    from quorumlog.config import client_options
+
+    cfg = tmp_path / "app.toml"
+    cfg.write_text('[client]\nplacement = "rack"\nread_timeout_s = 2\n')
+    opts = client_options(str(cfg), environ={"QUORUMLOG_READ_TIMEOUT_S": "3"}, add_timeout_s=1.0)
+    assert (opts["placement"], opts["read_timeout_s"], opts["add_timeout_s"]) == ("rack", 3.0, 1.0)
+    inspect.signature(Client.connect).bind("file:///x", **opts)  # every key is an argument
+    with pytest.raises(ConfigError, match="add_timeout_s"):
+        client_options(environ={}, add_timeout_s=-1)

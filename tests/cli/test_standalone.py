@@ -10,6 +10,8 @@ import signal
 import socket
 from typing import Any
 
+import pytest
+
 from tests.cli.helpers import (
     Running,
     assert_clean_error,
@@ -100,3 +102,37 @@ def test_the_cluster_fixture_prints_its_uri_once_writable(cluster: Running) -> N
     check_line = next(i for i, line in enumerate(lines) if line.startswith("write check:"))
     assert check_line < uri_line
     assert lines[uri_line] == f"metadata: {cluster.uri}"
+
+
+def test_standalone_on_an_external_zookeeper(tmp_path: Any) -> None:
+    """`--metadata zk://...`: the cluster is initialised in ZooKeeper on first start and keeps its ledgers
+    across a restart; nothing is written to an embedded store."""
+    from quorumlog.testing.servers import ZooKeeperServer, started, zookeeper_available
+
+    if not zookeeper_available():
+        pytest.fail("ZooKeeper is not installed: run ./dev setup (Debian package zookeeper)")
+    zk = started(ZooKeeperServer)
+    try:
+        uri = zk.uri("/standalone-test")
+        data_dir = str(tmp_path / "data")
+        first = start_standalone(data_dir, "--metadata", uri, "--bookies", "2", port_base_=port_base(2))
+        try:
+            assert first.uri == uri
+            ledger = ql_json(
+                "shell", "--metadata", uri, "simpletest", "-n", "20", "-e", "2", "-w", "2", "--keep"
+            )
+            assert ledger["ok"]
+            instance = ql_json("shell", "--metadata", uri, "whatisinstanceid")["instance_id"]
+        finally:
+            assert first.stop() == 0, first.text()
+        assert not os.path.exists(os.path.join(data_dir, "metadata"))
+        second = start_standalone(data_dir)  # remembers the ZooKeeper URI
+        try:
+            assert second.uri == uri
+            assert ql_json("shell", "--metadata", uri, "whatisinstanceid")["instance_id"] == instance
+            read = ql_json("shell", "--metadata", uri, "readledger", str(ledger["ledger_id"]))
+            assert len(read["entries"]) == 20
+        finally:
+            assert second.stop() == 0, second.text()
+    finally:
+        zk.close()
