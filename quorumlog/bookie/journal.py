@@ -239,7 +239,9 @@ class Journal:
         unsealed: _Segment | None = None
         for seq in seqs:
             if seq < first:
-                continue  # released by a checkpoint but not yet removed
+                # Released by a checkpoint, but the release did not finish (or was not durable).
+                self._recycle(self._path(seq))
+                continue
             f = self.env.disk.open(self._path(seq))
             try:
                 size = f.size()

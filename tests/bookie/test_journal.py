@@ -270,6 +270,11 @@ async def test_released_files_are_recycled_and_their_old_records_never_replay(tm
     await append_all(j, data)
     await asyncio.to_thread(j.close)
     assert replayed(journal(env, d), pos) == data
+    # a released file that reappears (its release was not durable) is released again on start
+    stale = f"{pos.seq - 1:016x}.jnl"
+    env.disk.write_atomic(os.path.join(d, stale), b"stale")
+    assert replayed(journal(env, d), pos) == data
+    assert stale not in env.disk.listdir(d)
 
 
 async def test_journal_sync_off_logs_a_loud_warning(tmp_path: str, caplog: pytest.LogCaptureFixture) -> None:
