@@ -9,6 +9,8 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
   buffer out, writes it with one pwrite, syncs once, and wakes the loop once (`call_soon_threadsafe`) for the
   whole batch. NOTES.md: a thread hand-off costs as much as an fdatasync, so never one per record.
 - The thread waits up to `max_wait_s` for a batch to grow to `max_batch_bytes` before syncing a small batch.
+  When the disk is slow and more is queued, one batch takes up to 16x that (bounded by half a file): an
+  fdatasync costs about the same for 512 KiB as for 4 MiB, so a backlog is cleared in one sync, not many.
 - Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
   from files a checkpoint released.
 - Checksums are paired: each record carries a CRC32C of its type, length and payload (computed on the loop
@@ -174,6 +176,9 @@ class Journal:
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.max_batch_bytes = max_batch_bytes
+        self.batch_cap_bytes = max(
+            max_batch_bytes, min(16 * max_batch_bytes, (file_size_bytes - HEADER_SIZE) // 2)
+        )
         self.max_wait_s = max_wait_s
         self.sync = sync
         self.max_pending_bytes = max_pending_bytes
@@ -496,7 +501,7 @@ class Journal:
                     self._thread_waiting = False
             if not self._records and not self._marks:
                 return None  # closing with nothing left
-            if not self._marks and self._queued_bytes <= self.max_batch_bytes:
+            if not self._marks and self._queued_bytes <= self.batch_cap_bytes:
                 batch = _Batch(self._records, self._callbacks, [])
                 self._records, self._callbacks, self._queued_bytes = [], [], 0
                 return batch
@@ -504,7 +509,7 @@ class Journal:
 
     def _split_batch(self) -> _Batch:
         """Take whole records from the front of the queue (under _cond): up to the first mark, and at most
-        max_batch_bytes (but at least one record).
+        batch_cap_bytes (but at least one record).
 
         Bounding a batch bounds one sync's latency and lets rolling keep every file near its preallocated
         size (a batch never straddles files); ending a batch at a mark puts the mark between batches."""
@@ -514,7 +519,7 @@ class Journal:
         size = 0
         while cut < limit:
             n = len(records[cut][0]) + len(records[cut][1])
-            if cut > 0 and size + n > self.max_batch_bytes:
+            if cut > 0 and size + n > self.batch_cap_bytes:
                 break
             size += n
             cut += 1
