@@ -18,7 +18,10 @@ class WrappedFile(File):
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         with self._disk.lock:
             n = self._inner.pwrite(data, offset)
-            self._disk.event("write", self.path, offset, offset + len(data))
+            if self._disk.keep_data:
+                self._disk.event("write", self.path, offset, offset + len(data), bytes(data))
+            else:
+                self._disk.event("write", self.path, offset, offset + len(data))
             return n
 
     def pread(self, size: int, offset: int) -> bytes:
@@ -47,10 +50,11 @@ class WrappedFile(File):
 class WrappedDisk(Disk):
     """Delegates to `inner`; records (kind, path, ...) events when `record` is set."""
 
-    def __init__(self, inner: Disk, *, record: bool = False) -> None:
+    def __init__(self, inner: Disk, *, record: bool = False, keep_data: bool = False) -> None:
         self.inner = inner
         self.lock = threading.RLock()
         self.record = record
+        self.keep_data = keep_data
         self.events: list[tuple[Any, ...]] = []
 
     def event(self, *ev: Any) -> None:

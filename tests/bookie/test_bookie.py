@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import struct
 
 import pytest
 
 from quorumlog.bookie.bookie import encode_availability
+from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.service import BookieService
+from quorumlog.env import OsDisk
 from quorumlog.proto import messages as m
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
 from quorumlog.proto.status import StatusCode
-from tests.bookie.conftest import StartBookie
+from tests.bookie.conftest import SMALL, StartBookie
+from tests.bookie.disks import DiskEnv, WrappedDisk
 from tests.bookie.helpers import KEY, PASSWORD, RawClient, entry
 
 V2, V3 = m.ProtocolVersion.V2, m.ProtocolVersion.V3
@@ -264,3 +268,43 @@ async def test_failed_checkpoint_stops_acknowledging_but_keeps_entries_readable(
     await c.close()
     svc.bookie.failed = None  # let the fixture's clean stop checkpoint through the real flush
     del svc.bookie.storage.flush
+
+
+async def test_every_acknowledged_add_was_synced_in_the_journal_first(tmp_path: str) -> None:
+    """End to end over the wire: when the client receives EOK for an entry, the journal write carrying that
+    entry's bytes has been followed by an fdatasync of that journal file (DESIGN.md §3)."""
+    disk = WrappedDisk(OsDisk(), record=True, keep_data=True)
+    cfg = BookieConfig(**{**SMALL, "data_dir": os.path.join(tmp_path, "o")})
+    svc = BookieService(cfg, DiskEnv(disk))
+    await svc.start()
+    try:
+        c = await client(svc)
+        bodies = {e: entry(90, e, b"ordering-%06d" % e + os.urandom(200)) for e in range(300)}
+
+        async def one(e: int) -> None:
+            r = await c.call(m.AddRequest(90, e, KEY, bodies[e]))
+            assert r.status == OK
+            with disk.lock:
+                disk.event("ack", e)
+
+        await asyncio.gather(*(one(e) for e in bodies))
+        await c.close()
+    finally:
+        await svc.stop()
+    last_sync: dict[str, int] = {}
+    carried_by: dict[int, tuple[int, str]] = {}  # entry -> last journal write carrying it
+    checked = 0
+    for idx, ev in enumerate(disk.events):
+        if ev[0] == "write" and ev[1].endswith(".jnl"):
+            for match in re.finditer(rb"ordering-(\d{6})", ev[4]):
+                carried_by[int(match.group(1))] = (idx, ev[1])
+        elif ev[0] == "sync":
+            last_sync[ev[1]] = idx
+        elif ev[0] == "ack":
+            assert ev[1] in carried_by, f"entry {ev[1]} acknowledged before any journal write carried it"
+            i, path = carried_by[ev[1]]
+            assert last_sync.get(path, -1) > i, (
+                f"entry {ev[1]} acknowledged before its journal write was synced"
+            )
+            checked += 1
+    assert checked == len(bodies)
