@@ -32,7 +32,7 @@ from quorumlog.errors import (
 )
 from quorumlog.meta import layout
 from quorumlog.meta.generated import data_formats_pb2 as formats
-from quorumlog.meta.store import MetadataStore, basename
+from quorumlog.meta.store import ANY_VERSION, MetadataStore, Versioned, basename
 
 __all__ = ["UnderReplicationManager"]
 
@@ -122,6 +122,19 @@ class UnderReplicationManager:
                 continue
         raise MetadataStoreError(f"could not mark ledger {ledger_id} under-replicated: too much contention")
 
+    async def read_mark(self, ledger_id: int) -> Versioned[list[str]] | None:
+        """The replicas a mark lists with the mark's version, or None if the ledger is not marked.
+
+        A worker remembers the version it repaired against and clears the mark only at that version
+        (`mark_replicated(..., version=)`), as BookKeeper's worker does: a replica the auditor added meanwhile
+        keeps the mark.
+        """
+        try:
+            raw = await self.store.get(self.mark_path(ledger_id))
+        except MetadataNotFoundError:
+            return None
+        return Versioned(list(_parse_mark(raw.value).replica), raw.version)
+
     async def missing_replicas(self, ledger_id: int) -> list[str] | None:
         """The replicas a mark lists, or None if the ledger is not marked."""
         try:
@@ -149,11 +162,20 @@ class UnderReplicationManager:
         await walk(self.ledgers_base, 0)
         return sorted(out)
 
-    async def mark_replicated(self, ledger_id: int) -> None:
-        """Clear the mark (the ledger is fully replicated again) and release our lock on it."""
+    async def mark_replicated(self, ledger_id: int, *, version: int = ANY_VERSION) -> bool:
+        """Clear the mark (the ledger is fully replicated again) and release our lock on it.
+
+        With `version`, only the mark as read at that version is cleared; False when it changed meanwhile
+        (it then stays for the next worker) -- the lock is released either way.
+        """
         path = self.mark_path(ledger_id)
-        with contextlib.suppress(MetadataNotFoundError):
-            await self.store.delete(path)
+        cleared = True
+        try:
+            await self.store.delete(path, version=version)
+        except MetadataNotFoundError:
+            pass
+        except MetadataVersionError:
+            cleared = False
         # Drop now-empty hex directories, as BookKeeper does; another mark may race in: then keep it.
         parent = path.rsplit("/", 1)[0]
         while parent != self.ledgers_base:
@@ -163,6 +185,7 @@ class UnderReplicationManager:
                 break
             parent = parent.rsplit("/", 1)[0]
         await self.release(ledger_id)
+        return cleared
 
     # -- locks --
     def lock_path(self, ledger_id: int) -> str:
@@ -202,6 +225,25 @@ class UnderReplicationManager:
 
     async def is_enabled(self) -> bool:
         return await self.store.exists(f"{self.base}/disable") is None
+
+    @property
+    def disable_path(self) -> str:
+        return f"{self.base}/disable"
+
+    @property
+    def lost_bookie_recovery_delay_path(self) -> str:
+        return f"{self.base}/lostBookieRecoveryDelay"
+
+    async def initialize_lost_bookie_recovery_delay(self, delay_s: int) -> bool:
+        """Store the delay only if none is stored (an auditor's configured default; an operator's value
+        wins). True if this call stored it."""
+        try:
+            await self.store.create(
+                self.lost_bookie_recovery_delay_path, str(int(delay_s)).encode(), make_parents=True
+            )
+            return True
+        except MetadataExistsError:
+            return False
 
     async def set_lost_bookie_recovery_delay(self, delay_s: int) -> None:
         path = f"{self.base}/lostBookieRecoveryDelay"

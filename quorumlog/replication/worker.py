@@ -1,0 +1,491 @@
+"""The replication worker: takes under-replication marks and moves the fragments they name to new bookies.
+
+What it owns (DESIGN.md §2 "Auto-recovery", docs/REPLICATION.md):
+- `Replicator.replicate(ledger_id, suspects)`: one ledger. For every fragment position held by a suspect
+  bookie that is lost (or, if alive, lacks entries it should hold -- `fragments.repairs_for`), choose a
+  replacement with the client's placement policy, copy each entry of that position from surviving replicas
+  (read, digest verified with the password from metadata, then RECOVERY_ADD so the add is accepted on a
+  fenced or closed ledger), and only then swap the bookie in that fragment's ensemble by compare-and-set.
+  A lost CAS re-reads and re-applies the swaps that still apply; a position someone else already changed is
+  left to them. All swaps of one ledger go in one metadata write (metadata operations are precious).
+- `ReplicationWorker`: the loop. Lists marks, takes each one's ephemeral lock (BookKeeper's `locks/urL…`,
+  so a Java worker and ours never work on one ledger at once), replicates up to `ledgers_in_parallel_max`
+  ledgers at a time, and clears the mark at the version it read (a replica the auditor added meanwhile keeps
+  the mark). A failed ledger is released and retried after `retry_backoff_s`.
+
+Rules it keeps:
+- Data before metadata: an ensemble names the new bookie only after every entry of that position is on it.
+  A crash in between leaves the mark and some unreferenced entries on the new bookie (harmless).
+- The open last fragment of an OPEN ledger is not touched while its writer may still be adding to it. After
+  `open_ledger_rereplication_grace_s` from the first time this worker saw it missing a lost bookie, the
+  ledger is fenced and closed (recovery open, as BookKeeper's worker does), then replicated like any
+  closed ledger. A live writer normally changes its ensemble away from a dead bookie long before that.
+- Bounded: `entries_in_flight_max` copies in flight per ledger, `rate_mb_s` bytes per second across the
+  worker (0: unbounded), `ledgers_in_parallel_max` ledgers at once.
+- While replication is disabled (`underreplication/disable`), no new ledger is taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from quorumlog.client.distribution import Quorum
+from quorumlog.client.ledger_handle import recover_ledger
+from quorumlog.errors import (
+    DigestMismatchError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuorumLogError,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.store import Versioned
+from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.proto.entry import DigestManager
+from quorumlog.proto.messages import AddRequest, ReadRequest
+from quorumlog.replication import metrics
+from quorumlog.replication.fragments import EntrySet, Repair, repairs_for, replace_in_fragment, stored_entries
+from quorumlog.replication.probe import entries_on_bookie
+
+if TYPE_CHECKING:
+    from quorumlog.client.client import Client
+
+__all__ = ["Outcome", "ReplicationError", "ReplicationWorker", "Replicator", "WorkerSettings"]
+
+log = logging.getLogger("quorumlog.replication.worker")
+
+METADATA_CAS_ATTEMPTS_MAX = 32
+
+
+class ReplicationError(QuorumLogError):
+    """A ledger could not be re-replicated this time (it stays marked and is retried)."""
+
+    retriable = True
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    open_ledger_rereplication_grace_s: float = 30.0
+    """An open ledger's last fragment on a lost bookie is left to its writer this long, then fenced."""
+    ledgers_in_parallel_max: int = 4
+    entries_in_flight_max: int = 64
+    """Entry copies in flight per ledger."""
+    rate_mb_s: float = 64.0
+    """Bytes copied per second by one worker, in MB (10^6 bytes); 0 = unbounded."""
+    poll_interval_s: float = 1.0
+    """How often the loop looks for new marks when nothing woke it."""
+    retry_backoff_s: float = 2.0
+    """A ledger whose replication failed is not retried by this worker for this long."""
+    request_timeout_s: float = 10.0
+
+
+class Outcome(enum.Enum):
+    DONE = "done"  # every suspect position is repaired (or needed none)
+    DEFERRED = "deferred"  # the open last fragment waits for the grace period; closed ones were repaired
+    GONE = "gone"  # the ledger was deleted
+
+
+class RateLimiter:
+    """A token bucket in bytes per second; `rate_bytes_s` 0 = no limit. Burst: a quarter second's worth."""
+
+    def __init__(self, rate_bytes_s: float) -> None:
+        self.rate = rate_bytes_s
+        self.burst = max(rate_bytes_s / 4, 1 << 20)
+        self.tokens = self.burst
+        self.stamp = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def acquire(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        async with self._lock:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+            self.tokens -= n
+            if self.tokens < 0:
+                # Going into debt and sleeping it off keeps large entries possible.
+                await asyncio.sleep(-self.tokens / self.rate)
+
+
+class Replicator:
+    """Re-replicates one ledger at a time (see the module docstring); shared by the worker and admin.py."""
+
+    def __init__(
+        self,
+        client: Client,
+        settings: WorkerSettings | None = None,
+        *,
+        stats: metrics.ReplicationStats | None = None,
+        limiter: RateLimiter | None = None,
+    ) -> None:
+        self.client = client
+        self.settings = settings or WorkerSettings()
+        self.stats = stats or metrics.ReplicationStats()
+        self.limiter = limiter or RateLimiter(self.settings.rate_mb_s * 1e6)
+        self._open_seen: dict[int, float] = {}
+
+    def available(self) -> frozenset[str]:
+        reg = self.client.registry
+        return reg.writable_bookies() | reg.readonly_bookies()
+
+    async def replicate(
+        self, ledger_id: int, suspects: Collection[str], *, force: bool = False, fence_now: bool = False
+    ) -> Outcome:
+        """Repair every fragment position of `ledger_id` held by a suspect that needs it.
+
+        `force`: replace the suspects' positions even when they are alive and complete (decommission).
+        `fence_now`: fence an open ledger at once instead of after the grace period (manual recovery).
+        """
+        lm = self.client.ledger_manager
+        try:
+            vmd = await lm.read(ledger_id)
+        except NoSuchLedgerError:
+            return Outcome.GONE
+        suspects = frozenset(suspects)
+        closed, open_ = await self._plan(vmd.value, suspects, force)
+        if open_:
+            first_seen = self._open_seen.setdefault(ledger_id, time.monotonic())
+            waited = time.monotonic() - first_seen
+            if not fence_now and waited < self.settings.open_ledger_rereplication_grace_s:
+                if closed:
+                    await self._repair(vmd, closed, suspects)
+                self.stats.ledgers_deferred += 1
+                log.info(
+                    "ledger %d: last fragment is open on %s; leaving it to its writer for %.1f s more",
+                    ledger_id,
+                    sorted({r.bookie_id for r in open_}),
+                    self.settings.open_ledger_rereplication_grace_s - waited,
+                )
+                return Outcome.DEFERRED
+            log.info("ledger %d: fencing and closing it to re-replicate its open last fragment", ledger_id)
+            try:
+                await recover_ledger(self.client, ledger_id, vmd.value.password)
+            except NoSuchLedgerError:
+                return Outcome.GONE
+            self.stats.ledgers_fenced += 1
+            metrics.LEDGERS_FENCED.inc()
+            self._open_seen.pop(ledger_id, None)
+            try:
+                vmd = await lm.read(ledger_id)
+            except NoSuchLedgerError:
+                return Outcome.GONE
+            closed, open_ = await self._plan(vmd.value, suspects, force)
+            if open_:
+                raise ReplicationError(f"ledger {ledger_id} is still open after recovery")
+        self._open_seen.pop(ledger_id, None)
+        if closed:
+            await self._repair(vmd, closed, suspects)
+        return Outcome.DONE
+
+    async def _plan(
+        self, md: LedgerMetadata, suspects: frozenset[str], force: bool
+    ) -> tuple[list[Repair], list[Repair]]:
+        available = self.available()
+        stored: dict[str, EntrySet | None] = {}
+        for b in sorted(suspects & md.bookies()):
+            if force:
+                stored[b] = None
+            elif b in available:
+                try:
+                    stored[b] = await entries_on_bookie(
+                        self.client, b, md, timeout_s=self.settings.request_timeout_s
+                    )
+                except QuorumLogError as e:
+                    raise ReplicationError(
+                        f"ledger {md.ledger_id}: cannot tell what live bookie {b} stores ({e}); will retry"
+                    ) from e
+        return repairs_for(md, suspects, available, stored)
+
+    async def _repair(
+        self, vmd: Versioned[LedgerMetadata], repairs: list[Repair], suspects: frozenset[str]
+    ) -> None:
+        md = vmd.value
+        lid = md.ledger_id
+        quorum = Quorum(md.ensemble_size, md.write_quorum, md.ack_quorum)
+        available = self.available()
+        infos = self.client.bookie_infos()
+        rng = self.client.env.rng
+        # Replacements per fragment, chosen against the ensemble as already changed by earlier choices so
+        # two lost bookies of one ensemble never get the same replacement.
+        plans: list[tuple[Repair, str]] = []
+        working: dict[int, list[str]] = {}
+        for r in repairs:
+            ens = working.setdefault(r.first_entry_id, list(r.fragment.ensemble))
+            new = self.client.placement.replace_bookie(
+                ens, r.index, md.write_quorum, infos, rng, exclude={*suspects, r.bookie_id}
+            )
+            ens[r.index] = new
+            plans.append((r, new))
+        dm = DigestManager(lid, md.digest, md.password)
+        t0 = time.monotonic()
+        copied = await self._copy_all(md, quorum, dm, plans, available)
+        for r, new in plans:
+            log.info(
+                "ledger %d fragment from entry %d: copied position %d (%s -> %s)",
+                lid,
+                r.first_entry_id,
+                r.index,
+                r.bookie_id,
+                new,
+            )
+        await self._swap(vmd, [(r.first_entry_id, r.index, r.bookie_id, new) for r, new in plans])
+        self.stats.fragments_replicated += len(plans)
+        metrics.FRAGMENTS_REPLICATED.inc(len(plans))
+        log.info(
+            "ledger %d: %d fragment position(s), %d entries, %d bytes re-replicated in %.2f s",
+            lid,
+            len(plans),
+            copied[0],
+            copied[1],
+            time.monotonic() - t0,
+        )
+
+    async def _copy_all(
+        self,
+        md: LedgerMetadata,
+        quorum: Quorum,
+        dm: DigestManager,
+        plans: list[tuple[Repair, str]],
+        available: Collection[str],
+    ) -> tuple[int, int]:
+        window = max(1, self.settings.entries_in_flight_max)
+        pending: set[asyncio.Task[int]] = set()
+        entries = 0
+        nbytes = 0
+
+        async def drain(until: int) -> None:
+            nonlocal entries, nbytes
+            while len(pending) > until:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    pending.discard(t)
+                    nbytes += t.result()  # re-raises the first failure
+                    entries += 1
+
+        try:
+            for r, new in plans:
+                for entry_id in stored_entries(quorum, r.fragment, r.index):
+                    sources = self._sources(quorum, r, entry_id, available)
+                    pending.add(asyncio.create_task(self._copy_one(md, dm, entry_id, sources, new)))
+                    if len(pending) >= window:
+                        await drain(window - 1)
+            await drain(0)
+        finally:
+            for t in pending:
+                t.cancel()
+            for t in pending:
+                with contextlib.suppress(BaseException):
+                    await t
+        return entries, nbytes
+
+    @staticmethod
+    def _sources(quorum: Quorum, r: Repair, entry_id: int, available: Collection[str]) -> list[str]:
+        # The other replicas of the entry's write set in write-set order (spreads the reads like the writes),
+        # registered ones first; then the bookie being replaced (a live one being decommissioned has it).
+        # Unregistered bookies are still tried, last: membership can lag (a session flap), a read cannot lie.
+        ens = r.fragment.ensemble
+        others = [ens[i] for i in quorum.write_set(entry_id) if i != r.index]
+        ordered = [b for b in others if b in available] + [b for b in others if b not in available]
+        return [*ordered, r.bookie_id]
+
+    async def _copy_one(
+        self, md: LedgerMetadata, dm: DigestManager, entry_id: int, sources: list[str], target: str
+    ) -> int:
+        lid = md.ledger_id
+        timeout = self.settings.request_timeout_s
+        errors: list[str] = []
+        body: bytes | None = None
+        for b in sources:
+            try:
+                resp = await self.client.bookie(b).send(ReadRequest(lid, entry_id), timeout_s=timeout)
+                raw = getattr(resp, "body", None)
+                if raw is None:
+                    raise DigestMismatchError("read answered without an entry body")
+                dm.decode_entry(raw, entry_id)  # never copy a corrupt entry
+                body = raw
+                break
+            except DigestMismatchError as e:
+                log.error("ledger %d entry %d on bookie %s is corrupt: %s", lid, entry_id, b, e)
+                errors.append(f"{b}: corrupt")
+            except QuorumLogError as e:
+                errors.append(f"{b}: {type(e).__name__}")
+        if body is None:
+            raise ReplicationError(
+                f"ledger {lid} entry {entry_id}: no surviving replica could supply it ({', '.join(errors) or 'no replicas'})"
+            )
+        await self.limiter.acquire(len(body))
+        try:
+            await self.client.bookie(target).send(
+                AddRequest(lid, entry_id, dm.master_key, body, recovery=True), timeout_s=timeout
+            )
+        except QuorumLogError as e:
+            raise ReplicationError(f"ledger {lid} entry {entry_id}: add to {target} failed: {e}") from e
+        self.stats.entries_copied += 1
+        self.stats.bytes_copied += len(body)
+        metrics.ENTRIES_COPIED.inc()
+        metrics.BYTES_COPIED.inc(len(body))
+        return len(body)
+
+    async def _swap(self, vmd: Versioned[LedgerMetadata], swaps: list[tuple[int, int, str, str]]) -> None:
+        """Write the replacements into the metadata by CAS; on a conflict re-read and re-apply."""
+        lm = self.client.ledger_manager
+        cur = vmd
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            md = cur.value
+            for first, index, old, new in swaps:
+                ens = md.ensembles.get(first)
+                if ens is None or ens[index] == new:
+                    continue  # gone (cannot happen to a fragment we may touch) or already ours
+                if ens[index] != old:
+                    log.warning(
+                        "ledger %d fragment from %d position %d now holds %s (expected %s): leaving it",
+                        md.ledger_id,
+                        first,
+                        index,
+                        ens[index],
+                        old,
+                    )
+                    continue
+                md = replace_in_fragment(md, first, index, old, new)
+            if dict(md.ensembles) == dict(cur.value.ensembles):
+                return
+            try:
+                await lm.write(md, version=cur.version)
+                return
+            except MetadataVersionError:
+                cur = await lm.read(md.ledger_id)
+        raise ReplicationError(
+            f"ledger {vmd.value.ledger_id}: ensemble update lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
+        )
+
+
+class ReplicationWorker:
+    """Takes marks and replicates them until `stop()` (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: Client,
+        urm: UnderReplicationManager,
+        settings: WorkerSettings | None = None,
+        *,
+        wake: asyncio.Event | None = None,
+    ) -> None:
+        self.client = client
+        self.urm = urm
+        self.settings = settings or WorkerSettings()
+        self.stats = metrics.ReplicationStats()
+        self.replicator = Replicator(client, self.settings, stats=self.stats)
+        self.wake = wake or asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._active: dict[int, asyncio.Task[None]] = {}
+        self._not_before: dict[int, float] = {}
+        self._slot_freed = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.wake.set()
+
+    async def run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._take_marks()
+                except QuorumLogError as e:
+                    log.warning("replication worker: listing or locking marks failed: %s", e)
+                await self._idle()
+        finally:
+            for t in list(self._active.values()):
+                t.cancel()
+            for t in list(self._active.values()):
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _idle(self) -> None:
+        waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self._slot_freed.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self.settings.poll_interval_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+        self.wake.clear()
+        self._slot_freed.clear()
+
+    async def _take_marks(self) -> None:
+        if len(self._active) >= self.settings.ledgers_in_parallel_max:
+            return
+        if not await self.urm.is_enabled():
+            return
+        now = time.monotonic()
+        marked = [
+            lid
+            for lid in await self.urm.list_marked()
+            if lid not in self._active and self._not_before.get(lid, 0.0) <= now
+        ]
+        self.client.env.rng.shuffle(marked)  # several workers then rarely contend for the same lock
+        for lid in marked:
+            if len(self._active) >= self.settings.ledgers_in_parallel_max or self._stopping.is_set():
+                return
+            if not await self.urm.try_lock(lid):
+                continue
+            task = asyncio.create_task(self._work(lid), name=f"replicate-{lid}")
+            self._active[lid] = task
+
+    async def _work(self, lid: int) -> None:
+        self.stats.in_progress.append(lid)
+        metrics.IN_PROGRESS.inc()
+        try:
+            mark = await self.urm.read_mark(lid)
+            if mark is None:
+                await self.urm.release(lid)  # replicated by someone else between listing and locking
+                return
+            outcome = await self.replicator.replicate(lid, mark.value)
+            if outcome is Outcome.DEFERRED:
+                self._not_before[lid] = time.monotonic() + min(
+                    self.settings.open_ledger_rereplication_grace_s, max(self.settings.poll_interval_s, 1.0)
+                )
+                await self.urm.release(lid)
+                return
+            cleared = await self.urm.mark_replicated(lid, version=mark.version)
+            if outcome is Outcome.DONE:
+                self.stats.ledgers_replicated += 1
+                metrics.LEDGERS_REPLICATED.inc()
+                log.info(
+                    "ledger %d re-replicated (missing %s)%s",
+                    lid,
+                    ", ".join(mark.value),
+                    "" if cleared else "; its mark changed meanwhile and stays",
+                )
+            else:
+                log.info("ledger %d was deleted; mark cleared", lid)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await self.urm.release(lid)
+            raise
+        except Exception as e:
+            self.stats.failures += 1
+            self.stats.last_error = f"ledger {lid}: {e}"
+            metrics.FAILURES.inc()
+            log.warning("ledger %d: re-replication failed, will retry: %s", lid, e)
+            self._not_before[lid] = time.monotonic() + self.settings.retry_backoff_s
+            with contextlib.suppress(Exception):
+                await self.urm.release(lid)
+        finally:
+            self._active.pop(lid, None)
+            with contextlib.suppress(ValueError):
+                self.stats.in_progress.remove(lid)
+            metrics.IN_PROGRESS.dec()
+            self._slot_freed.set()
+
+
+def suspects_of(ledgers: Iterable[LedgerMetadata], bookie_id: str) -> list[int]:
+    """Ids of the ledgers with a fragment on `bookie_id`."""
+    return [md.ledger_id for md in ledgers if bookie_id in md.bookies()]
