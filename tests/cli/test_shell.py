@@ -291,6 +291,13 @@ def test_operations_guide_documents_every_shell_command() -> None:
     with open(f"{ROOT}/docs/OPERATIONS.md") as f:
         guide = f.read()
     assert isinstance(shell, click.Group)
-    for name in shell.commands:
-        assert f"| `{name}" in guide, f"docs/OPERATIONS.md does not describe `shell {name}`"
     assert set(COMMANDS) <= set(shell.commands)
+    # The commands of the shell's own module (other areas attach theirs and document them with their area).
+    own = [
+        n
+        for n, c in shell.commands.items()
+        if getattr(c.callback, "__module__", "") == shell.callback.__module__
+    ]
+    assert set(COMMANDS) <= set(own)
+    for name in own:
+        assert f"| `{name}" in guide, f"docs/OPERATIONS.md does not describe `shell {name}`"
