@@ -136,3 +136,27 @@ def test_standalone_on_an_external_zookeeper(tmp_path: Any) -> None:
             assert second.stop() == 0, second.text()
     finally:
         zk.close()
+
+
+def test_kill_9_of_the_standalone_orphans_no_bookie(tmp_path: Any) -> None:
+    """Even without a clean stop, the bookies die with their parent (parent-death signal)."""
+    import select
+
+    data_dir = str(tmp_path / "data")
+    running = start_standalone(data_dir, "--bookies", "2", port_base_=port_base(2))
+    children = [p for p in processes_mentioning(data_dir) if p != running.proc.pid]
+    try:
+        assert len(children) == 2, children
+        pidfds = [os.pidfd_open(p) for p in children]
+    finally:
+        running.stop(signal.SIGKILL)
+    try:
+        pending = set(pidfds)
+        while pending:  # a pidfd becomes readable when its process exits: an event, not a poll
+            ready, _, _ = select.select(list(pending), [], [], 10.0)
+            assert ready, f"bookies {processes_mentioning(data_dir)} outlived a kill -9 of the standalone"
+            pending -= set(ready)
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    assert processes_mentioning(data_dir) == []
