@@ -130,9 +130,12 @@ class LedgerStorage:
         return entries[0]
 
     def entries(self, ledger_id: int) -> list[int]:
-        ids = set(self.index.entries(ledger_id))
+        # Caches before the index: the checkpoint thread commits the index *then* clears the flushed cache,
+        # so whatever this misses in the caches it finds in the index. list(): one atomic copy.
+        ids: set[int] = set()
         for cache in (self.active, self.flushing):
-            ids.update(e for (lid, e) in list(cache.entries) if lid == ledger_id)  # list(): one atomic copy
+            ids.update(e for (lid, e) in list(cache.entries) if lid == ledger_id)
+        ids.update(self.index.entries(ledger_id))
         return sorted(ids)
 
     def begin_flush(self) -> WriteCache:
