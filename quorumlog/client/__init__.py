@@ -9,4 +9,7 @@ Pure decision logic, no I/O (driven by the asyncio handles and by the simulator 
 
 I/O:
 - `bookie_client` -- one asyncio connection per bookie over the sans-IO codec.
+- `ledger_handle` -- the asyncio drivers of the machines above: `WriteHandle`, `ReadHandle`, recovery.
+- `client` -- the public `Client` (API.md): connect, create / open / delete / list ledgers, shared
+  connections. The blocking facade is `quorumlog.sync`; docs/CLIENT.md describes the rules.
 """

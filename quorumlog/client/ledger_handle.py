@@ -604,6 +604,9 @@ class WriteHandle(LedgerHandle):
         self._lac_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._abandoned: QuorumLogError | None = None
+        # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
+        # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
+        self._unanswered: dict[str, dict[int, float]] = {}
         self._schedule_lac_timer()
 
     # --- state -------------------------------------------------------------------------------------------
@@ -714,6 +717,7 @@ class WriteHandle(LedgerHandle):
 
     def _send_adds(self, actions: Sequence[SendAdd]) -> None:
         req: AddRequest | None = None
+        now = self._now()
         for action in actions:
             body = self._bodies.get(action.entry_id)
             if body is None:
@@ -734,12 +738,21 @@ class WriteHandle(LedgerHandle):
             except QuorumLogError as e:
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
                 continue
+            unanswered = self._unanswered.get(action.bookie_id)
+            if unanswered is None:
+                unanswered = self._unanswered[action.bookie_id] = {}
+            unanswered[action.entry_id] = now
             fut.add_done_callback(functools.partial(self._on_add_answer, action.entry_id, action.bookie_id))
 
     def _on_add_answer(self, entry_id: int, bookie_id: str, fut: asyncio.Future[Response]) -> None:
-        if fut.cancelled() or self._abandoned is not None:
+        if fut.cancelled():
             return
-        exc = fut.exception()
+        exc = fut.exception()  # retrieved even when ignored below (asyncio logs unretrieved errors)
+        if self._abandoned is not None:
+            return
+        unanswered = self._unanswered.get(bookie_id)
+        if unanswered is not None:
+            unanswered.pop(entry_id, None)
         if exc is None:
             actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
         else:
@@ -794,7 +807,9 @@ class WriteHandle(LedgerHandle):
     # --- timers ------------------------------------------------------------------------------------------
 
     def _schedule_timeouts(self) -> None:
-        if self._timeout_timer is not None or self._tracker.pending_count == 0:
+        if self._timeout_timer is not None:
+            return
+        if self._tracker.pending_count == 0 and not any(self._unanswered.values()):
             return
         cfg = self._client.config
         periods = [t / 4 for t in (cfg.add_timeout_s, cfg.add_quorum_timeout_s) if t > 0]
@@ -807,9 +822,27 @@ class WriteHandle(LedgerHandle):
         self._timeout_timer = None
         if self._closed:
             return
-        actions = self._tracker.check_timeouts(self._now())
+        now = self._now()
+        actions = self._tracker.check_timeouts(now)
         if actions:
             self._apply(actions)
+        add_timeout_s = self._client.config.add_timeout_s
+        if add_timeout_s > 0:
+            for bookie_id, unanswered in self._unanswered.items():
+                if not unanswered or now - next(iter(unanswered.values())) < add_timeout_s:
+                    continue
+                # The tracker only watches pending entries; this bookie is late on entries that completed
+                # without it. Same timeout, same verdict: it counts as failed.
+                unanswered.clear()
+                if bookie_id in self._tracker.current_ensemble and self._tracker.error is None:
+                    log.warning(
+                        "ledger %d: bookie %s did not answer adds within add_timeout_s=%s",
+                        self.ledger_id,
+                        bookie_id,
+                        add_timeout_s,
+                    )
+                    self._excluded.add(bookie_id)
+                    self._apply(self._tracker.on_bookie_lost(bookie_id))
         self._schedule_timeouts()
 
     def _schedule_lac_timer(self) -> None:
