@@ -317,3 +317,22 @@ async def test_recovering_an_empty_ledger_closes_it_empty(client: Client) -> Non
     assert await r.read_last_entry() is None
     with pytest.raises(LedgerFencedError):
         await w.append(b"too late")
+
+
+async def test_recovery_with_a_dead_bookie_re_adds_through_an_ensemble_change(cluster: LocalCluster) -> None:
+    # Without explicit LAC the bookies only know LAC 8 (piggybacked on entry 9), so recovery must re-add
+    # entry 9 -- whose write set includes the bookie we stop: the recovery add changes the ensemble while the
+    # ledger is IN_RECOVERY.
+    async with await Client.connect(cluster.uri, explicit_lac_interval_s=0) as writer_client:
+        w = await writer_client.create_ledger(3, 2, 2, password=PW)
+        for i in range(10):
+            await w.append(b"r%d" % i)
+        victim = w.metadata.ensembles[0][9 % 3]
+        await cluster.node(victim).kill()
+        async with await Client.connect(cluster.uri, add_timeout_s=1.0, read_timeout_s=1.0) as recoverer:
+            r = await recoverer.open_ledger(w.ledger_id, password=PW)
+            assert r.is_closed and r.metadata.last_entry_id == 9
+            assert len(r.metadata.ensembles) == 2 and victim not in r.metadata.last_ensemble
+            assert [e.payload for e in await r.read(0, 9)] == [b"r%d" % i for i in range(10)]
+        with pytest.raises(LedgerFencedError):
+            await w.append(b"fenced")
