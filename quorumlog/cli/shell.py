@@ -835,3 +835,6 @@ def whoisauditor(as_json: bool) -> None:
         print_json({"auditor": auditor})
     else:
         click.echo(auditor or "no auditor is elected")
+
+
+from quorumlog.cli import shell_recovery as _shell_recovery  # noqa: E402, F401  (recover, decommission, ...)

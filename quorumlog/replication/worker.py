@@ -96,7 +96,7 @@ class RateLimiter:
 
     def __init__(self, rate_bytes_s: float) -> None:
         self.rate = rate_bytes_s
-        self.burst = max(rate_bytes_s / 4, 1 << 20)
+        self.burst = max(rate_bytes_s / 4, 64 << 10)
         self.tokens = self.burst
         self.stamp = time.monotonic()
         self._lock = asyncio.Lock()

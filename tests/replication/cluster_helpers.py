@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from quorumlog.client.client import Client, WriteHandle
 from quorumlog.meta.ledger_metadata import LedgerMetadata
@@ -104,3 +105,67 @@ async def check_replication(client: Client, ledgers: dict[int, int], size: int, 
         assert [e.payload for e in got] == [payload(lid, e, size) for e in range(n)]
         await r.close()
     return checked
+
+
+class AutoRecoveryProcess:
+    """A `quorumlog autorecovery` process (readiness through --ready-fd, never a sleep)."""
+
+    def __init__(self, uri: str, owner: str, log_dir: str, *extra: str) -> None:
+        self.uri = uri
+        self.owner = owner
+        self.log_path = os.path.join(log_dir, f"autorecovery-{owner}.log")
+        self.extra = extra
+        self.proc: Any = None
+
+    async def start(self) -> AutoRecoveryProcess:
+        import sys
+
+        from quorumlog.testing.cluster import _live_processes, _read_line, _spawn
+
+        read_fd, write_fd = os.pipe()
+        cmd = [
+            sys.executable,
+            "-m",
+            "quorumlog",
+            "autorecovery",
+            "--metadata",
+            self.uri,
+            "--owner",
+            self.owner,
+            "--ready-fd",
+            str(write_fd),
+            *self.extra,
+        ]
+        self.proc = _spawn(cmd, self.log_path, write_fd)
+        os.close(write_fd)
+        _live_processes.add(self.proc)
+        try:
+            line = await asyncio.wait_for(_read_line(read_fd), 60)
+        finally:
+            os.close(read_fd)
+        assert line.startswith(b"ready"), self.log_tail()
+        return self
+
+    def kill(self) -> None:
+        from quorumlog.testing.cluster import _live_processes
+
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        _live_processes.discard(self.proc)
+
+    async def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and the exit code."""
+        from quorumlog.testing.cluster import _live_processes
+
+        self.proc.terminate()
+        code = await asyncio.wait_for(asyncio.to_thread(self.proc.wait), timeout_s)
+        _live_processes.discard(self.proc)
+        return int(code)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"

@@ -1,0 +1,79 @@
+"""`quorumlog autorecovery --metadata URI`: an auditor candidate and a replication worker (docs/REPLICATION.md).
+
+Runs until SIGTERM or SIGINT, then stops cleanly: the worker releases its locks, the auditor withdraws its
+vote (so another candidate takes over at once instead of after a session timeout), the session closes.
+Settings: the `autorecovery` table (`quorumlog.replication.config`), as flags, `QUORUMLOG_*` variables or the
+`[autorecovery]` table of `--config`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import click
+
+from quorumlog.cli.common import config_errors, usage
+from quorumlog.replication.config import AUTORECOVERY, settings_from
+
+
+@click.command("autorecovery")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="TOML file with an [autorecovery] table (or the settings at top level).",
+)
+@click.option(
+    "--ready-fd", type=int, default=None, help="Write 'ready OWNER' and a newline here once running."
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@AUTORECOVERY.click_options()
+def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
+    """Run auto-recovery: stand for auditor, and re-replicate under-replicated ledgers, until SIGTERM."""
+    logging.basicConfig(
+        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    values = config_errors(lambda: AUTORECOVERY.load(config_path, overrides=AUTORECOVERY.parse_flags(flags)))
+    if not values["metadata"]:
+        usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")
+    from quorumlog.env import run
+
+    run(_main(values, ready_fd))
+
+
+async def _main(values: dict[str, Any], ready_fd: int | None) -> None:
+    from quorumlog.replication.service import AutoRecovery
+
+    if values["metrics_port"]:
+        from prometheus_client import start_http_server
+
+        start_http_server(values["metrics_port"])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ar = await AutoRecovery(values["metadata"], settings_from(values)).start()
+    try:
+        line = f"ready {ar.owner}\n"
+        if ready_fd is not None:
+            os.write(ready_fd, line.encode())
+        else:
+            click.echo(f"auto-recovery {ar.owner} running", err=True)
+        stopped = asyncio.ensure_future(stop.wait())
+        crashed = asyncio.ensure_future(ar.wait())
+        await asyncio.wait([stopped, crashed], return_when=asyncio.FIRST_COMPLETED)
+        for t in (stopped, crashed):
+            t.cancel()
+        if crashed.done() and not crashed.cancelled() and crashed.exception() is not None:
+            raise crashed.exception()  # type: ignore[misc]
+        logging.getLogger("quorumlog.replication").info("auto-recovery %s: shutting down", ar.owner)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await ar.stop()
