@@ -684,6 +684,8 @@ class WriteHandle(LedgerHandle):
         # Adv ids are the caller's, but entries still complete (and the LAC moves) in id order: an id
         # ahead of the next one waits here, bounded by outstanding_adds_max, until the gap is filled.
         nxt = self._tracker.last_add_pushed + 1
+        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or entry_id < 0:
+            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int >= 0")
         if entry_id < nxt or entry_id in self._adv_waiting:
             raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
         if entry_id != nxt:
@@ -697,13 +699,16 @@ class WriteHandle(LedgerHandle):
             self._adv_waiting[entry_id] = (payload, fut)
             return fut
         first = self._push(payload)
-        nxt += 1
-        while nxt in self._adv_waiting and self._tracker.has_capacity:
-            data, waiting_fut = self._adv_waiting.pop(nxt)
-            pushed = self._push(data)
-            _chain_future(pushed, waiting_fut)
-            nxt += 1
+        self._push_adv_waiting()
         return first
+
+    def _push_adv_waiting(self) -> None:
+        """Send held adv entries whose turn has come, as far as capacity allows (again as adds complete)."""
+        nxt = self._tracker.last_add_pushed + 1
+        while nxt in self._adv_waiting and self._tracker.has_capacity and self._tracker.error is None:
+            data, waiting_fut = self._adv_waiting.pop(nxt)
+            _chain_future(self._push(data), waiting_fut)
+            nxt += 1
 
     def _append_recovery(self, entry_id: int, length: int, body: bytes) -> asyncio.Future[int]:
         appended = self._tracker.append_recovery(entry_id, length, self._now())
@@ -792,6 +797,8 @@ class WriteHandle(LedgerHandle):
             self._send_adds(sends)
         if self._tracker.error is not None:
             self._fail_waiting(self._tracker.error)
+        elif self._adv_waiting and self._tracker.has_capacity:
+            self._push_adv_waiting()
         if self._tracker.has_capacity:
             self._capacity.set()
         if not self._futures and not self._adv_waiting:

@@ -336,3 +336,18 @@ async def test_recovery_with_a_dead_bookie_re_adds_through_an_ensemble_change(cl
             assert [e.payload for e in await r.read(0, 9)] == [b"r%d" % i for i in range(10)]
         with pytest.raises(LedgerFencedError):
             await w.append(b"fenced")
+
+
+async def test_adv_entries_held_for_capacity_go_out_as_adds_complete(cluster: LocalCluster) -> None:
+    async with await Client.connect(cluster.uri, outstanding_adds_max=2) as client:
+        w = await client.create_ledger(3, 2, 2, adv=True)
+        held = [w.append(b"2", entry_id=2), w.append(b"3", entry_id=3)]  # wait for 0 and 1
+        with pytest.raises(TooManyRequestsError):
+            w.append(b"9", entry_id=9)  # 2 held + 0 pending reached outstanding_adds_max
+        pushed = [w.append(b"0", entry_id=0), w.append(b"1", entry_id=1)]  # fill the pipeline: 2, 3 stay held
+        async with asyncio.timeout(10):
+            assert await asyncio.gather(*pushed, *held) == [0, 1, 2, 3]  # and go out as 0 and 1 complete
+        with pytest.raises(InvalidArgumentError):
+            w.append(b"x", entry_id=-1)
+        await w.close()
+        assert (await client.get_ledger_metadata(w.ledger_id)).last_entry_id == 3
