@@ -251,6 +251,16 @@ class Auditor:
         self._bookie_audit_at = at if self._bookie_audit_at is None else min(self._bookie_audit_at, at)
         self._kick.set()
 
+    def pending_lost_bookies(self) -> dict[str, float]:
+        """Bookies seen gone and not marked yet -> seconds until their delay has passed (shell, tests)."""
+        now = time.monotonic()
+        available = self._current_available()
+        return {
+            b: max(0.0, since + self._delay_s - now)
+            for b, since in self._missing_since.items()
+            if b not in available
+        }
+
     def trigger(self) -> None:
         """Run the lost-bookie audit now, ignoring the delay (what a `triggeraudit` does remotely)."""
         self._bookie_audit_now = True
@@ -319,6 +329,7 @@ class Auditor:
         self._bookie_audit_at = None
         if not await self.urm.is_enabled():
             log.info("auditor: replication is disabled; the lost-bookie audit waits until it is enabled")
+            self.stats.audits_skipped_disabled += 1
             return 0
         mds = await self._all_metadata()
         available = self._current_available()
@@ -346,6 +357,7 @@ class Auditor:
         """The full check (lost bookies past their delay, and entries missing on live bookies)."""
         if not await self.urm.is_enabled():
             log.info("auditor: replication is disabled; skipping the full check")
+            self.stats.audits_skipped_disabled += 1
             return 0
         t0 = time.monotonic()
         mds = await self._all_metadata()

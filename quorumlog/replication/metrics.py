@@ -53,6 +53,7 @@ class AuditorStats:
     bookie_audits: int = 0
     full_checks: int = 0
     ledgers_marked: int = 0
+    audits_skipped_disabled: int = 0
     lost_bookies: list[str] = field(default_factory=list)
     last_full_check_s: float = 0.0
 

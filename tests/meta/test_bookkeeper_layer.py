@@ -302,6 +302,35 @@ async def test_auditor_election_lowest_vote_wins(
         await other.close()
 
 
+async def test_a_mark_is_cleared_only_at_the_version_the_worker_read(store: MetadataStore, root: str) -> None:
+    """A replica the auditor adds while a worker repairs keeps the mark (BookKeeper's worker deletes the
+    mark at the version it locked); the worker's lock goes either way."""
+    ur = UnderReplicationManager(store, owner="worker-1", root=root)
+    await ur.init()
+    await ur.mark(9, [BOOKIES[0]])
+    read = await ur.read_mark(9)
+    assert read is not None and read.value == [BOOKIES[0]]
+    assert await ur.try_lock(9)
+    await ur.mark(9, [BOOKIES[1]])  # the auditor, meanwhile
+    assert not await ur.mark_replicated(9, version=read.version)
+    assert await ur.missing_replicas(9) == [BOOKIES[0], BOOKIES[1]]
+    assert await ur.lock_owner(9) is None
+    again = await ur.read_mark(9)
+    assert again is not None and await ur.mark_replicated(9, version=again.version)
+    assert await ur.read_mark(9) is None and await ur.list_marked() == []
+
+
+async def test_lost_bookie_recovery_delay_initialisation_never_overrides_an_operator(
+    store: MetadataStore, root: str
+) -> None:
+    ur = UnderReplicationManager(store, owner="auditor-1", root=root)
+    await ur.init()
+    assert await ur.initialize_lost_bookie_recovery_delay(30)
+    assert not await ur.initialize_lost_bookie_recovery_delay(0)
+    assert await ur.lost_bookie_recovery_delay() == 30
+    assert (await store.get(f"{root}/underreplication/lostBookieRecoveryDelay")).value == b"30"
+
+
 async def test_format_deletes_everything_and_reinitialises(store: MetadataStore, root: str) -> None:
     lm = LedgerManager(store, root=root)
     await lm.create_ledger(ensemble=BOOKIES[:1], write_quorum=1, ack_quorum=1)

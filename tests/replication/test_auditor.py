@@ -1,0 +1,162 @@
+"""The auditor's timing and switches, and the full check, on in-process bookies (docs/REPLICATION.md).
+
+- A lost bookie's ledgers are marked only once `lostBookieRecoveryDelay` has passed; `triggeraudit` (rewriting
+  the delay unchanged) marks them at once; a bookie that comes back within the delay is never marked.
+- While replication is disabled nothing is marked; enabling it runs the skipped audit.
+- The full check finds a closed fragment whose *live* bookie lacks its entries (here: metadata pointing at a
+  bookie that never received them) and the worker moves that position to a bookie that then has them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from quorumlog.client.client import Client
+from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.replication import admin
+from quorumlog.replication.auditor import AuditorSettings
+from quorumlog.replication.fragments import replace_in_fragment
+from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
+from quorumlog.replication.verify import verify_ledger
+from quorumlog.replication.worker import WorkerSettings
+from quorumlog.testing.cluster import LocalCluster
+from tests.replication.cluster_helpers import PW, payload, wait_until, write_ledgers
+
+
+@contextlib.asynccontextmanager
+async def cluster_and_client(bookies: int) -> AsyncIterator[tuple[LocalCluster, Client]]:
+    async with LocalCluster(bookies, processes=False, journal_sync=False) as cluster:
+        client = await Client.connect(cluster.uri)
+        try:
+            yield cluster, client
+        finally:
+            await client.close()
+
+
+def settings(*, worker: bool, delay_s: int = 0) -> AutoRecoverySettings:
+    return AutoRecoverySettings(
+        auditor=AuditorSettings(lost_bookie_recovery_delay_s=delay_s, audit_interval_s=0),
+        worker=WorkerSettings(poll_interval_s=0.1, rate_mb_s=0),
+        run_worker=worker,
+        owner="auditor-under-test",
+    )
+
+
+async def ledgers_on(client: Client, ledgers: dict[int, int], bookie_id: str) -> list[int]:
+    return sorted([lid for lid in ledgers if bookie_id in (await client.get_ledger_metadata(lid)).bookies()])
+
+
+async def test_marks_wait_for_the_delay_and_triggeraudit_skips_it() -> None:
+    async with cluster_and_client(4) as (cluster, client):
+        ledgers, _ = await write_ledgers(client, 12, 5, 100)
+        urm = UnderReplicationManager(client.store, owner="test")
+        await urm.init()
+        await urm.set_lost_bookie_recovery_delay(3600)
+        async with AutoRecovery(cluster.uri, settings(worker=False)) as ar:
+            assert ar.auditor is not None
+            await ar.auditor.elected.wait()
+            victim = cluster.bookie(0).bookie_id
+            expected = await ledgers_on(client, ledgers, victim)
+            await cluster.bookie(0).kill()
+            await wait_until(
+                lambda: _true(victim in ar.auditor.pending_lost_bookies()),
+                10,
+                "the auditor noticing the loss",
+            )
+            assert ar.auditor.pending_lost_bookies()[victim] > 3000
+            assert await urm.list_marked() == []
+            assert await admin.trigger_audit(client.store) == 3600
+            await wait_until(lambda: _marked(urm, expected), 10, "marks after triggeraudit")
+            for lid in expected:
+                assert await urm.missing_replicas(lid) == [victim]
+            assert await urm.lost_bookie_recovery_delay() == 3600  # triggeraudit changed nothing
+
+
+async def test_a_bookie_back_within_the_delay_is_never_marked() -> None:
+    async with cluster_and_client(4) as (cluster, client):
+        await write_ledgers(client, 8, 3, 100)
+        urm = UnderReplicationManager(client.store, owner="test")
+        async with AutoRecovery(cluster.uri, settings(worker=False, delay_s=3600)) as ar:
+            assert ar.auditor is not None
+            await ar.auditor.elected.wait()
+            victim = cluster.bookie(1)
+            await victim.kill()
+            await wait_until(lambda: _true(bool(ar.auditor.pending_lost_bookies())), 10, "loss noticed")
+            await victim.start()
+            await wait_until(lambda: _true(not ar.auditor.pending_lost_bookies()), 10, "return noticed")
+            audits = ar.auditor.stats.bookie_audits
+            ar.auditor.trigger()
+            await wait_until(lambda: _true(ar.auditor.stats.bookie_audits > audits), 10, "an audit")
+            assert await urm.list_marked() == []
+
+
+async def test_nothing_is_marked_while_replication_is_disabled() -> None:
+    async with cluster_and_client(4) as (cluster, client):
+        ledgers, _ = await write_ledgers(client, 8, 3, 100)
+        urm = UnderReplicationManager(client.store, owner="test")
+        await urm.init()
+        await urm.disable()
+        async with AutoRecovery(cluster.uri, settings(worker=True)) as ar:
+            assert ar.auditor is not None and ar.worker is not None
+            await ar.auditor.elected.wait()
+            victim = cluster.bookie(2).bookie_id
+            expected = await ledgers_on(client, ledgers, victim)
+            skipped = ar.auditor.stats.audits_skipped_disabled
+            await cluster.bookie(2).kill()
+            await wait_until(
+                lambda: _true(ar.auditor.stats.audits_skipped_disabled > skipped),
+                10,
+                "the skipped audit",
+            )
+            assert await urm.list_marked() == []
+            await urm.enable()
+            # The skipped audit runs on enable; the worker then repairs everything.
+            await wait_until(lambda: _none_on(client, ledgers, victim), 30, "repair after enabling")
+            assert ar.auditor.stats.ledgers_marked >= len(expected)
+            assert ar.worker.stats.ledgers_replicated >= len(expected)
+
+
+async def test_full_check_finds_entries_missing_on_a_live_bookie_and_the_worker_repairs_them() -> None:
+    async with cluster_and_client(4) as (cluster, client):
+        w = await client.create_ledger(3, 2, 2, password=PW)
+        for e in range(20):
+            await w.append(payload(w.ledger_id, e, 200))
+        await w.close()
+        lm = client.ledger_manager
+        vmd = await lm.read(w.ledger_id)
+        ensemble = vmd.value.ensembles[0]
+        spare = next(b.bookie_id for b in cluster.bookies if b.bookie_id not in ensemble)
+        # Metadata now says position 1 lives on a bookie that never received an entry: live, but empty.
+        await lm.write(replace_in_fragment(vmd.value, 0, 1, ensemble[1], spare), version=vmd.version)
+        _, problems = await verify_ledger(client, (await lm.read(w.ledger_id)).value)
+        assert {p.bookie_id for p in problems} == {spare}
+
+        urm = UnderReplicationManager(client.store, owner="test")
+        async with AutoRecovery(cluster.uri, settings(worker=True)) as ar:
+            assert ar.auditor is not None
+            await ar.auditor.elected.wait()
+            assert await ar.auditor.check_all_ledgers() == 1
+            await wait_until(lambda: _repaired(client, w.ledger_id), 20, "the repair")
+        md = (await lm.read(w.ledger_id)).value
+        assert spare not in md.bookies()
+        count, problems = await verify_ledger(client, md)
+        assert problems == [] and count == 40
+        assert await urm.list_marked() == []
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _marked(urm: UnderReplicationManager, expected: list[int]) -> bool:
+    return await urm.list_marked() == expected
+
+
+async def _none_on(client: Client, ledgers: dict[int, int], bookie_id: str) -> bool:
+    return not await ledgers_on(client, ledgers, bookie_id)
+
+
+async def _repaired(client: Client, ledger_id: int) -> bool:
+    _, problems = await verify_ledger(client, await client.get_ledger_metadata(ledger_id))
+    return not problems
