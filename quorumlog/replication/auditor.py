@@ -267,16 +267,24 @@ class Auditor:
         self._schedule_bookie_audit(time.monotonic())
 
     async def _follow_delay(self) -> None:
+        # Only a write counts (a new znode version): watches may repeat themselves or RESYNC after a
+        # reconnect, and a spurious "same value" must not pass for a triggeraudit and skip the delay.
         path = self.urm.lost_bookie_recovery_delay_path
         async with await self.store.watch_data(path) as w:
+            seen = await self.store.exists(path)
             async for _ in w:
                 try:
-                    new = await self.urm.lost_bookie_recovery_delay()
-                except QuorumLogError as e:
+                    raw = await self.store.get(path)
+                    new = int(raw.value)
+                except MetadataNotFoundError:
+                    seen = None
+                    continue
+                except (QuorumLogError, ValueError) as e:
                     log.warning("auditor: cannot read lostBookieRecoveryDelay: %s", e)
                     continue
-                if new is None:
+                if raw.version == seen:
                     continue
+                seen = raw.version
                 old, self._delay_s = self._delay_s, new
                 if new == 0 or new == old:
                     log.info("auditor: lostBookieRecoveryDelay set to %d s: auditing now", new)

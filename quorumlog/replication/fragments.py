@@ -296,7 +296,7 @@ def replace_in_fragment(
         )
     if new in ensemble:
         raise InvalidArgumentError(f"ledger {md.ledger_id} ensemble at {first_entry_id} already has {new}")
-    ens = dict(md.ensembles)
+    ens: dict[int, tuple[str, ...]] = {k: tuple(v) for k, v in md.ensembles.items()}
     members = list(ensemble)
     members[index] = new
     ens[first_entry_id] = tuple(members)
