@@ -33,7 +33,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
-from quorumlog.bookie.journal import Journal, JournalError, JournalPosition, RecordType, record_header
+from quorumlog.bookie.journal import Journal, JournalPosition, RecordType, record_header
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import Env, default_env
 from quorumlog.proto import messages as m
@@ -127,7 +127,8 @@ class Bookie:
 
     def _replay(self, checkpoint: JournalPosition | None) -> int:
         """Re-apply journal records to the write cache and ledger book (startup, off the loop: nothing else
-        runs yet). A full cache is flushed on the way, with the position of the record that filled it."""
+        runs yet). A full cache is flushed on the way, at the end of the batch that filled it (a checkpoint
+        position is always between batches)."""
         n = 0
         for rec in self.journal.replay(checkpoint):
             n += 1
@@ -511,4 +512,4 @@ def error_response(req: m.Request, status: StatusCode) -> Any:
     return m.ErrorResponse(int(op or 0), status, txn)
 
 
-__all__ = ["Bookie", "JournalError", "encode_availability", "error_response"]
+__all__ = ["Bookie", "encode_availability", "error_response"]
