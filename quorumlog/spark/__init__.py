@@ -1,1 +1,28 @@
-"""spark"""
+"""quorumlog on Apache Spark: a PySpark (Spark 4) Python data source named `quorumlog` (docs/SPARK.md).
+
+    import quorumlog.spark; quorumlog.spark.register(spark)
+    df = spark.read.format("quorumlog").option("metadata", uri).option("namespace", "ns").option("log", "l").load()
+
+The package owns the data source (`source`), its options (`options`), what a read sees and how it is split
+(`scan`), the atomic commit of a write job (`commit`) and the per-task connections (`connection`). PySpark
+and pyarrow are imported only when Spark is used, so the rest of quorumlog does not pay for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(spark: Any) -> None:
+    """Register the `quorumlog` data source with a SparkSession."""
+    from quorumlog.spark.source import QuorumLogDataSource
+
+    spark.dataSource.register(QuorumLogDataSource)
+    # `df.write.format("quorumlog")` finds Python data sources through the JVM thread's *active* session,
+    # which a session made elsewhere (a fixture, another thread) does not set: writes would then fail with
+    # DATA_SOURCE_NOT_FOUND although reads work. Make this session the active one (classic Spark only).
+    jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None)
+    if jvm is not None:
+        jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)

@@ -54,6 +54,9 @@ class Namespace:
         md = (await self.log_store.read_log(self.name, name)).value
         if md.open_segment is not None:
             await _delete_ledger(self.client, md.open_segment.ledger_id)
+        if md.pending_link is not None:  # a linked commit whose keys were not all written
+            for info in md.pending_link.segments:
+                await _delete_ledger(self.client, info.ledger_id)
         await self.log_store.delete_log_keys(self.name, name)
 
     async def set_defaults(self, **settings: Any) -> None:

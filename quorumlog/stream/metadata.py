@@ -15,6 +15,11 @@ The log node is the authority for who may write (DESIGN.md §2 "Streams"):
   written, so a writer that dies in between leaves a trace the next writer finds and recovers.
 - Every writer update of the log node is a CAS on the version that writer last saw; losing one means a newer
   writer exists, and the loser stops (`WriterFencedError`) instead of retrying over it.
+- A *linked* batch of closed segments (a Spark job's commit, `quorumlog.spark`) is decided by one CAS that puts
+  all of them into `pending_link` (and moves `next_seq` past them); their keys are written afterwards in
+  sequence order, then `pending_link` is cleared. Whoever becomes the log's writer next completes a pending
+  link first (`stream.writer.complete_pending_link`), so a crash in between never loses or half-shows it.
+  `link_marks` records, per Spark streaming query, the last batch id linked: re-committing it is a no-op.
 Each JSON document carries `"format": 1`; readers refuse formats they do not know.
 """
 
@@ -107,6 +112,24 @@ class OpenSegment:
     ledger_id: int
 
 
+LINK_MARKS_MAX = 256  # streaming queries remembered per log (oldest forgotten first)
+
+
+@dataclass(frozen=True)
+class PendingLink:
+    """Closed segments decided by one CAS of the log node whose keys may not all be written yet."""
+
+    commit_id: str
+    segments: tuple[SegmentInfo, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit_id": self.commit_id, "segments": [s.to_json() for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PendingLink:
+        return cls(str(d["commit_id"]), tuple(SegmentInfo.from_json(s) for s in d["segments"]))
+
+
 @dataclass(frozen=True)
 class LogMetadata:
     name: str
@@ -117,10 +140,26 @@ class LogMetadata:
     open_segment: OpenSegment | None = None
     sealed: bool = False  # mark_end_of_stream was called: no more writes, readers finish
     truncated_before: Position = Position.HEAD  # segments before this position's segment are deleted
+    pending_link: PendingLink | None = None  # a linked batch of segments whose keys are being written
+    link_marks: tuple[tuple[str, int], ...] = ()  # (streaming query id, last linked batch id), oldest first
+
+    def link_mark(self, query_id: str) -> int | None:
+        return dict(self.link_marks).get(query_id)
+
+    def with_link_mark(self, query_id: str, batch_id: int) -> LogMetadata:
+        marks = [(q, b) for q, b in self.link_marks if q != query_id] + [(query_id, batch_id)]
+        return replace(self, link_marks=tuple(marks[-LINK_MARKS_MAX:]))
 
     def encode(self) -> bytes:
+        optional: dict[str, Any] = {}
+        # Written only when set, so logs that never saw a linked commit keep their exact bytes.
+        if self.pending_link is not None:
+            optional["pending_link"] = self.pending_link.to_json()
+        if self.link_marks:
+            optional["link_marks"] = [list(m) for m in self.link_marks]
         return _dump(
             {
+                **optional,
                 "name": self.name,
                 "created_ms": self.created_ms,
                 "settings": self.settings.to_json(),
@@ -145,6 +184,10 @@ class LogMetadata:
                 open_segment=None if d.get("open_segment") is None else OpenSegment(**d["open_segment"]),
                 sealed=bool(d.get("sealed", False)),
                 truncated_before=Position.parse(d.get("truncated_before", "HEAD")),
+                pending_link=None
+                if d.get("pending_link") is None
+                else PendingLink.from_json(d["pending_link"]),
+                link_marks=tuple((str(q), int(b)) for q, b in d.get("link_marks", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed log metadata: {exc}") from exc
@@ -169,17 +212,25 @@ class SegmentInfo:
     def first_position(self) -> Position:
         return Position(self.seq, 0, 0)
 
-    def encode(self) -> builtins.bytes:
+    def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["state"] = self.state.value
-        return _dump(d)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SegmentInfo:
+        d = dict(d)
+        d["state"] = SegmentState(d["state"])
+        return cls(**d)
+
+    def encode(self) -> builtins.bytes:
+        return _dump(self.to_json())
 
     @classmethod
     def decode(cls, data: builtins.bytes) -> SegmentInfo:
         d = _load(data, "segment metadata")
         try:
-            d["state"] = SegmentState(d["state"])
-            return cls(**d)
+            return cls.from_json(d)
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed segment metadata: {exc}") from exc
 

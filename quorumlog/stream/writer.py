@@ -11,6 +11,9 @@ Rules it keeps (DESIGN.md §2 "Streams"):
   its batch is sent and is resolved once the entry is acknowledged (durable on an ack quorum).
 - Batches are bounded by bytes (`batch_max_bytes`) and time (`linger_s`); pending data is bounded too
   (`pending_bytes_max`): past it `write` raises `TooManyRequestsError` rather than growing without limit.
+- A linked batch of segments left pending in the log node (a Spark commit that stopped half-way, see
+  `stream.metadata`) is completed before this writer starts a segment of its own: its keys are written in
+  sequence order, then the pending record is cleared with the same CAS that clears `open_segment`.
 - Segments roll by size (`roll_bytes`) and age (`roll_age_s`). Roll order: close the ledger, mark the
   segment CLOSED, create the next ledger, announce it in the log node (CAS), then write its segment key. A
   crash between any two steps leaves a state the next writer's recovery completes.
@@ -37,7 +40,7 @@ from quorumlog.errors import (
     WriterFencedError,
 )
 from quorumlog.meta.store import Versioned
-from quorumlog.stream.metadata import LogMetadata, OpenSegment, SegmentInfo, SegmentState
+from quorumlog.stream.metadata import LogMetadata, OpenSegment, PendingLink, SegmentInfo, SegmentState
 from quorumlog.stream.position import Position
 from quorumlog.stream.records import (
     HEADER_BYTES,
@@ -134,6 +137,17 @@ async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[
         await store.write_segment(ns, name, info, version=known.version)
 
 
+async def complete_pending_link(log_: Log, pending: PendingLink) -> None:
+    """Write the keys of a decided linked batch that are still missing, in sequence order.
+
+    Ascending order keeps a tailing reader from ever stepping past a missing key (it waits for the smallest
+    sequence number at or above the one it needs). Idempotent: an existing key is left as it is.
+    """
+    for info in sorted(pending.segments, key=lambda s: s.seq):
+        with contextlib.suppress(MetadataExistsError):
+            await log_.log_store.create_segment(log_.namespace, log_.name, info)
+
+
 def client_env(client: Any) -> Any:
     from quorumlog.env import default_env
 
@@ -203,8 +217,12 @@ class LogWriter:
         for seq, (ledger_id, known) in sorted(todo.items()):
             log.info("log %s/%s: recovering segment %d (ledger %d)", self._ns, self._name, seq, ledger_id)
             await recover_segment(self._log, seq, ledger_id, known)
-        if announced is not None:
-            await self._cas_log(lambda md: replace(md, open_segment=None))
+        pending = self._md.value.pending_link
+        if pending is not None:
+            log.info("log %s/%s: completing linked commit %s", self._ns, self._name, pending.commit_id)
+            await complete_pending_link(self._log, pending)
+        if announced is not None or pending is not None:
+            await self._cas_log(lambda md: replace(md, open_segment=None, pending_link=None))
 
     async def _cas_log(self, update: Callable[[LogMetadata], LogMetadata]) -> None:
         """Apply `update` to the log node by CAS, as this writer.

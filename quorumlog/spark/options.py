@@ -1,0 +1,142 @@
+"""The data source's options: parsed once on the driver into a frozen, picklable value.
+
+Spark hands a data source its options as strings (keys case-insensitive). Everything is checked here, on the
+driver, so a wrong option fails the query at once with a message naming the option -- not later in an
+executor. The result is plain data (no connections), because readers and writers are pickled into Python
+worker processes (NOTES.md "PySpark").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from quorumlog.errors import InvalidArgumentError
+from quorumlog.stream.position import Position
+from quorumlog.stream.writer import STREAM_PASSWORD
+
+PARTITION_BYTES_MAX_DEFAULT = 64 << 20  # one read task covers at most this much of a segment (estimated)
+OPEN_SEGMENT_PARTITION_ENTRIES = 64  # entry sizes of an open segment are unknown: split by count
+READ_CHUNK_ENTRIES = 16  # entries fetched per read request inside a task (entries are <= 1 MiB each)
+
+KNOWN = {
+    "metadata",
+    "namespace",
+    "log",
+    "ledgers",
+    "password",
+    "start",
+    "end",
+    "start_timestamp",
+    "end_timestamp",
+    "json_schema",
+    "partition_bytes_max",
+    "create",
+    "query_id",
+    "checkpointlocation",
+    "path",
+}
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    metadata: str
+    namespace: str
+    log: str | None
+    ledgers: tuple[int, ...]
+    password: bytes
+    start: Position
+    end: Position | None
+    start_timestamp_ms: int | None
+    end_timestamp_ms: int | None
+    json_schema: str | None
+    partition_bytes_max: int
+    create: bool
+    query_id: str | None
+
+    @property
+    def target(self) -> str:
+        """What the options point at, for messages: "ns/log" or "ledgers 1,2"."""
+        if self.log is not None:
+            return f"log {self.namespace}/{self.log}"
+        return "ledgers " + ",".join(str(i) for i in self.ledgers)
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    opts = {str(k).lower(): str(v) for k, v in raw.items()}
+    unknown = sorted(k for k in opts if k not in KNOWN and not k.startswith("spark."))
+    if unknown:
+        raise InvalidArgumentError(f"quorumlog: unknown option(s) {unknown}; known: {sorted(KNOWN)}")
+    metadata = opts.get("metadata")
+    if not metadata:
+        raise InvalidArgumentError(
+            "quorumlog: option 'metadata' (the metadata URI, e.g. file:///… or zk://host:2181/ledgers) is required"
+        )
+    log = opts.get("log") or None
+    ledgers_text = opts.get("ledgers", "").strip()
+    if (log is None) == (not ledgers_text):
+        raise InvalidArgumentError("quorumlog: give exactly one of option 'log' or option 'ledgers'")
+    ledgers: tuple[int, ...] = ()
+    if ledgers_text:
+        try:
+            ledgers = tuple(int(x) for x in ledgers_text.split(",") if x.strip())
+        except ValueError:
+            raise InvalidArgumentError(
+                f"quorumlog: option 'ledgers' must be comma-separated ledger ids, got {ledgers_text!r}"
+            ) from None
+    namespace = opts.get("namespace", "default")
+    start = _position(opts, "start") or Position.HEAD
+    end = _position(opts, "end")
+    if start == Position.TAIL:
+        raise InvalidArgumentError("quorumlog: start=TAIL means no data for a read; use a position or HEAD")
+    password = opts["password"].encode() if "password" in opts else STREAM_PASSWORD
+    try:
+        partition_bytes_max = int(opts.get("partition_bytes_max", PARTITION_BYTES_MAX_DEFAULT))
+    except ValueError:
+        raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be an integer") from None
+    if partition_bytes_max < 1:
+        raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be positive")
+    return SourceOptions(
+        metadata=metadata,
+        namespace=namespace,
+        log=log,
+        ledgers=ledgers,
+        password=password,
+        start=start,
+        end=end,
+        start_timestamp_ms=_timestamp(opts, "start_timestamp"),
+        end_timestamp_ms=_timestamp(opts, "end_timestamp"),
+        json_schema=opts.get("json_schema") or None,
+        partition_bytes_max=partition_bytes_max,
+        create=opts.get("create", "false").lower() in ("1", "true", "yes"),
+        query_id=opts.get("query_id") or opts.get("checkpointlocation") or None,
+    )
+
+
+def _position(opts: dict[str, str], key: str) -> Position | None:
+    if key not in opts:
+        return None
+    try:
+        return Position.parse(opts[key])
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"quorumlog: option {key!r}: {exc}") from None
+
+
+def _timestamp(opts: dict[str, str], key: str) -> int | None:
+    """Milliseconds since the epoch, or an ISO-8601 time (UTC unless it names a zone)."""
+    text = opts.get(key)
+    if text is None:
+        return None
+    text = text.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"quorumlog: option {key!r} must be milliseconds since the epoch or an ISO-8601 time, got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return int(when.timestamp() * 1000)

@@ -1,0 +1,512 @@
+"""The `quorumlog` PySpark data source: batch reader, stream reader, batch writer and stream writer.
+
+Every object Spark pickles into a worker (readers, writers, partitions, commit messages) holds plain data
+only: options, positions, ledger ids, a schema as JSON. Connections are opened inside `read()` / `write()`
+and closed there, and on the driver for the length of one call (NOTES.md "PySpark").
+
+Stream offsets are `{"segment": S, "entry": E}`: everything before entry E of segment S has been delivered.
+They advance by whole entries, and an offset only ever covers entries that were acknowledged (closed
+segments, and an open segment up to the LAC seen), so a micro-batch re-run from Spark's checkpoint reads
+exactly the same records: nothing skipped, nothing repeated. `commit()` is not needed for correctness
+(Spark may skip it for the last batch).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType, TimestampType
+
+from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncatedError, QuorumLogError
+from quorumlog.spark.commit import TaskLedger, delete_unlinked, link_ledgers
+from quorumlog.spark.connection import connect
+from quorumlog.spark.options import SourceOptions, parse_options
+from quorumlog.spark.scan import (
+    BASE_COLUMNS,
+    LogView,
+    RowFilter,
+    Span,
+    batch_spans,
+    read_span,
+    split,
+    view,
+)
+from quorumlog.stream.metadata import LogSettings
+from quorumlog.stream.position import Position
+from quorumlog.stream.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, encode_batch
+
+NAME = "quorumlog"
+
+
+class QuorumLogDataSource(DataSource):
+    """`spark.read.format("quorumlog")`, `readStream`, `df.write` and `writeStream` (docs/SPARK.md)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def _options(self) -> SourceOptions:
+        return parse_options(self.options)
+
+    def schema(self) -> StructType | str:
+        opts = self._options()
+        # A DDL string: this runs in a Python worker without a SparkContext, so Spark (the JVM) parses it.
+        if opts.json_schema is None:
+            return BASE_COLUMNS
+        return f"{BASE_COLUMNS}, {opts.json_schema}"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BatchReader(self._options(), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = self._options()
+        if opts.log is None:
+            raise InvalidArgumentError("quorumlog: streaming reads need option 'log' (not 'ledgers')")
+        return StreamReader(opts, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return BatchWriter(_write_plan(self._options(), schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        plan = _write_plan(self._options(), schema, overwrite)
+        if plan.opts.query_id is None:
+            raise InvalidArgumentError(
+                f"quorumlog: writing a stream into {plan.opts.target} needs option 'checkpointLocation' "
+                "(or 'query_id'): it identifies the query so each micro-batch is linked into the log once"
+            )
+        return StreamWriter(plan)
+
+
+def _explain(opts: SourceOptions, exc: QuorumLogError) -> QuorumLogError:
+    """The same error type, with the log named, for Spark's error message."""
+    text = str(exc)
+    if opts.log is not None and opts.log in text and opts.namespace in text:
+        return exc
+    return type(exc)(f"quorumlog {opts.target}: {text}")
+
+
+# --- batch read -------------------------------------------------------------------------------------------
+
+
+class BatchReader(DataSourceReader):
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema_json = schema.json()
+        self.json_fields = len(schema.fields) > 5
+
+    def partitions(self) -> list[InputPartition]:
+        try:
+            lv = view(self.opts)
+            spans = batch_spans(self.opts, lv)
+        except QuorumLogError as exc:
+            raise _explain(self.opts, exc) from exc
+        # Spark needs at least one partition to plan a scan; an empty span reads nothing.
+        return list(spans) or [Span(0, -1, 0, -1, False)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, Span)
+        if partition.last_entry < partition.first_entry:
+            return
+        try:
+            yield from read_span(
+                self.opts.metadata,
+                self.opts.password,
+                partition,
+                RowFilter.batch(self.opts),
+                self.schema_json,
+                self.json_fields,
+            )
+        except QuorumLogError as exc:
+            raise _explain(self.opts, exc) from exc
+
+
+# --- stream read --------------------------------------------------------------------------------------------
+
+
+def _offset(segment: int, entry: int) -> dict[str, int]:
+    return {"segment": segment, "entry": entry}
+
+
+def _key(offset: dict[str, Any]) -> tuple[int, int]:
+    return int(offset["segment"]), int(offset["entry"])
+
+
+class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: SourceOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.schema_json = schema.json()
+        self.json_fields = len(schema.fields) > 5
+        self.target: tuple[int, int] | None = None  # set by trigger(availableNow=True)
+
+    def _view(self) -> LogView:
+        try:
+            return view(self.opts)
+        except QuorumLogError as exc:
+            raise _explain(self.opts, exc) from exc
+
+    def initialOffset(self) -> dict[str, int]:
+        lv = self._view()
+        assert lv.metadata is not None
+        start = self.opts.start
+        if start == Position.HEAD:
+            first = lv.segments[0].seq if lv.segments else lv.metadata.next_seq
+            if self.opts.start_timestamp_ms is not None:
+                for seg in lv.segments:
+                    if (
+                        seg.open
+                        or seg.max_timestamp_ms is None
+                        or seg.max_timestamp_ms >= self.opts.start_timestamp_ms
+                    ):
+                        first = seg.seq
+                        break
+            return _offset(first, 0)
+        return _offset(start.segment, start.entry)
+
+    def _latest(self, start: tuple[int, int]) -> tuple[int, int]:
+        cur = start
+        for seg in self._view().segments:
+            if seg.seq < cur[0]:
+                continue
+            after_last = seg.last_entry + 1
+            cur = (seg.seq, max(cur[1], after_last)) if seg.seq == cur[0] else (seg.seq, after_last)
+            if seg.open:
+                break  # nothing after an open segment is readable yet
+        end = self.opts.end
+        if end is not None:
+            cur = min(cur, (end.segment, end.entry + (1 if end.slot > 0 else 0)))
+        return max(cur, start)
+
+    def getDefaultReadLimit(self) -> ReadAllAvailable:
+        # Row or byte limits would need entry sizes known only after reading; this source sets none.
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, int]:
+        latest = self._latest(_key(start))
+        if self.target is not None:
+            latest = max(_key(start), min(latest, self.target))
+        return _offset(*latest)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = self._latest(_key(self.initialOffset()))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        lo, hi = _key(start), _key(end)
+        if hi <= lo:
+            return []
+        lv = self._view()
+        assert lv.metadata is not None
+        kept = lv.metadata.truncated_before
+        if kept != Position.HEAD and Position(lo[0], lo[1], 0) < Position(kept.segment, 0, 0):
+            raise LogTruncatedError(
+                f"quorumlog {self.opts.target}: the stream's offset {lo[0]}:{lo[1]} was truncated (records "
+                f"before {kept} are deleted); records were lost to retention before this query read them"
+            )
+        spans: list[InputPartition] = []
+        for seg in lv.segments:
+            if not lo[0] <= seg.seq <= hi[0]:
+                continue
+            first = lo[1] if seg.seq == lo[0] else 0
+            last = hi[1] - 1 if seg.seq == hi[0] else seg.last_entry
+            spans.extend(split(seg, first, last, self.opts.partition_bytes_max))
+        return spans
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, Span)
+        rows = RowFilter(
+            self.opts.start if self.opts.start != Position.HEAD else None,
+            self.opts.end,
+            self.opts.start_timestamp_ms,
+            self.opts.end_timestamp_ms,
+        )
+        try:
+            yield from read_span(
+                self.opts.metadata, self.opts.password, partition, rows, self.schema_json, self.json_fields
+            )
+        except QuorumLogError as exc:
+            raise _explain(self.opts, exc) from exc
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # offsets live in Spark's checkpoint; the log keeps everything until retention removes it
+
+
+# --- writes -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WritePlan:
+    """What a write task needs (plain data): where, with which ledger settings, and how rows become records."""
+
+    opts: SourceOptions
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    digest: str
+    batch_max_bytes: int
+    payload_index: int | None  # the `payload` column; None: each row is written as a JSON object
+    timestamp_index: int | None  # a `timestamp` column of timestamp type sets the record's timestamp
+    column_names: tuple[str, ...]
+
+
+def _write_plan(opts: SourceOptions, schema: StructType, overwrite: bool) -> WritePlan:
+    if opts.log is None:
+        raise InvalidArgumentError("quorumlog: writes need option 'log' (not 'ledgers')")
+    if overwrite:
+        raise InvalidArgumentError(
+            f"quorumlog: {opts.target} is append-only; use mode('append') (truncate the log to drop records)"
+        )
+    settings = _log_settings(opts)
+    names = tuple(schema.fieldNames())
+    payload_index = names.index("payload") if "payload" in names else None
+    timestamp_index = None
+    if "timestamp" in names and isinstance(schema["timestamp"].dataType, TimestampType):
+        timestamp_index = names.index("timestamp")
+    return WritePlan(
+        opts,
+        settings.ensemble_size,
+        settings.write_quorum,
+        settings.ack_quorum,
+        settings.digest.name,
+        settings.batch_max_bytes,
+        payload_index,
+        timestamp_index,
+        names,
+    )
+
+
+def _log_settings(opts: SourceOptions) -> LogSettings:
+    assert opts.log is not None
+    name = opts.log
+
+    async def settings(client: Any) -> LogSettings:
+        ns = client.namespace(opts.namespace)
+        try:
+            log = await ns.open_log(name)
+        except LogNotFoundError:
+            if not opts.create:
+                raise LogNotFoundError(
+                    f"no log {name!r} in namespace {opts.namespace!r} (create it first, or set option create=true)"
+                ) from None
+            try:
+                log = await ns.create_log(name)
+            except QuorumLogError:
+                log = await ns.open_log(name)  # created concurrently
+        return await log.settings()
+
+    with connect(opts.metadata) as conn:
+        return conn.run(settings)
+
+
+@dataclass
+class LedgerWritten(WriterCommitMessage):
+    task: TaskLedger | None  # None: the task had no rows (no ledger was created)
+
+
+def write_task(plan: WritePlan, rows: Iterator[Any]) -> LedgerWritten:
+    """Write one task's rows into a new ledger; on any failure delete it again and re-raise."""
+    from pyspark import TaskContext
+
+    from quorumlog.proto.entry import DigestType
+    from quorumlog.stream.writer import STREAM_PASSWORD
+
+    ctx = TaskContext.get()
+    partition = ctx.partitionId() if ctx is not None else 0
+    rows = iter(rows)
+    first_row = next(rows, None)
+    if first_row is None:
+        return LedgerWritten(None)
+    opts = plan.opts
+    with connect(opts.metadata) as conn:
+        handle = conn.client.create_ledger(
+            plan.ensemble_size,
+            plan.write_quorum,
+            plan.ack_quorum,
+            digest=DigestType[plan.digest],
+            password=STREAM_PASSWORD,
+            custom_metadata={
+                "quorumlog.log": f"{opts.namespace}/{opts.log}".encode(),
+                "quorumlog.spark.partition": b"%d" % partition,
+            },
+        )
+        try:
+            stats = _append_rows(plan, handle, _chain(first_row, rows))
+            handle.close()
+            task = TaskLedger(
+                partition,
+                handle.ledger_id,
+                stats[0],
+                handle.length,
+                handle.last_add_confirmed,
+                stats[1],
+                stats[2],
+            )
+        except BaseException:
+            # The ledger is referenced by nothing yet: remove it so a failed attempt leaves no trace.
+            try:
+                handle.close()
+            except Exception:
+                pass
+            try:
+                conn.client.delete_ledger(handle.ledger_id)
+            except Exception:
+                pass
+            raise
+    return LedgerWritten(task)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _append_rows(plan: WritePlan, handle: Any, rows: Iterator[Any]) -> tuple[int, int | None, int | None]:
+    """Batch rows into record-batch entries (first_record counts from 0, as in any segment); returns
+    (records, min timestamp, max timestamp) once every entry is acknowledged."""
+    futures = []
+    batch: list[tuple[int, bytes]] = []
+    batch_bytes = HEADER_BYTES
+    records = 0
+    min_ts: int | None = None
+    max_ts: int | None = None
+    for row in rows:
+        payload = _payload(plan, row)
+        ts = _timestamp_ms(plan, row)
+        size = RECORD_OVERHEAD_BYTES + len(payload)
+        if HEADER_BYTES + size > plan.batch_max_bytes:
+            raise InvalidArgumentError(
+                f"quorumlog {plan.opts.target}: a record of {len(payload)} bytes does not fit in an entry "
+                f"(batch_max_bytes={plan.batch_max_bytes})"
+            )
+        if batch and batch_bytes + size > plan.batch_max_bytes:
+            futures.append(handle.append(encode_batch(batch, records)))
+            records += len(batch)
+            batch, batch_bytes = [], HEADER_BYTES
+        batch.append((ts, payload))
+        batch_bytes += size
+        min_ts = ts if min_ts is None else min(min_ts, ts)
+        max_ts = ts if max_ts is None else max(max_ts, ts)
+    if batch:
+        futures.append(handle.append(encode_batch(batch, records)))
+        records += len(batch)
+    for fut in futures:
+        fut.result()
+    return records, min_ts, max_ts
+
+
+def _payload(plan: WritePlan, row: Any) -> bytes:
+    if plan.payload_index is not None:
+        value = row[plan.payload_index]
+        if value is None:
+            return b""
+        if isinstance(value, bytes | bytearray):
+            return bytes(value)
+        return str(value).encode()
+    doc = {name: _jsonable(row[i]) for i, name in enumerate(plan.column_names)}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.astimezone()
+        return value.isoformat()
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", "replace")
+    if hasattr(value, "asDict"):
+        return {k: _jsonable(v) for k, v in value.asDict().items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+def _timestamp_ms(plan: WritePlan, row: Any) -> int:
+    if plan.timestamp_index is not None:
+        value = row[plan.timestamp_index]
+        if isinstance(value, dt.datetime):
+            if value.tzinfo is None:
+                value = value.astimezone()  # Spark hands naive local times to Python
+            return int(value.timestamp() * 1000)
+    return int(time.time() * 1000)
+
+
+def _tasks(messages: list[Any]) -> list[TaskLedger]:
+    return [m.task for m in messages if isinstance(m, LedgerWritten) and m.task is not None]
+
+
+def _commit(plan: WritePlan, messages: list[Any], mark: tuple[str, int] | None) -> None:
+    opts = plan.opts
+    tasks = _tasks(messages)
+
+    async def commit(client: Any) -> None:
+        log = await client.namespace(opts.namespace).open_log(opts.log)
+        result = await link_ledgers(log, tasks, mark=mark, now_ms=int(time.time() * 1000))
+        if result.already_committed:
+            # A replay of a batch linked before a restart: these are its second copies.
+            await delete_unlinked(log, [t.ledger_id for t in tasks])
+
+    try:
+        with connect(opts.metadata) as conn:
+            conn.run(commit)
+    except QuorumLogError as exc:
+        raise _explain(opts, exc) from exc
+
+
+def _abort(plan: WritePlan, messages: list[Any]) -> None:
+    opts = plan.opts
+    ids = [t.ledger_id for t in _tasks(messages)]
+    if not ids:
+        return
+
+    async def abort(client: Any) -> None:
+        log = await client.namespace(opts.namespace).open_log(opts.log)
+        await delete_unlinked(log, ids)
+
+    with connect(opts.metadata) as conn:
+        conn.run(abort)
+
+
+class BatchWriter(DataSourceWriter):
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return write_task(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _commit(self.plan, list(messages), None)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _abort(self.plan, list(messages))
+
+
+class StreamWriter(DataSourceStreamWriter):
+    def __init__(self, plan: WritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        return write_task(self.plan, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        assert self.plan.opts.query_id is not None
+        _commit(self.plan, list(messages), (self.plan.opts.query_id, int(batchId)))
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        _abort(self.plan, list(messages))
