@@ -45,6 +45,26 @@ class LedgerState(IntEnum):
     CLOSED = 3
 
 
+class Ensemble(tuple[str, ...]):
+    """The bookie ids of one ensemble: immutable like the rest of the metadata, yet equal to a list of the
+    same ids, because API.md documents ensembles as lists (`md.ensembles == {0: ["b1", "b2"]}` holds)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, list):
+            return list(self) == other
+        return tuple.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = tuple.__hash__
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 def _frozen_map(m: Mapping[Any, Any]) -> Mapping[Any, Any]:
     return types.MappingProxyType(dict(m))
 
@@ -57,7 +77,7 @@ class LedgerMetadata:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    ensembles: Mapping[int, tuple[str, ...]]
+    ensembles: Mapping[int, Ensemble]
     state: LedgerState = LedgerState.OPEN
     last_entry_id: int = -1
     length: int = 0
@@ -72,7 +92,7 @@ class LedgerMetadata:
 
     def __post_init__(self) -> None:
         # Normalise to immutable containers, sorted by first entry id, so equal metadata compares equal.
-        ens = {int(k): tuple(v) for k, v in sorted(dict(self.ensembles).items())}
+        ens = {int(k): Ensemble(v) for k, v in sorted(dict(self.ensembles).items())}
         object.__setattr__(self, "ensembles", _frozen_map(ens))
         object.__setattr__(self, "custom_metadata", _frozen_map(dict(self.custom_metadata)))
         object.__setattr__(self, "state", LedgerState(self.state))

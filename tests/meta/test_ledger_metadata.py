@@ -81,3 +81,13 @@ async def test_unknown_scheme_is_a_clear_error() -> None:
         await open_store("file://host/path")
     with pytest.raises(MetadataStoreError):
         await open_store("zk:///ledgers")  # no host
+
+
+def test_ensembles_compare_equal_to_lists_as_the_api_documents() -> None:
+    md = LedgerMetadata(7, 3, 2, 2, {0: ["b1", "b2", "b3"], 5: ("b1", "b4", "b3")})
+    assert md.ensembles == {0: ["b1", "b2", "b3"], 5: ["b1", "b4", "b3"]}
+    assert ["b1", "b2", "b3"] == md.ensembles[0]
+    assert md.ensembles[0] != ["b1", "b2"]
+    assert md.ensembles[5] == ("b1", "b4", "b3")
+    with pytest.raises(TypeError):
+        md.ensembles[0][0] = "x"  # type: ignore[index]
