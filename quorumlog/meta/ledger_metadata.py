@@ -77,7 +77,7 @@ class LedgerMetadata:
     ensemble_size: int
     write_quorum: int
     ack_quorum: int
-    ensembles: Mapping[int, Ensemble]
+    ensembles: Mapping[int, tuple[str, ...]]  # values are Ensemble (equal to lists too)
     state: LedgerState = LedgerState.OPEN
     last_entry_id: int = -1
     length: int = 0
