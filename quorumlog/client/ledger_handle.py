@@ -231,7 +231,14 @@ class LedgerHandle:
         out: list[Entry] = []
         for start in range(first, last + 1, READ_WINDOW_ENTRIES):
             stop = min(last, start + READ_WINDOW_ENTRIES - 1)
-            out.extend(await asyncio.gather(*(self._read_entry_retrying(e) for e in range(start, stop + 1))))
+            # return_exceptions: a failed entry must not leave its siblings running unobserved.
+            results = await asyncio.gather(
+                *(self._read_entry_retrying(e) for e in range(start, stop + 1)), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            out.extend(results)  # type: ignore[arg-type]
         return out
 
     async def _read_entry_retrying(self, entry_id: int) -> Entry:
