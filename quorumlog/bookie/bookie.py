@@ -255,7 +255,7 @@ class Bookie:
         try:
             t = type(req)
             if t is m.AddRequest:
-                self._add(req, reply)  # type: ignore[arg-type]
+                self.add(req, reply)  # type: ignore[arg-type]
             elif t is m.ReadRequest:
                 self._read(req, reply)  # type: ignore[arg-type]
             elif t is m.ReadLacRequest:
@@ -275,6 +275,14 @@ class Bookie:
         except (CorruptEntryError, IndexError_, OSError) as exc:
             log.error("request %s failed on storage: %r", type(req).__name__, exc)
             reply(error_response(req, StatusCode.EIO))
+
+    def add(self, req: m.AddRequest, reply: Reply) -> None:
+        """ADD_ENTRY; storage errors become EIO (as in `handle`)."""
+        try:
+            self._add(req, reply)
+        except (CorruptEntryError, IndexError_, OSError) as exc:
+            log.error("add failed on storage: %r", exc)
+            reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
 
     def _add(self, req: m.AddRequest, reply: Reply, unparking: bool = False) -> None:
         # The hot path: every line here runs once per entry, so state is read into locals once.
