@@ -160,3 +160,44 @@ async def _none_on(client: Client, ledgers: dict[int, int], bookie_id: str) -> b
 async def _repaired(client: Client, ledger_id: int) -> bool:
     _, problems = await verify_ledger(client, await client.get_ledger_metadata(ledger_id))
     return not problems
+
+
+async def test_a_live_writer_keeps_writing_while_its_earlier_fragment_is_repaired() -> None:
+    """The open last fragment is left to its writer (grace period not over); the writer's own ensemble change
+    closes the old fragment, which is then repaired; both metadata writers merge by CAS, nobody is fenced."""
+    async with cluster_and_client(5) as (cluster, client):
+        w = await client.create_ledger(3, 2, 2, password=PW)
+        for e in range(30):
+            await w.append(payload(w.ledger_id, e, 300))
+        victim = w.metadata.last_ensemble[0]
+        node = cluster.node(victim)
+        urm = UnderReplicationManager(client.store, owner="test")
+        never = AutoRecoverySettings(
+            auditor=AuditorSettings(audit_interval_s=0),
+            worker=WorkerSettings(open_ledger_rereplication_grace_s=3600, poll_interval_s=0.1, rate_mb_s=0),
+            owner="ar",
+        )
+        async with AutoRecovery(cluster.uri, never) as ar:
+            assert ar.auditor is not None and ar.worker is not None
+            await ar.auditor.elected.wait()
+            await node.kill()
+            await wait_until(
+                lambda: _true(ar.worker.stats.ledgers_deferred > 0), 20, "the open fragment deferred"
+            )
+            assert not (await client.get_ledger_metadata(w.ledger_id)).is_closed
+            # The writer moves on: its next adds change the ensemble away from the dead bookie.
+            for e in range(30, 60):
+                await w.append(payload(w.ledger_id, e, 300))
+            await wait_until(
+                lambda: _none_on(client, {w.ledger_id: 60}, victim), 30, "the old fragment repaired"
+            )
+            await wait_until(lambda: _true(not ar.worker.stats.in_progress), 10, "the worker idle")
+            for e in range(60, 70):
+                await w.append(payload(w.ledger_id, e, 300))
+            await w.close()
+            assert ar.worker.stats.ledgers_fenced == 0
+        md = await client.get_ledger_metadata(w.ledger_id)
+        assert md.is_closed and md.last_entry_id == 69 and len(md.ensembles) >= 2
+        count, problems = await verify_ledger(client, md)
+        assert problems == [] and count == 140
+        assert await urm.list_marked() == []
