@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import cast
@@ -62,8 +63,6 @@ RECONNECT_BACKOFF_S_MIN = 0.05
 RECONNECT_BACKOFF_S_MAX = 5.0
 OUTSTANDING_REQUESTS_MAX_DEFAULT = 100_000
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
-# v3 txn ids are int64 on the wire; wrap well before that.
-_TXN_ID_MAX = 2**62
 
 
 def v2_can_carry(request: Request) -> bool:
@@ -91,7 +90,7 @@ class _Connection(asyncio.Protocol):
         # Default-timeout requests expire in send order, so one FIFO and one timer serve them all.
         self._expiry: deque[tuple[float, Hashable, asyncio.Future[Response]]] = deque()
         self._expiry_timer: asyncio.TimerHandle | None = None
-        self._next_txn_id = 1
+        self._max_txn_id = 0  # the highest v3 txn id sent on this connection
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -122,12 +121,17 @@ class _Connection(asyncio.Protocol):
             )
         if self.version is ProtocolVersion.V3:
             # The txn id is the transport's to assign: set it in place through the slot (a frozen message's
-            # `dataclasses.replace` cost more than encoding it). The frame is encoded right below, so a
-            # caller may reuse one request object for several bookies or sends.
-            _set_txn_id(request, self._next_txn_id)
-            self._next_txn_id = self._next_txn_id + 1 if self._next_txn_id < _TXN_ID_MAX else 1
+            # `dataclasses.replace` cost more than encoding it). Ids come from one process-wide counter and
+            # only ever grow on a connection, so they are unique per connection; a request that already
+            # carries an id this connection has not used yet keeps it -- then the same entry sent to the
+            # W bookies of its write set is one frame, encoded once (see `_FrameCache`).
+            txn = request.txn_id
+            if txn <= self._max_txn_id:
+                txn = max(next(_TXN_IDS), self._max_txn_id + 1)
+                _set_txn_id(request, txn)
+            self._max_txn_id = txn
         key = self.codec.key(request)
-        frame = self.codec.send(request)
+        frame = _FRAMES.get(request, self.version, self.codec)
         fut: asyncio.Future[Response] = self.loop.create_future()
         self.pending.setdefault(key, deque()).append(fut)
         self.pending_count += 1
@@ -386,6 +390,34 @@ class BookieClient:
 
 
 _TXN_SETTERS: dict[type, Callable[[object, int], None]] = {}
+# v3 txn ids (int64 on the wire): a process-wide counter; 2**62 of them would take a century to use up.
+_TXN_IDS = itertools.count(1)
+
+
+class _FrameCache:
+    """The last ADD frame encoded, reused when the same request object (same txn id, same protocol version)
+    goes to the next bookie of its write set: one encode of the 1 KiB entry per entry instead of one per
+    bookie. Requests are frozen except for the txn id, which is part of the check."""
+
+    __slots__ = ("encoded", "request", "txn_id", "version")
+
+    def __init__(self) -> None:
+        self.request: object = None
+        self.txn_id = 0
+        self.version: ProtocolVersion | None = None
+        self.encoded = b""
+
+    def get(self, request: Request, version: ProtocolVersion, codec: ClientConnection) -> bytes:
+        if type(request) is not AddRequest:
+            return codec.send(request)
+        if request is self.request and request.txn_id == self.txn_id and version is self.version:
+            return self.encoded
+        frame = codec.send(request)
+        self.request, self.txn_id, self.version, self.encoded = request, request.txn_id, version, frame
+        return frame
+
+
+_FRAMES = _FrameCache()
 
 
 def _set_txn_id(request: Request, txn_id: int) -> None:
