@@ -6,7 +6,8 @@ asks for around the sans-IO codec (`quorumlog.proto.codec.ClientConnection`).
 
 Rules it keeps:
 - One connection per bookie in the chosen protocol version, v3 by default. v3 responses are matched by
-  `txn_id` (assigned here, set in place on the request just before it is encoded). v2 responses are matched by (opcode, ledger, entry) and may arrive out of order;
+  `txn_id` (assigned here from a process-wide counter, increasing on every connection, set in place on the
+  request just before it is encoded; the same ADD going to several bookies keeps one id and one frame). v2 responses are matched by (opcode, ledger, entry) and may arrive out of order;
   requests with the same key are answered first-in first-out. v2 cannot carry READ_LAC, WRITE_LAC,
   long-poll reads, FORCE_LEDGER or GET_BOOKIE_INFO, so in v2 mode those go over a second, v3 connection
   (as BookKeeper's v2 client does).
