@@ -95,7 +95,7 @@ class Bookie:
         self.long_poll_parked = asyncio.Event()  # set whenever a long poll starts waiting (observability)
         self._parked: deque[tuple[m.AddRequest, Reply]] = deque()
         self._checkpoint_task: asyncio.Task[None] | None = None
-        self._checkpoint_lock = asyncio.Lock()  # one checkpoint at a time, whoever starts it
+        self.checkpoint_lock = asyncio.Lock()  # one checkpoint (or GC deletion) at a time
         self._polls: set[asyncio.Task[None]] = set()  # parked long polls (kept referenced until done)
         self._periodic: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -202,7 +202,7 @@ class Bookie:
 
     async def checkpoint(self) -> None:
         """Flush the write cache to an entry log + index and release the journal before it."""
-        async with self._checkpoint_lock:
+        async with self.checkpoint_lock:
             await self._checkpoint()
 
     async def _checkpoint(self) -> None:
@@ -486,6 +486,13 @@ class Bookie:
             return m.GetListOfEntriesOfLedgerResponse(StatusCode.ENOLEDGER, lid, txn_id=req.txn_id)
         ids = self.storage.entries(lid)
         return m.GetListOfEntriesOfLedgerResponse(StatusCode.EOK, lid, encode_availability(ids), req.txn_id)
+
+    def forget_ledger(self, ledger_id: int) -> None:
+        """Drop a ledger's in-memory state after garbage collection removed it from the index (entries of it
+        still in the write cache go too, or the next checkpoint would index them again)."""
+        self.book.forget(ledger_id)
+        self.storage.drop_ledger(ledger_id)
+        self._wake(ledger_id)
 
     # --- read-only mode --------------------------------------------------------------------------------------
 

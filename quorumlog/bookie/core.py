@@ -172,6 +172,11 @@ class LedgerBook:
         if self.get(ledger_id) is None:
             self._create(ledger_id, master_key)
 
+    def forget(self, ledger_id: int) -> None:
+        """The ledger was deleted (garbage collection): its state goes."""
+        self._states.pop(ledger_id, None)
+        self.dirty.discard(ledger_id)
+
     def take_dirty(self) -> dict[int, bytes]:
         """Snapshot of every state changed since the last call (for a checkpoint)."""
         out = {lid: self._states[lid].to_bytes() for lid in self.dirty}

@@ -118,6 +118,23 @@ class EntryLogs:
             )
         return entries
 
+    @property
+    def current_id(self) -> int:
+        """The log being appended to (0 before the first checkpoint wrote one); never written below it."""
+        return self._current_id
+
+    def log_ids(self) -> list[int]:
+        names = self.env.disk.listdir(self.directory)
+        return sorted(int(n[:8], 16) for n in names if n.endswith(".log") and len(n) == 12)
+
+    def delete(self, log_id: int) -> None:
+        """Remove a log nothing points to any more (garbage collection)."""
+        with self._lock:
+            f = self._readers.pop(log_id, None)
+        if f is not None:
+            f.close()
+        self.env.disk.remove(self._path(log_id))
+
     def close(self) -> None:
         with self._lock:
             for f in self._readers.values():

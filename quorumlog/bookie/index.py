@@ -28,6 +28,7 @@ from quorumlog.bookie.journal import JournalPosition
 _KEY = struct.Struct(">qq")
 _LEDGER = struct.Struct(">q")
 _CHECKPOINT = struct.Struct(">QQ")
+_LOG_ID = struct.Struct(">I")  # the first field of a location
 _MAX_ENTRY = (1 << 63) - 1
 
 
@@ -126,6 +127,39 @@ class LedgerIndex:
         except lmdb.Error as exc:
             raise IndexError_(f"index read failed: {exc}") from exc
         return out
+
+    def ledger_ids(self) -> list[int]:
+        """Every ledger with a stored state."""
+        return [lid for lid, _ in self.ledger_states()]
+
+    def delete_ledger(self, ledger_id: int) -> int:
+        """Remove a ledger's locations and state in one synced transaction; returns entries removed."""
+        removed = 0
+        try:
+            with self._env.begin(write=True) as txn:
+                cur = txn.cursor(db=self._loc)
+                if cur.set_range(_KEY.pack(ledger_id, 0)):
+                    while True:
+                        key = cur.key()  # b"" once the cursor ran off the end
+                        if not key or _KEY.unpack(key)[0] != ledger_id:
+                            break
+                        cur.delete()  # and move to the next key
+                        removed += 1
+                txn.delete(_LEDGER.pack(ledger_id), db=self._ledger)
+        except lmdb.Error as exc:
+            raise IndexError_(f"index delete of ledger {ledger_id} failed: {exc}") from exc
+        return removed
+
+    def referenced_logs(self) -> set[int]:
+        """Ids of the entry logs some location points into (a full scan: for garbage collection only)."""
+        logs: set[int] = set()
+        try:
+            with self._env.begin(db=self._loc) as txn:
+                for value in txn.cursor().iternext(keys=False, values=True):
+                    logs.add(_LOG_ID.unpack_from(value)[0])
+        except lmdb.Error as exc:
+            raise IndexError_(f"index read failed: {exc}") from exc
+        return logs
 
     def close(self) -> None:
         self._env.close()

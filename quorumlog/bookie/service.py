@@ -43,6 +43,8 @@ class BookieService:
         self.registration: Any = None
         self._stopped = asyncio.Event()
         self._disk_checker: asyncio.Task[None] | None = None
+        self._gc_task: asyncio.Task[None] | None = None
+        self.gc: Any = None  # the GarbageCollector, once metadata is configured
         self.stop_requested = asyncio.Event()  # a full disk with read_only_mode off asks for shutdown
 
     @property
@@ -77,6 +79,8 @@ class BookieService:
             await self.server.start()
             if self.store is not None:
                 await self._register()
+                if cfg.gc_interval_s > 0:
+                    self._gc_task = asyncio.create_task(self._start_gc(), name="bookie-gc")
             self._disk_checker = asyncio.create_task(self._check_disk_every(), name="bookie-disk-checker")
         except BaseException:
             await self._close_parts()
@@ -103,6 +107,16 @@ class BookieService:
             self.store, self.bookie_id, BookieServiceInfo.for_rpc(host, port)
         )
         await self.registration.register()
+
+    async def _start_gc(self) -> None:
+        from quorumlog.bookie.gc import GarbageCollector
+        from quorumlog.meta.ledger_manager import LedgerManager
+
+        assert self.bookie is not None
+        self.gc = GarbageCollector(
+            self.bookie, LedgerManager(self.store).exists, interval_s=self.config.gc_interval_s
+        )
+        await self.gc.run_forever()
 
     async def _check_disk_every(self) -> None:
         """Read-only above `disk_usage_threshold`, writable again below `disk_usage_lwm` (DESIGN.md §3)."""
@@ -139,11 +153,12 @@ class BookieService:
 
     async def stop(self) -> None:
         """Clean shutdown (what SIGTERM does)."""
-        if self._disk_checker is not None:
-            self._disk_checker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._disk_checker
-            self._disk_checker = None
+        for task in (self._disk_checker, self._gc_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._disk_checker = self._gc_task = None
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()

@@ -138,6 +138,15 @@ class LedgerStorage:
         ids.update(self.index.entries(ledger_id))
         return sorted(ids)
 
+    def drop_ledger(self, ledger_id: int) -> None:
+        """Forget a deleted ledger's cached entries (garbage collection; a scan, never on a hot path)."""
+        for cache in (self.active, self.flushing):
+            for key in [k for k in cache.entries if k[0] == ledger_id]:
+                header, body = cache.entries.pop(key)
+                cache.size_bytes -= len(header) + len(body)
+        for key in [k for k in list(self.read_cache._entries) if k[0] == ledger_id]:
+            self.read_cache.invalidate(key)
+
     def begin_flush(self) -> WriteCache:
         """Swap caches (loop thread). The returned cache stays readable until `end_flush`."""
         assert not self.flush_running, "one checkpoint at a time"

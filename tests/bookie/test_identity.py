@@ -1,5 +1,6 @@
 """Identity and membership (DESIGN.md §1, §3): the cookie check at start, registration in metadata with a
-bookie-rpc endpoint, re-registration after a session expiry, read-only moves, clean unregistration."""
+bookie-rpc endpoint, re-registration after a session expiry, read-only moves, clean unregistration; and
+garbage collection, which acts only on what metadata positively says."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from quorumlog.errors import ConfigError, CookieError
 from quorumlog.meta import layout
 from quorumlog.meta.cluster import init_cluster
 from quorumlog.meta.cookie import read_cookie
+from quorumlog.meta.ledger_manager import LedgerManager
 from quorumlog.meta.registration import BookieServiceInfo
 from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.proto import messages as m
@@ -140,5 +142,51 @@ async def test_reregisters_after_session_expiry_and_moves_when_read_only(
         assert await _available(store) == [] and await _available(store, readonly=True) == [bid]
         await svc.apply_disk_usage(0.50)
         assert not svc.bookie.read_only and await _available(store) == [bid]
+    finally:
+        await svc.stop()
+
+
+async def test_gc_drops_only_ledgers_metadata_says_are_gone_and_dead_entry_logs(
+    tmp_path: str, store: MetadataStore
+) -> None:
+    from quorumlog.bookie.gc import GarbageCollector
+
+    port = free_port()
+    svc = BookieService(_config(tmp_path, store, port, entry_log_size_bytes=1 << 20, gc_interval_s=0.0))
+    await svc.start()
+    try:
+        bookie = svc.bookie
+        assert bookie is not None
+        c = await RawClient.connect("127.0.0.1", port)
+        gone, kept = 500, 501
+        await store.create(layout.ledger_path(store.ledgers_root, kept), b"metadata", make_parents=True)
+        for e in range(400):  # ~1.2 MB of the deleted ledger: fills entry log 1, the next one starts
+            assert (
+                await c.call(m.AddRequest(gone, e, KEY, entry(gone, e, b"g" * 3000)))
+            ).status == StatusCode.EOK
+        await bookie.checkpoint()
+        for e in range(10):
+            assert (
+                await c.call(m.AddRequest(kept, e, KEY, entry(kept, e, b"k" * 100)))
+            ).status == StatusCode.EOK
+        await bookie.checkpoint()
+        logs_before = bookie.storage.entry_logs.log_ids()
+        assert len(logs_before) == 2
+
+        async def flaky(lid: int) -> bool:
+            raise OSError("metadata unreachable")
+
+        doubtful = await GarbageCollector(bookie, flaky, interval_s=1).collect_once()
+        assert doubtful.ledgers_deleted == 0 and doubtful.lookups_failed == 2  # doubt keeps everything
+
+        manager_exists = LedgerManager(store).exists
+        stats = await GarbageCollector(bookie, manager_exists, interval_s=1).collect_once()
+        assert (stats.ledgers_deleted, stats.entries_deleted, stats.logs_deleted) == (1, 400, 1)
+        assert (await c.call(m.ReadRequest(gone, 0))).status == StatusCode.ENOLEDGER
+        for e in range(10):
+            r = await c.call(m.ReadRequest(kept, e))
+            assert (r.status, r.body) == (StatusCode.EOK, entry(kept, e, b"k" * 100))
+        assert bookie.storage.entry_logs.log_ids() == logs_before[1:]
+        await c.close()
     finally:
         await svc.stop()

@@ -1,0 +1,92 @@
+"""Garbage collection: drop ledgers that metadata says are gone, then entry logs nothing points to.
+
+What it owns: the decision to delete stored data, which is the one place a bug loses acknowledged entries,
+so the rules are strict (DESIGN.md §3):
+- A ledger is dropped only on a *positive* "does not exist" from metadata. An error, a timeout or any other
+  doubt keeps it until the next round.
+- Dropping a ledger removes its locations and state from the index in one synced transaction, serialised
+  with checkpoints (the bookie's checkpoint lock), and forgets its in-memory state.
+- An entry log is deleted only if it is older than the log checkpoints append to (logs below it are never
+  written again) and no location in the index points into it.
+- Rounds are throttled: one metadata lookup at a time, yielding to requests in between. Progress is
+  visible in `GcStats` and the log.
+Compaction (rewriting logs that are mostly dead) is not built: a log goes when all of it is dead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from quorumlog.bookie.bookie import Bookie
+
+log = logging.getLogger(__name__)
+
+LedgerExists = Callable[[int], Awaitable[bool]]
+
+
+@dataclass
+class GcStats:
+    rounds: int = 0
+    ledgers_checked: int = 0
+    ledgers_deleted: int = 0
+    entries_deleted: int = 0
+    logs_deleted: int = 0
+    lookups_failed: int = 0
+
+
+class GarbageCollector:
+    def __init__(self, bookie: Bookie, ledger_exists: LedgerExists, *, interval_s: float) -> None:
+        self.bookie = bookie
+        self.ledger_exists = ledger_exists
+        self.interval_s = interval_s
+        self.stats = GcStats()
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.collect_once()
+            except Exception:  # the next round retries; GC must never take the bookie down
+                log.exception("garbage collection round failed")
+
+    async def collect_once(self) -> GcStats:
+        bookie = self.bookie
+        env = bookie.env
+        ledger_ids = await env.run_blocking(bookie.index.ledger_ids)
+        deleted = 0
+        for lid in ledger_ids:
+            self.stats.ledgers_checked += 1
+            try:
+                exists = await self.ledger_exists(lid)
+            except Exception as exc:  # doubt keeps the ledger
+                self.stats.lookups_failed += 1
+                log.warning("gc: cannot tell whether ledger %d exists (%r); keeping it", lid, exc)
+                continue
+            if exists is not False:
+                continue
+            async with bookie.checkpoint_lock:
+                entries = await env.run_blocking(bookie.index.delete_ledger, lid)
+                bookie.forget_ledger(lid)
+            deleted += 1
+            self.stats.ledgers_deleted += 1
+            self.stats.entries_deleted += entries
+            log.info("gc: ledger %d is deleted in metadata; dropped %d entries", lid, entries)
+        if deleted:
+            await self._delete_dead_logs()
+        self.stats.rounds += 1
+        return self.stats
+
+    async def _delete_dead_logs(self) -> None:
+        bookie = self.bookie
+        logs = bookie.storage.entry_logs
+        async with bookie.checkpoint_lock:  # no checkpoint rolls the current log while we look
+            current = logs.current_id
+            referenced = await bookie.env.run_blocking(bookie.index.referenced_logs)
+            dead = [i for i in logs.log_ids() if i < current and i not in referenced]
+            for log_id in dead:
+                logs.delete(log_id)
+                self.stats.logs_deleted += 1
+                log.info("gc: entry log %d holds no live entries; deleted", log_id)
