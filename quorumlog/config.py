@@ -2,7 +2,7 @@
 allowed ranges, read from a TOML file, `QUORUMLOG_<NAME>` environment variables and `--kebab-case` flags.
 
 What it owns:
-- `Setting` (one row) and `SettingsTable` (one component: `bookie`, `client`, `shell`, `standalone`).
+- `Setting` (one row) and `SettingsTable` (one component: `bookie`, `client`, `shell`, `standalone`, ...).
 - Loading with one precedence everywhere: a flag beats an environment variable, which beats the TOML file,
   which beats the default.
 - The error messages: every bad value raises `ConfigError` naming the key, the value, where it came from
@@ -10,12 +10,12 @@ What it owns:
 - `all_tables()`: what `scripts/gen_config_docs.py` turns into docs/CONFIG.md, so the documentation is
   generated from these tables and cannot drift from them.
 
-The bookie's table lives with the bookie (`quorumlog.bookie.config.SETTINGS`); the client, shell and
-standalone tables live here. The client table names the keyword arguments of `Client.connect`
-(`client_connect_options` turns loaded values into them).
+The bookie's table lives with the bookie (`quorumlog.bookie.config`), auto-recovery's with auto-recovery
+(`quorumlog.replication.config`); the client, shell and standalone tables live here. The client table names
+the keyword arguments of `Client.connect` (`client_options` loads them for an application).
 
 A TOML file may hold one component's keys at top level, or several components as tables (`[bookie]`,
-`[client]`, `[shell]`, `[standalone]`); each component reads its own table.
+`[client]`, `[shell]`, `[standalone]`, `[autorecovery]`); each component reads its own table.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
 
-SECTION_NAMES = ("bookie", "client", "shell", "standalone")
+SECTION_NAMES = ("bookie", "client", "shell", "standalone", "autorecovery")
 
 
 @dataclass(frozen=True)
@@ -417,6 +417,7 @@ STANDALONE = SettingsTable(
 
 def all_tables() -> list[SettingsTable]:
     """Every component's table, in the order docs/CONFIG.md lists them."""
-    from quorumlog.bookie.config import TABLE as BOOKIE  # the bookie owns its table
+    from quorumlog.bookie.config import TABLE as BOOKIE  # each area owns its table
+    from quorumlog.replication.config import AUTORECOVERY
 
-    return [BOOKIE, CLIENT, SHELL, STANDALONE]
+    return [BOOKIE, CLIENT, SHELL, STANDALONE, AUTORECOVERY]

@@ -26,7 +26,8 @@ Every component reads its settings from one table in the code: names, types, def
 help texts below. Each setting can be given three ways:
 
 - a key in a TOML file (`--config FILE`): either at the top level, or in the component's own table
-  (`[bookie]`, `[client]`, `[shell]`, `[standalone]`), so one file can configure several components;
+  (`[bookie]`, `[client]`, `[shell]`, `[standalone]`, `[autorecovery]`), so one file can configure several
+  components;
 - an environment variable `QUORUMLOG_<NAME>` (upper case), e.g. `QUORUMLOG_JOURNAL_SYNC=false`;
 - a command-line flag `--kebab-case`, e.g. `--journal-sync false`.
 
