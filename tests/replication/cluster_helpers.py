@@ -28,9 +28,10 @@ def payload(ledger_id: int, entry_id: int, size: int) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def process_cluster(bookies: int) -> AsyncIterator[LocalCluster]:
+async def process_cluster(bookies: int, metadata_uri: str | None = None) -> AsyncIterator[LocalCluster]:
+    """Bookie processes on the embedded store (or on `metadata_uri`, e.g. a real ZooKeeper root)."""
     base = tempfile.mkdtemp(prefix="ql-repl-")
-    uri = f"file://{os.path.join(base, 'metadata')}?session_timeout_s={SESSION_TIMEOUT_S}"
+    uri = metadata_uri or f"file://{os.path.join(base, 'metadata')}?session_timeout_s={SESSION_TIMEOUT_S}"
     cluster = LocalCluster(bookies, processes=True, base_dir=base, metadata_uri=uri, journal_sync=False)
     try:
         await cluster.start()
