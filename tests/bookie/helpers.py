@@ -125,6 +125,21 @@ class RawClient:
             await self.closed.wait()
 
 
+def end_of_batches(path: str) -> int:
+    """Offset after the last batch of a journal file (walks batch headers; stops at a zero length)."""
+    from quorumlog.bookie.journal import HEADER_SIZE
+
+    with open(path, "rb") as f:
+        raw = f.read()
+    off = HEADER_SIZE
+    while off + 8 <= len(raw):
+        n = int.from_bytes(raw[off + 4 : off + 8], "big")
+        if n == 0 or off + 8 + n > len(raw):
+            return off
+        off += 8 + n
+    return off
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

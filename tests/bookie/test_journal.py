@@ -22,6 +22,7 @@ from quorumlog.bookie.journal import (
 from quorumlog.env import OsDisk, OsEnv
 from quorumlog.sim.disk import SimDisk
 from tests.bookie.disks import DiskEnv, WrappedDisk
+from tests.bookie.helpers import end_of_batches
 
 FILE = 64 << 10
 BATCH = 8 << 10
@@ -158,18 +159,6 @@ class _AckCounter:
         return on_ack
 
 
-def _end_of_batches(path: str) -> int:
-    """Offset after the last batch of a journal file (walking batch headers, without checking CRCs)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    off = HEADER_SIZE
-    while True:
-        (n,) = struct.unpack_from(">I", raw, off + 4)
-        if n == 0:
-            return off
-        off += 8 + n
-
-
 def overwrite(path: str, offset: int, data: bytes, *, size: int | None = None) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -227,7 +216,7 @@ async def test_torn_and_garbled_tail_is_cut_and_the_journal_continues(tmp_path: 
     await asyncio.to_thread(j.close)
     name = sorted(n for n in os.listdir(d) if n.endswith(".jnl"))[0]
     path = os.path.join(d, name)
-    end = _end_of_batches(path)
+    end = end_of_batches(path)
     # Tear the last batch in its middle, and leave garbage after it.
     overwrite(path, end - len(data[-1]) // 2, b"\xff" * 40, size=end + 4096)
     j2 = journal(env, d, file_size_bytes=1 << 20)
