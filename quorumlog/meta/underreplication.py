@@ -271,9 +271,7 @@ class UnderReplicationManager:
     async def auditor(self) -> str | None:
         """The owner named by the lowest vote (the current auditor), or None if nobody stands."""
         try:
-            votes = sorted(
-                n for n in await self.store.children(self.election_base) if n.startswith(VOTE_PREFIX)
-            )
+            votes = _sorted_votes(await self.store.children(self.election_base))
         except MetadataNotFoundError:
             return None
         for v in votes:
@@ -290,14 +288,33 @@ class UnderReplicationManager:
     async def is_auditor(self) -> bool:
         if self._my_vote is None:
             return False
-        votes = sorted(n for n in await self.store.children(self.election_base) if n.startswith(VOTE_PREFIX))
+        votes = _sorted_votes(await self.store.children(self.election_base))
         return bool(votes) and votes[0] == basename(self._my_vote)
+
+    async def announce_auditor(self) -> None:
+        """Write our vote's data into the election node itself, as BookKeeper's elected auditor does (for
+        people and tools looking at `auditorelection`; the election itself only compares votes)."""
+        data = text_format.MessageToString(formats.AuditorVoteFormat(bookieId=self.owner)).encode()
+        await self.store.set(self.election_base, data, version=ANY_VERSION)
 
     async def withdraw(self) -> None:
         if self._my_vote is not None:
             with contextlib.suppress(MetadataNotFoundError):
                 await self.store.delete(self._my_vote)
             self._my_vote = None
+
+
+def _sorted_votes(names: Iterable[str]) -> list[str]:
+    """Votes by sequence number, numerically (BookKeeper's ElectionComparator): ZooKeeper's sequence counter
+    is a signed int, so past 2^31 the zero-padded text no longer sorts."""
+    votes = []
+    for n in names:
+        if n.startswith(VOTE_PREFIX):
+            try:
+                votes.append((int(n[len(VOTE_PREFIX) :]), n))
+            except ValueError:
+                continue
+    return [n for _, n in sorted(votes)]
 
 
 def _parse_mark(data: bytes) -> formats.UnderreplicatedLedgerFormat:

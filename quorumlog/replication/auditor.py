@@ -136,6 +136,10 @@ class Auditor:
     async def _serve_while_elected(self) -> None:
         self._set_elected(True)
         log.info("%s is the auditor", self.urm.owner)
+        try:
+            await self.urm.announce_auditor()
+        except QuorumLogError as e:  # informational only
+            log.info("auditor: could not write the election node's data: %s", e)
         serve = asyncio.create_task(self._serve(), name="auditor")
         try:
             async with await self.store.watch_children(self.urm.election_base) as w:

@@ -231,3 +231,10 @@ def test_swap_replaces_one_position_of_one_fragment_even_on_a_closed_ledger() ->
 def test_swap_refuses_stale_or_impossible_changes(first: int, index: int, old: str, new: str) -> None:
     with pytest.raises(InvalidArgumentError):
         replace_in_fragment(md({0: ABC}, last=3), first, index, old, new)
+
+
+def test_votes_sort_by_sequence_number_as_bookkeepers_election_comparator() -> None:
+    from quorumlog.meta.underreplication import _sorted_votes
+
+    names = ["V_0000000010", "V_0000000002", "V_-2147483648", "other", "V_x"]
+    assert _sorted_votes(names) == ["V_-2147483648", "V_0000000002", "V_0000000010"]

@@ -116,6 +116,8 @@ async def test_on_zookeeper_the_layout_is_bookkeepers_and_recovery_completes() -
                     await ar.auditor.elected.wait()
                     votes = await client.store.children(f"{root}/underreplication/auditorelection")
                     assert len(votes) == 1 and votes[0].startswith("V_")
+                    election = await client.store.get(f"{root}/underreplication/auditorelection")
+                    assert election.value == b'bookieId: "ar-zk"\n'  # as a Java auditor writes it
                     victim = cluster.bookie(3).bookie_id
                     await cluster.bookie(3).kill()
                     await urm.enable()  # the enable runs the audit; the worker may start at once
