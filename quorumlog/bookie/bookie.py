@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import os
 import struct
@@ -36,6 +37,7 @@ from quorumlog.bookie.index import IndexError_, LedgerIndex
 from quorumlog.bookie.journal import Journal, JournalPosition, RecordType, record_header
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import Env, default_env
+from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 
@@ -65,31 +67,58 @@ def encode_availability(entry_ids: list[int]) -> bytes:
     return bytes(out)
 
 
+def _lock_dir(env: Env, directory: str) -> int:
+    """An exclusive flock on `<directory>/.lock`, held for the bookie's life (released by the OS on a crash).
+    A process-level guard on real directories, so it uses `os`, not the Env's disk."""
+    env.disk.makedirs(directory)
+    fd = os.open(
+        os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise CookieError(
+            f"{directory} is in use by another bookie process (its lock is held); stop that bookie first, "
+            "or give this one its own directories"
+        ) from None
+    return fd
+
+
 class Bookie:
     def __init__(self, config: BookieConfig, env: Env | None = None) -> None:
         self.config = config
         self.env = env or default_env()
-        self.journal = Journal(
-            self.env,
-            config.journal_dir,
-            file_size_bytes=config.journal_file_size_bytes,
-            max_batch_bytes=config.journal_max_batch_bytes,
-            max_wait_s=config.journal_max_wait_ms / 1000.0,
-            sync=config.journal_sync,
-        )
-        self.env.disk.makedirs(config.ledger_dir)
-        self.index = LedgerIndex(os.path.join(config.ledger_dir, "index"))
-        self.storage = LedgerStorage(
-            EntryLogs(
+        # One bookie per directory: a second process on the same journal would interleave two logs.
+        self._dir_locks: list[int] = []
+        try:
+            for d in (config.journal_dir, config.ledger_dir):
+                self._dir_locks.append(_lock_dir(self.env, d))
+            self.journal = Journal(
                 self.env,
-                os.path.join(config.ledger_dir, "entrylogs"),
-                log_size_bytes=config.entry_log_size_bytes,
-            ),
-            self.index,
-            write_cache_bytes=config.write_cache_bytes,
-            read_ahead_bytes=config.read_ahead_bytes,
-            read_cache_bytes=config.read_cache_bytes,
-        )
+                config.journal_dir,
+                file_size_bytes=config.journal_file_size_bytes,
+                max_batch_bytes=config.journal_max_batch_bytes,
+                max_wait_s=config.journal_max_wait_ms / 1000.0,
+                sync=config.journal_sync,
+            )
+            self.env.disk.makedirs(config.ledger_dir)
+            self.index = LedgerIndex(os.path.join(config.ledger_dir, "index"))
+            self.storage = LedgerStorage(
+                EntryLogs(
+                    self.env,
+                    os.path.join(config.ledger_dir, "entrylogs"),
+                    log_size_bytes=config.entry_log_size_bytes,
+                ),
+                self.index,
+                write_cache_bytes=config.write_cache_bytes,
+                read_ahead_bytes=config.read_ahead_bytes,
+                read_cache_bytes=config.read_cache_bytes,
+            )
+        except BaseException:
+            for fd in self._dir_locks:
+                os.close(fd)
+            raise
         self.book = LedgerBook(self._load_state)
         self._watchers: dict[int, list[asyncio.Future[None]]] = {}
         self.long_poll_parked = asyncio.Event()  # set whenever a long poll starts waiting (observability)
@@ -100,6 +129,7 @@ class Bookie:
         self._periodic: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._started = False
         self.failed: BaseException | None = None  # a storage failure: the bookie stops acknowledging
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -122,6 +152,7 @@ class Bookie:
         await self.env.run_blocking(self.storage.flush, cache, states, start_of_new)
         self.storage.end_flush(True)
         await self.env.run_blocking(self.journal.release_before, start_of_new.seq)
+        self._started = True
         log.info("bookie storage ready: replayed %d journal records since %s", replayed, checkpoint)
         self._periodic = asyncio.create_task(self._checkpoint_every(), name="bookie-checkpoint-timer")
 
@@ -170,10 +201,11 @@ class Bookie:
         while self._checkpoint_task is not None and not self._checkpoint_task.done():
             with contextlib.suppress(Exception):
                 await self._checkpoint_task
-        if self.failed is None and self.journal.failed is None:
+        if self._started and self.failed is None and self.journal.failed is None:
             with contextlib.suppress(Exception):
                 await self.checkpoint()
-        self.journal.handoff()
+        if self._started:
+            self.journal.handoff()
         await self.env.run_blocking(self.journal.close)
         await asyncio.sleep(0)  # let the last completion callbacks run before the loop moves on
         for futs in self._watchers.values():
@@ -185,6 +217,9 @@ class Bookie:
             reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
         self._parked.clear()
         self.storage.close()
+        for fd in self._dir_locks:
+            os.close(fd)  # releases the flock
+        self._dir_locks = []
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def _cookie_path(directory: str) -> str:
 def _has_data(env: Env, directory: str) -> bool:
     if not env.disk.exists(directory):
         return False
-    return any(name != "current" for name in env.disk.listdir(directory))
+    return any(name not in ("current", ".lock") for name in env.disk.listdir(directory))
 
 
 async def check_cookie(store: MetadataStore, config: BookieConfig, env: Env) -> Cookie:

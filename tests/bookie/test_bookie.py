@@ -14,6 +14,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.journal import HEADER_SIZE
 from quorumlog.bookie.service import BookieService
 from quorumlog.env import OsDisk
+from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
 from quorumlog.proto.status import StatusCode
@@ -356,3 +357,12 @@ def _overwrite(path: str, offset: int, data: bytes) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
         f.write(data)
+
+
+async def test_a_second_bookie_on_the_same_directories_is_refused(start_bookie: StartBookie) -> None:
+    svc = await start_bookie("same")
+    with pytest.raises(CookieError, match="in use by another bookie"):
+        await start_bookie("same")
+    c = await client(svc)
+    assert await add(c, 1, 0) == OK  # the first one is unaffected
+    await c.close()
