@@ -601,7 +601,8 @@ class WriteHandle(LedgerHandle):
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
         self._change_task: asyncio.Task[None] | None = None
-        self._excluded: set[str] = set()  # bookies that failed this writer: never chosen as replacements
+        # Bookies that failed this writer: not chosen as replacements while others are available.
+        self._excluded: set[str] = set()
         self._capacity = asyncio.Event()
         self._capacity.set()
         self._drained = asyncio.Event()
@@ -927,16 +928,31 @@ class WriteHandle(LedgerHandle):
             )
         self._ensemble_changes += 1
         self._excluded.update(change.failed.values())
-        plan = plan_ensemble_change(
-            self.quorum,
-            self._tracker.ensembles,
-            change.first_entry_id,
-            change.failed,
-            self._client.placement,
-            self._client.bookie_infos(),
-            self._client.env.rng,
-            exclude=self._excluded,
-        )
+        bookies = self._client.bookie_infos()
+        try:
+            plan = plan_ensemble_change(
+                self.quorum,
+                self._tracker.ensembles,
+                change.first_entry_id,
+                change.failed,
+                self._client.placement,
+                bookies,
+                self._client.env.rng,
+                exclude=self._excluded,
+            )
+        except NotEnoughBookiesError:
+            # Every other bookie failed this writer at some point. Those that are registered again (restarted)
+            # are fair game once more; only the bookies being replaced now stay out.
+            self._excluded = set(change.failed.values())
+            plan = plan_ensemble_change(
+                self.quorum,
+                self._tracker.ensembles,
+                change.first_entry_id,
+                change.failed,
+                self._client.placement,
+                bookies,
+                self._client.env.rng,
+            )
         base = self._md
         candidate = base.value.with_ensemble(plan.first_entry_id, plan.new_ensemble)
         for _ in range(METADATA_CAS_ATTEMPTS_MAX):
