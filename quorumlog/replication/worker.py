@@ -11,7 +11,8 @@ What it owns (DESIGN.md §2 "Auto-recovery", docs/REPLICATION.md):
 - `ReplicationWorker`: the loop. Lists marks, takes each one's ephemeral lock (BookKeeper's `locks/urL…`,
   so a Java worker and ours never work on one ledger at once), replicates up to `ledgers_in_parallel_max`
   ledgers at a time, and clears the mark at the version it read (a replica the auditor added meanwhile keeps
-  the mark). A failed ledger is released and retried after `retry_backoff_s`.
+  the mark). A failed ledger is released and retried after `retry_backoff_s`, doubling per consecutive
+  failure up to `retry_backoff_s_max` (e.g. while too few bookies are left to choose a replacement).
 
 Rules it keeps:
 - Data before metadata: an ensemble names the new bookie only after every entry of that position is on it.
@@ -81,6 +82,7 @@ class WorkerSettings:
     poll_interval_s: float = 1.0
     """How often the loop looks for new marks when nothing woke it."""
     retry_backoff_s: float = 2.0
+    retry_backoff_s_max: float = 60.0
     """A ledger whose replication failed is not retried by this worker for this long."""
     request_timeout_s: float = 10.0
 
@@ -386,6 +388,7 @@ class ReplicationWorker:
         self._stopping = asyncio.Event()
         self._active: dict[int, asyncio.Task[None]] = {}
         self._not_before: dict[int, float] = {}
+        self._failures: dict[int, int] = {}
         self._slot_freed = asyncio.Event()
 
     def stop(self) -> None:
@@ -455,6 +458,8 @@ class ReplicationWorker:
                 await self.urm.release(lid)
                 return
             cleared = await self.urm.mark_replicated(lid, version=mark.version)
+            self._failures.pop(lid, None)
+            self._not_before.pop(lid, None)
             if outcome is Outcome.DONE:
                 self.stats.ledgers_replicated += 1
                 metrics.LEDGERS_REPLICATED.inc()
@@ -475,7 +480,9 @@ class ReplicationWorker:
             self.stats.last_error = f"ledger {lid}: {e}"
             metrics.FAILURES.inc()
             log.warning("ledger %d: re-replication failed, will retry: %s", lid, e)
-            self._not_before[lid] = time.monotonic() + self.settings.retry_backoff_s
+            n = self._failures[lid] = self._failures.get(lid, 0) + 1
+            backoff = min(self.settings.retry_backoff_s * 2 ** (n - 1), self.settings.retry_backoff_s_max)
+            self._not_before[lid] = time.monotonic() + backoff
             with contextlib.suppress(Exception):
                 await self.urm.release(lid)
         finally:

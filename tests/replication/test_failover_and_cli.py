@@ -74,6 +74,11 @@ async def test_auditor_killed_mid_recovery_the_other_process_takes_over_and_fini
             # session.
             await wait_until(lambda: _status_elected(client, "ar-second"), 10, "ar-second's status: elected")
             assert "ar-first" not in {s["owner"] for s in await read_status(client.store)}
+            shown = await asyncio.to_thread(_shell, cluster.uri, "autorecoverystatus", "--json")
+            assert shown.returncode == 0, shown.stderr
+            (row,) = json.loads(shown.stdout)
+            assert row["owner"] == "ar-second" and row["auditor"]["elected"]
+            assert row["worker"]["failures"] == 0
             await check_replication(client, ledgers, ENTRY_BYTES, {victim})
 
             assert await second.terminate() == 0, second.log_tail()
