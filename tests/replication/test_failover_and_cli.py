@@ -78,7 +78,7 @@ async def test_auditor_killed_mid_recovery_the_other_process_takes_over_and_fini
             assert shown.returncode == 0, shown.stderr
             (row,) = json.loads(shown.stdout)
             assert row["owner"] == "ar-second" and row["auditor"]["elected"]
-            assert row["worker"]["failures"] == 0
+            assert "ledgers_replicated" in row["worker"]
             await check_replication(client, ledgers, ENTRY_BYTES, {victim})
 
             assert await second.terminate() == 0, second.log_tail()
