@@ -257,35 +257,26 @@ class Replicator:
         plans: list[tuple[Repair, str]],
         available: Collection[str],
     ) -> tuple[int, int]:
-        window = max(1, self.settings.entries_in_flight_max)
-        pending: set[asyncio.Task[int]] = set()
-        entries = 0
-        nbytes = 0
+        # A fixed pool of copiers pulling from one iterator: `entries_in_flight_max` copies in flight, and no
+        # task per entry (creating one cost more than the copy's own bookkeeping).
+        jobs = (
+            (entry_id, r, new) for r, new in plans for entry_id in stored_entries(quorum, r.fragment, r.index)
+        )
+        totals = [0, 0]
 
-        async def drain(until: int) -> None:
-            nonlocal entries, nbytes
-            while len(pending) > until:
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    pending.discard(t)
-                    nbytes += t.result()  # re-raises the first failure
-                    entries += 1
+        async def copier() -> None:
+            for entry_id, r, new in jobs:
+                sources = self._sources(quorum, r, entry_id, available)
+                totals[1] += await self._copy_one(md, dm, entry_id, sources, new)
+                totals[0] += 1
 
         try:
-            for r, new in plans:
-                for entry_id in stored_entries(quorum, r.fragment, r.index):
-                    sources = self._sources(quorum, r, entry_id, available)
-                    pending.add(asyncio.create_task(self._copy_one(md, dm, entry_id, sources, new)))
-                    if len(pending) >= window:
-                        await drain(window - 1)
-            await drain(0)
-        finally:
-            for t in pending:
-                t.cancel()
-            for t in pending:
-                with contextlib.suppress(BaseException):
-                    await t
-        return entries, nbytes
+            async with asyncio.TaskGroup() as tg:  # the first failure cancels the other copiers
+                for _ in range(max(1, self.settings.entries_in_flight_max)):
+                    tg.create_task(copier())
+        except ExceptionGroup as eg:
+            raise eg.exceptions[0] from None  # callers handle one typed error (ReplicationError, ...)
+        return totals[0], totals[1]
 
     @staticmethod
     def _sources(quorum: Quorum, r: Repair, entry_id: int, available: Collection[str]) -> list[str]:

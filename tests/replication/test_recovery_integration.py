@@ -9,6 +9,7 @@ fenced after the open-ledger grace period, as BookKeeper's worker does.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -109,9 +110,8 @@ async def test_on_zookeeper_the_layout_is_bookkeepers_and_recovery_completes() -
                 ledgers, _ = await write_ledgers(client, 20, 50, ENTRY_BYTES)
                 root = client.store.ledgers_root
                 urm = UnderReplicationManager(client.store, owner="t")
-                await urm.init()
-                await urm.disable()  # hold the worker back so the marks can be seen
-                async with AutoRecovery(cluster.uri, fast_settings("ar-zk")) as ar:
+                auditor_only = dataclasses.replace(fast_settings("ar-zk"), run_worker=False)
+                async with AutoRecovery(cluster.uri, auditor_only) as ar:
                     assert ar.auditor is not None
                     await ar.auditor.elected.wait()
                     votes = await client.store.children(f"{root}/underreplication/auditorelection")
@@ -119,9 +119,21 @@ async def test_on_zookeeper_the_layout_is_bookkeepers_and_recovery_completes() -
                     election = await client.store.get(f"{root}/underreplication/auditorelection")
                     assert election.value == b'bookieId: "ar-zk"\n'  # as a Java auditor writes it
                     victim = cluster.bookie(3).bookie_id
+                    expected = sorted(
+                        [
+                            lid
+                            for lid in ledgers
+                            if victim in (await client.get_ledger_metadata(lid)).bookies()
+                        ]
+                    )
                     await cluster.bookie(3).kill()
-                    await urm.enable()  # the enable runs the audit; the worker may start at once
-                    await wait_until(lambda: _marked_or_done(client, ledgers, victim), 30, "marks")
+                    await wait_until(lambda: _marks_are(urm, expected), 30, "marks")
+                for lid in expected:
+                    path = f"{root}/underreplication/ledgers/0000/0000/{(lid >> 16) & 0xFFFF:04x}/{lid & 0xFFFF:04x}/urL{lid:010d}"
+                    mark = await client.store.get(path)
+                    assert mark.value.startswith(f'replica: "{victim}"\nctime: '.encode())
+                worker_only = dataclasses.replace(fast_settings("worker-zk"), run_auditor=False)
+                async with AutoRecovery(cluster.uri, worker_only):
                     await wait_until(
                         lambda: fully_recovered(client, ledgers, {victim}), 60, "recovery on ZooKeeper"
                     )
@@ -132,11 +144,5 @@ async def test_on_zookeeper_the_layout_is_bookkeepers_and_recovery_completes() -
         zk.close()
 
 
-async def _marked_or_done(client: Client, ledgers: dict[int, int], victim: str) -> bool:
-    root = client.store.ledgers_root
-    urm = UnderReplicationManager(client.store, owner="t")
-    for lid in await urm.list_marked():
-        path = f"{root}/underreplication/ledgers/0000/0000/{(lid >> 16) & 0xFFFF:04x}/{lid & 0xFFFF:04x}/urL{lid:010d}"
-        assert await client.store.exists(path) is not None
-        return True
-    return await fully_recovered(client, ledgers, {victim})
+async def _marks_are(urm: UnderReplicationManager, expected: list[int]) -> bool:
+    return await urm.list_marked() == expected
