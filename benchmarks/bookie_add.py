@@ -20,7 +20,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from quorumlog.env import run
 from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ClientConnection
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
+from quorumlog.testing.servers import free_port
 
 PAYLOAD = os.urandom(1024)
 KEY = master_key(b"bench")
@@ -149,12 +149,6 @@ async def _measure(
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_bookie(data_dir: str, port: int, profile: str | None) -> subprocess.Popen[bytes]:
     cmd = [sys.executable]
     if profile:
@@ -181,7 +175,7 @@ def main() -> None:
     args = ap.parse_args()
     versions = [m.ProtocolVersion(int(v.strip().lstrip("v"))) for v in args.versions.split(",")]
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="ql-bench-bookie-")
-    port = _free_port()
+    port = free_port()
     proc = _start_bookie(data_dir, port, args.profile)
     try:
         for i, version in enumerate(versions):

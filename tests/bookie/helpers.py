@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Hashable
@@ -18,6 +17,9 @@ from typing import Any
 from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ClientConnection
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
+from quorumlog.testing.servers import free_port
+
+__all__ = ["KEY", "PASSWORD", "BookieProcess", "RawClient", "end_of_batches", "entry", "free_port"]
 
 PASSWORD = b"pw"
 KEY = master_key(PASSWORD)
@@ -138,12 +140,6 @@ def end_of_batches(path: str) -> int:
             return off
         off += 8 + n
     return off
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class BookieProcess:
