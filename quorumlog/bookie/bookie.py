@@ -131,6 +131,7 @@ class Bookie:
         self._closed = False
         self._started = False
         self.failed: BaseException | None = None  # a storage failure: the bookie stops acknowledging
+        self.on_failure: Callable[[BaseException], None] | None = None  # e.g. re-register as read-only
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -277,6 +278,8 @@ class Bookie:
         if self.failed is None:
             self.failed = exc
             log.error("bookie storage failed, no more writes will be acknowledged: %r", exc)
+            if self.on_failure is not None:
+                self.on_failure(exc)
 
     def _unpark(self) -> None:
         while self._parked and self.storage.has_room(len(self._parked[0][0].body)):

@@ -47,6 +47,7 @@ class BookieService:
         self._stopped = asyncio.Event()
         self._disk_checker: asyncio.Task[None] | None = None
         self._gc_task: asyncio.Task[None] | None = None
+        self._failure_task: asyncio.Task[None] | None = None
         self.gc: Any = None  # the GarbageCollector, once metadata is configured
         self.stop_requested = asyncio.Event()  # a full disk with read_only_mode off asks for shutdown
 
@@ -68,6 +69,7 @@ class BookieService:
                 )
             await self._open_metadata_and_check_cookie()
         self.bookie = Bookie(cfg, self.env)
+        self.bookie.on_failure = self._on_storage_failure
         try:
             await self.bookie.start()
             self.server = BookieServer(
@@ -110,6 +112,11 @@ class BookieService:
             self.store, self.bookie_id, BookieServiceInfo.for_rpc(host, port)
         )
         await self.registration.register()
+
+    def _on_storage_failure(self, exc: BaseException) -> None:
+        # Writes can no longer be acknowledged: show it in metadata (available/readonly) so writers stop
+        # choosing this bookie, while reads keep being served.
+        self._failure_task = asyncio.get_running_loop().create_task(self.set_read_only(True))
 
     async def _start_gc(self) -> None:
         from quorumlog.bookie.gc import GarbageCollector

@@ -264,6 +264,7 @@ async def test_failed_checkpoint_stops_acknowledging_but_keeps_entries_readable(
     with pytest.raises(OSError):
         await svc.bookie.checkpoint()
     assert await add(c, 80, 5) == StatusCode.EIO  # storage failed: acknowledge nothing more
+    assert svc.bookie.read_only  # and it says so (with metadata: re-registered under available/readonly)
     for e in range(5):
         r = await c.call(m.ReadRequest(80, e))
         assert (r.status, r.body) == (OK, entry(80, e, b"x"))  # back in the write cache, still served
