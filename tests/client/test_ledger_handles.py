@@ -20,6 +20,7 @@ from quorumlog.errors import (
     LedgerExistsError,
     LedgerFencedError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
     ReadBeyondLastAddConfirmedError,
     TooManyRequestsError,
     UnauthorizedError,
@@ -351,3 +352,31 @@ async def test_adv_entries_held_for_capacity_go_out_as_adds_complete(cluster: Lo
             w.append(b"x", entry_id=-1)
         await w.close()
         assert (await client.get_ledger_metadata(w.ledger_id)).last_entry_id == 3
+
+
+async def test_delayed_ensemble_change_waits_until_an_entry_is_stuck(cluster: LocalCluster) -> None:
+    async with await Client.connect(cluster.uri, ensemble_change="delayed", add_timeout_s=1.0) as client:
+        w = await client.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(w.append(b"d%d" % i) for i in range(20)))
+        await cluster.node(w.metadata.ensembles[0][0]).kill()
+        # W=3, A=2: every entry still gets two acks, so "delayed" keeps the ensemble.
+        assert await asyncio.gather(*(w.append(b"d%d" % i) for i in range(20, 60))) == list(range(20, 60))
+        assert len(w.metadata.ensembles) == 1
+        # A second failure leaves entries one ack short: now the ensemble changes, replacing both failed
+        # bookies (a fifth bookie joins so that two spares exist).
+        await cluster.add_bookie()
+        await client.registry.wait_for(lambda r: len(r.writable_bookies()) == 4, 10)
+        await cluster.node(w.metadata.ensembles[0][1]).kill()
+        assert await asyncio.gather(*(w.append(b"d%d" % i) for i in range(60, 80))) == list(range(60, 80))
+        assert len(w.metadata.ensembles) == 2
+        await w.close()
+
+
+async def test_disabled_ensemble_change_fails_the_writer(cluster: LocalCluster) -> None:
+    async with await Client.connect(cluster.uri, ensemble_change="disabled", add_timeout_s=1.0) as client:
+        w = await client.create_ledger(3, 2, 2, password=PW)
+        await w.append(b"ok")
+        await cluster.node(w.metadata.ensembles[0][1]).kill()  # in the write set of entry 1
+        with pytest.raises(NotEnoughBookiesError):
+            await w.append(b"stuck")
+        assert len(w.metadata.ensembles) == 1
