@@ -57,6 +57,8 @@ async def test_create_append_close_open_read_round_trip(client: Client) -> None:
     assert await asyncio.gather(*futures) == list(range(500))
     assert order == list(range(500)), "completions happen in entry-id order"
     assert w.last_add_confirmed == 499
+    assert await w.read_last_add_confirmed() == 499  # a writer's own view never lags the bookies'
+    assert [e.payload for e in await w.read(498, 499)] == [b"entry-498", b"entry-499"]
     assert w.length == sum(len(b"entry-%d" % i) for i in range(500))
     await w.close()
     md = await client.get_ledger_metadata(w.ledger_id)
