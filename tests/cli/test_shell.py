@@ -307,3 +307,31 @@ def test_operations_guide_documents_every_shell_command() -> None:
     assert set(COMMANDS) <= set(own)
     for name in [*own, "recover", "decommission", "triggeraudit", "autorecoverystatus"]:
         assert f"| `{name}" in guide, f"docs/OPERATIONS.md does not describe `shell {name}`"
+
+
+def test_listbookies_shows_read_only_and_unanswering_bookies(cluster: Running) -> None:
+    """A bookie registered read-only is listed as such; one that does not answer GET_BOOKIE_INFO is listed
+    with the reason instead of failing the command."""
+    from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo
+
+    dead_port = free_port()  # nothing listens there
+
+    async def main() -> list[dict[str, object]]:
+        store = await open_store(cluster.uri)
+        reg = BookieRegistration(
+            store, f"127.0.0.1:{dead_port}", BookieServiceInfo.for_rpc("127.0.0.1", dead_port)
+        )
+        try:
+            await reg.register(readonly=True)
+            r = await asyncio.to_thread(sh, cluster, "listbookies", "--readonly", "--json")
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)  # type: ignore[no-any-return]
+        finally:
+            await reg.close()
+            await store.close()
+
+    rows = asyncio.run(main())
+    assert len(rows) == 1
+    assert rows[0]["bookie_id"] == f"127.0.0.1:{dead_port}" and rows[0]["state"] == "read-only"
+    assert "no answer" in str(rows[0]["error"]) and rows[0]["free_disk_bytes"] is None
+    assert sh_json(cluster, "listbookies", "--readonly") == []  # unregistered again
