@@ -12,7 +12,8 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
   When the disk is slow and more is queued, one batch takes up to 16x that (bounded by half a file): an
   fdatasync costs about the same for 512 KiB as for 4 MiB, so a backlog is cleared in one sync, not many.
 - Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
-  from files a checkpoint released.
+  from files a checkpoint released. The next file is prepared in the background once the current one is
+  half full, so a roll never zeroes on the sync path; the first file after a start is smaller (16 MiB).
 - Checksums are paired: each record carries a CRC32C of its type, length and payload (computed on the loop
   when it is appended), and each batch -- the unit of one write and one sync -- carries a CRC32C of its bytes
   salted with its file's sequence number (computed by the sync thread, one C call per batch). A torn write,
@@ -57,7 +58,8 @@ REC_HEADER_SIZE = _REC_HEADER.size
 _LEN_TYPE = struct.Struct(">IB")
 _SALT = struct.Struct(">QI")
 _ZEROS = bytes(1 << 20)
-MAX_BATCH_BYTES = 256 << 20  # a longer batch length read back from disk is garbage
+MAX_BATCH_BYTES = 256 << 20
+FIRST_FILE_BYTES = 16 << 20  # a longer batch length read back from disk is garbage
 
 
 class RecordType(IntEnum):
@@ -209,6 +211,7 @@ class Journal:
         # sync-thread state
         self._file: File | None = None
         self._file_seq = 0
+        self._file_limit = file_size_bytes  # roll when the current file would pass this
         self._offset = 0
         self._ready: list[tuple[int, File]] = []  # prepared next files (guarded by _cond)
         self._preparing = False
@@ -343,7 +346,11 @@ class Journal:
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Open a fresh file and start the sync thread. Call after `replay`."""
         self._loop = loop
-        self._file_seq, self._file = self._prepare_file(self._reserve_seq())
+        # The first file is smaller: a bookie that starts and stops (tests, a standalone cluster) zeroes
+        # 16 MiB, not a full file plus its successor; busy bookies roll into full-size files soon enough.
+        first_size = min(self.file_size_bytes, max(FIRST_FILE_BYTES, 2 * self.batch_cap_bytes + HEADER_SIZE))
+        self._file_seq, self._file = self._prepare_file(self._reserve_seq(), first_size)
+        self._file_limit = first_size
         self._offset = HEADER_SIZE
         if not self.sync:
             log.warning(
@@ -352,10 +359,10 @@ class Journal:
             )
         self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
         self._thread.start()
-        self._start_preparing()
 
-    def _prepare_file(self, seq: int) -> tuple[int, File]:
+    def _prepare_file(self, seq: int, size: int | None = None) -> tuple[int, File]:
         """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop."""
+        size = self.file_size_bytes if size is None else size
         path = self._path(seq)
         with self._cond:
             spare = self._spares.pop() if self._spares else None
@@ -367,8 +374,8 @@ class Journal:
             f = disk.open(path, create=True)
             f.truncate(0)
             off = HEADER_SIZE
-            while off < self.file_size_bytes:
-                n = min(len(_ZEROS), self.file_size_bytes - off)
+            while off < size:
+                n = min(len(_ZEROS), size - off)
                 f.pwrite(memoryview(_ZEROS)[:n], off)
                 off += n
         f.pwrite(_header_bytes(seq), 0)
@@ -538,8 +545,10 @@ class Journal:
     def _write(self, batch: _Batch) -> None:
         data = b"".join(chain.from_iterable(batch.records))
         size = BATCH_HEADER_SIZE + len(data)
-        if data and self._offset + size + _ROLL_BYTES > self.file_size_bytes and self._offset > HEADER_SIZE:
+        if data and self._offset + size + _ROLL_BYTES > self._file_limit and self._offset > HEADER_SIZE:
             self._roll()
+        elif self._offset > self._file_limit // 2 and not self._ready and not self._preparing:
+            self._start_preparing()  # half full: zero the next file in the background, off the sync path
         f = self._file
         assert f is not None
         if data:
@@ -568,8 +577,8 @@ class Journal:
         if ready is None:  # the background preparation failed: do it here
             ready = self._prepare_file(self._reserve_seq())
         self._file_seq, self._file = ready
+        self._file_limit = self.file_size_bytes
         self._offset = HEADER_SIZE
-        self._start_preparing()
 
     def _reserve_seq(self) -> int:
         with self._cond:
