@@ -12,8 +12,9 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
   When the disk is slow and more is queued, one batch takes up to 16x that (bounded by half a file): an
   fdatasync costs about the same for 512 KiB as for 4 MiB, so a backlog is cleared in one sync, not many.
 - Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
-  from files a checkpoint released. The next file is prepared in the background once the current one is
-  half full, so a roll never zeroes on the sync path; the first file after a start is smaller (16 MiB).
+  from files a checkpoint released. The next file is prepared in the background (right after a roll, or
+  once the first file after a start -- a smaller one, 16 MiB -- is half full), so a roll does not zero a
+  file on the sync path and a bookie that only starts and stops does not zero 128 MiB.
 - Checksums are paired: each record carries a CRC32C of its type, length and payload (computed on the loop
   when it is appended), and each batch -- the unit of one write and one sync -- carries a CRC32C of its bytes
   salted with its file's sequence number (computed by the sync thread, one C call per batch). A torn write,
@@ -579,6 +580,7 @@ class Journal:
         self._file_seq, self._file = ready
         self._file_limit = self.file_size_bytes
         self._offset = HEADER_SIZE
+        self._start_preparing()  # a busy journal: give the next zeroing the whole file's time
 
     def _reserve_seq(self) -> int:
         with self._cond:
