@@ -1136,16 +1136,21 @@ class _Recoverer:
         self.writer: WriteHandle | None = None
 
     async def run(self) -> Versioned[LedgerMetadata]:
-        actions: list[Any] = self.recovery.start()
-        while True:
-            for action in actions:
-                if isinstance(action, CloseLedger):
-                    return await self._close(action)
-                if isinstance(action, RecoveryFailed):
-                    raise action.error
-                self._perform(action)
-            step = await self.events.get()
-            actions = step()
+        try:
+            actions: list[Any] = self.recovery.start()
+            while True:
+                for action in actions:
+                    if isinstance(action, CloseLedger):
+                        return await self._close(action)
+                    if isinstance(action, RecoveryFailed):
+                        raise action.error
+                    self._perform(action)
+                step = await self.events.get()
+                actions = step()
+        finally:
+            if self.writer is not None:
+                # Failed or cancelled half way: recovery adds still in flight are dropped with the attempt.
+                self.writer._abandon(LedgerRecoveryError("the recovery attempt ended"))
 
     def _perform(self, action: Any) -> None:
         lid = self.md.value.ledger_id
