@@ -323,7 +323,8 @@ async def tour() -> None:
         refusal = writer.refused or ""
         if not refusal.startswith((LedgerFencedError.__name__, LedgerClosedError.__name__)):
             raise DemoFailed(f"the old writer was stopped by the wrong error: {refusal}")
-        out.ok(f"the old writer was refused: {refusal}")
+        name, _, why = refusal.partition(" ")
+        out.ok(f"the old writer was refused: {name} ({why})")
 
         out.step(8, "Check the promises")
         acks = writer.acks
