@@ -508,6 +508,9 @@ class LedgerHandle:
                 changed = asyncio.ensure_future(self._md_changed.wait())
                 try:
                     await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+                except BaseException:
+                    poll.cancel()  # the tail itself is cancelled or closed: its poll goes with it
+                    raise
                 finally:
                     changed.cancel()
                 if not poll.done():

@@ -76,7 +76,7 @@ class World:
     def spawn(self, node: str, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         """Run `coro` as part of `node`'s software: a crash of the node cancels it."""
         task = asyncio.get_running_loop().create_task(coro)
-        tasks = self._tasks[node]
+        tasks = self._tasks.setdefault(node, set())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
