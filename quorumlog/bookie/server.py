@@ -71,9 +71,12 @@ class BookieConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             requests = self.codec.receive(data)
-        except ProtocolError as exc:
+        except Exception as exc:  # ProtocolError, or a decoder bug: either way this stream is lost
             peer = self.transport.get_extra_info("peername") if self.transport else None
-            log.warning("closing connection from %s: %s", peer, exc)
+            if isinstance(exc, ProtocolError):
+                log.warning("closing connection from %s: %s", peer, exc)
+            else:
+                log.exception("closing connection from %s: undecodable input", peer)
             if self.transport is not None:
                 self._flush()
                 self.transport.close()

@@ -163,12 +163,12 @@ class BookieService:
 
     async def stop(self) -> None:
         """Clean shutdown (what SIGTERM does)."""
-        for task in (self._disk_checker, self._gc_task):
+        for task in (self._disk_checker, self._gc_task, self._failure_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._disk_checker = self._gc_task = None
+        self._disk_checker = self._gc_task = self._failure_task = None
         if self.registration is not None:
             with contextlib.suppress(Exception):
                 await self.registration.close()
