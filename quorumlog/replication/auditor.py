@@ -11,6 +11,8 @@ What it owns (DESIGN.md §2 "Auto-recovery", docs/REPLICATION.md):
   shared with Java tools), initialised from `lost_bookie_recovery_delay_s` if absent. A bookie that comes
   back within the delay is never marked. Setting the znode to its current value or to 0 runs the audit now
   without waiting (BookKeeper's `triggeraudit`); another value reschedules a pending audit.
+- Placement check with the full check (rack/zone placement only): ledgers whose write sets span fewer racks
+  than the writable bookies offer are counted and logged, not moved.
 - Full check every `audit_interval_s`: lost bookies as above, plus closed fragments whose live bookies lack
   entries their positions store -- asked with one GET_LIST_OF_ENTRIES_OF_LEDGER per (bookie, ledger)
   (`probe.py`), not by reading entries. A bookie that does not answer is skipped (not marked): an overloaded
@@ -32,11 +34,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.client.placement import RackAwarePlacement
 from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, QuorumLogError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication import metrics
-from quorumlog.replication.fragments import lost_bookie_marks, missing_on_bookie
+from quorumlog.replication.fragments import lost_bookie_marks, missing_on_bookie, placement_violations
 from quorumlog.replication.probe import entries_on_bookie
 
 if TYPE_CHECKING:
@@ -402,10 +405,32 @@ class Auditor:
                 marks[md.ledger_id] = sorted(missing)
 
         await asyncio.gather(*(check(md) for md in mds))
+        self._check_placement(mds)
         self.stats.full_checks += 1
         self.stats.last_full_check_s = time.monotonic() - t0
         metrics.AUDITS.labels("full").inc()
         return await self._mark(marks, "full check")
+
+    def _check_placement(self, mds: list[LedgerMetadata]) -> None:
+        """Count ledgers whose ensembles do not spread write sets over racks (rack/zone placement only).
+        Reported (log, stats, metric), not repaired: moving healthy replicas is an operator's decision."""
+        policy = self.client.placement
+        if not isinstance(policy, RackAwarePlacement):
+            return
+        infos = self.client.bookie_infos()
+        rack_of = {b.bookie_id: policy.rack_of(b) for b in infos}
+        racks = len(set(rack_of.values()))
+        bad = [md.ledger_id for md in mds if placement_violations(md, rack_of, racks)]
+        self.stats.placement_violations = len(bad)
+        metrics.PLACEMENT_VIOLATIONS.set(len(bad))
+        if bad:
+            log.warning(
+                "auditor: %d ledger(s) do not spread write sets over %s values (%d available), e.g. %s",
+                len(bad),
+                policy.label,
+                racks,
+                bad[:10],
+            )
 
     async def _mark(self, marks: dict[int, list[str]], why: str) -> int:
         done = 0

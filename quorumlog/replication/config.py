@@ -55,6 +55,14 @@ AUTORECOVERY = SettingsTable(
         Setting(
             "rate_mb_s", float, 64.0, "bytes copied per second by this worker, in MB; 0 = unbounded", 0, 1e6
         ),
+        Setting(
+            "placement",
+            str,
+            "random",
+            "placement policy for replacement bookies and the auditor's placement check (rack/zone read the "
+            "bookies' labels); use the clients' policy",
+            choices=("random", "rack", "zone"),
+        ),
         Setting("auditor", bool, True, "stand for auditor election"),
         Setting("worker", bool, True, "run a replication worker"),
         Setting("metrics_port", int, 0, "serve Prometheus metrics over HTTP on this port; 0 = off", 0, 65535),
@@ -79,4 +87,5 @@ def settings_from(values: Mapping[str, Any]) -> AutoRecoverySettings:
         run_auditor=values["auditor"],
         run_worker=values["worker"],
         owner=values["owner"],
+        placement=values["placement"],
     )

@@ -15,6 +15,8 @@ Rules it keeps:
   its ensembles is not available (writable or read-only). The mark lists those bookies.
 - Full check: a closed fragment is also under-replicated when an available bookie lacks an entry its
   position stores. Open fragments are not checked for entries: their end moves.
+- Placement check (reported, not repaired): an ensemble whose write sets span fewer racks than the writable
+  bookies offer does not adhere to a rack- or zone-aware policy.
 - A repair replaces the bookie of one position in one fragment and nothing else (`replace_in_fragment`); it
   refuses when the position no longer holds the bookie it replaces (someone else repaired it, or the
   ensemble changed), so a repair computed from stale metadata never overwrites a newer one.
@@ -41,6 +43,7 @@ __all__ = [
     "fragments",
     "lost_bookie_marks",
     "missing_on_bookie",
+    "placement_violations",
     "repairs_for",
     "replace_in_fragment",
     "stored_entries",
@@ -301,3 +304,24 @@ def replace_in_fragment(
     members[index] = new
     ens[first_entry_id] = tuple(members)
     return md.replace(ensembles=ens, ctoken=0)
+
+
+# --- placement -------------------------------------------------------------------------------------------------
+
+
+def placement_violations(md: LedgerMetadata, rack_of: Mapping[str, str], racks_available: int) -> list[int]:
+    """First entry ids of the ensembles where some write set spans fewer racks than it could.
+
+    A write set (W consecutive positions, cyclically) should span min(W, `racks_available`) distinct racks, so
+    losing one rack never loses every replica of an entry that could have been spread. Bookies missing from
+    `rack_of` count as one unknown rack ("/default-rack", as the placement policy treats them).
+    """
+    quorum = Quorum(md.ensemble_size, md.write_quorum, md.ack_quorum)
+    want = min(md.write_quorum, max(1, racks_available))
+    out = []
+    for first, ensemble in md.ensembles.items():
+        for ws in quorum.all_write_sets():
+            if len({rack_of.get(ensemble[i], "/default-rack") for i in ws}) < want:
+                out.append(first)
+                break
+    return out

@@ -26,6 +26,9 @@ LEDGERS_FENCED = Counter(
 IN_PROGRESS = Gauge("quorumlog_replication_ledgers_in_progress", "Ledgers being re-replicated now")
 MARKED = Counter("quorumlog_auditor_ledgers_marked", "Under-replication marks written by the auditor")
 AUDITS = Counter("quorumlog_auditor_audits", "Audits run", ["kind"])
+PLACEMENT_VIOLATIONS = Gauge(
+    "quorumlog_auditor_placement_violations", "Ledgers not spread over racks/zones at the last full check"
+)
 IS_AUDITOR = Gauge("quorumlog_auditor_elected", "1 while this process is the elected auditor")
 
 
@@ -54,6 +57,7 @@ class AuditorStats:
     full_checks: int = 0
     ledgers_marked: int = 0
     audits_skipped_disabled: int = 0
+    placement_violations: int = 0
     lost_bookies: list[str] = field(default_factory=list)
     last_full_check_s: float = 0.0
 

@@ -38,6 +38,8 @@ class AutoRecoverySettings:
     run_auditor: bool = True
     run_worker: bool = True
     status_interval_s: float = 2.0
+    placement: str = "random"
+    """Placement policy of replacements and of the placement check: random, rack or zone (bookie labels)."""
     owner: str = ""
     """Name in votes, locks and the status node; default host:pid."""
 
@@ -59,7 +61,7 @@ class AutoRecovery:
     async def start(self) -> AutoRecovery:
         self.store = self._given_store or await open_store(self.uri)
         try:
-            self.client = await Client.connect(self.uri, store=self.store)
+            self.client = await Client.connect(self.uri, store=self.store, placement=self.settings.placement)
             urm = UnderReplicationManager(self.store, owner=self.owner)
             await urm.init()
             wake = asyncio.Event()

@@ -34,12 +34,13 @@ async def cluster_and_client(bookies: int) -> AsyncIterator[tuple[LocalCluster, 
             await client.close()
 
 
-def settings(*, worker: bool, delay_s: int = 0) -> AutoRecoverySettings:
+def settings(*, worker: bool, delay_s: int = 0, placement: str = "random") -> AutoRecoverySettings:
     return AutoRecoverySettings(
         auditor=AuditorSettings(lost_bookie_recovery_delay_s=delay_s, audit_interval_s=0),
         worker=WorkerSettings(poll_interval_s=0.1, rate_mb_s=0),
         run_worker=worker,
         owner="auditor-under-test",
+        placement=placement,
     )
 
 
@@ -133,10 +134,12 @@ async def test_full_check_finds_entries_missing_on_a_live_bookie_and_the_worker_
         assert {p.bookie_id for p in problems} == {spare}
 
         urm = UnderReplicationManager(client.store, owner="test")
-        async with AutoRecovery(cluster.uri, settings(worker=True)) as ar:
+        # Rack-aware placement: replacements and the placement check (unlabelled bookies: one rack, no violation).
+        async with AutoRecovery(cluster.uri, settings(worker=True, placement="rack")) as ar:
             assert ar.auditor is not None
             await ar.auditor.elected.wait()
             assert await ar.auditor.check_all_ledgers() == 1
+            assert ar.auditor.stats.placement_violations == 0
             await wait_until(lambda: _repaired(client, w.ledger_id), 20, "the repair")
         md = (await lm.read(w.ledger_id)).value
         assert spare not in md.bookies()

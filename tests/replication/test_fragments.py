@@ -26,6 +26,7 @@ from quorumlog.replication.fragments import (
     fragments,
     lost_bookie_marks,
     missing_on_bookie,
+    placement_violations,
     repairs_for,
     replace_in_fragment,
     stored_entries,
@@ -238,3 +239,18 @@ def test_votes_sort_by_sequence_number_as_bookkeepers_election_comparator() -> N
 
     names = ["V_0000000010", "V_0000000002", "V_-2147483648", "other", "V_x"]
     assert _sorted_votes(names) == ["V_-2147483648", "V_0000000002", "V_0000000010"]
+
+
+# --- placement check -------------------------------------------------------------------------------------------
+
+
+def test_placement_check_flags_ensembles_whose_write_sets_share_a_rack() -> None:
+    racks = {"a": "r1", "b": "r1", "c": "r2", "d": "r2", "e": "r3"}
+    good = md({0: ("a", "c", "e")}, last=5)  # every pair of neighbours spans two racks
+    assert placement_violations(good, racks, racks_available=3) == []
+    bad = md({0: ("a", "c", "e"), 3: ("a", "b", "c")}, last=5)  # a, b: one write set in one rack
+    assert placement_violations(bad, racks, racks_available=3) == [3]
+    # With one rack available there is nothing better to do.
+    assert placement_violations(bad, {b: "r1" for b in racks}, racks_available=1) == []
+    # Unlabelled bookies count as one default rack.
+    assert placement_violations(md({0: ("x", "y", "z")}, last=5), {}, racks_available=2) == [0]
