@@ -382,7 +382,7 @@ SHELL = SettingsTable(
         Setting(
             "connect_timeout_s",
             float,
-            5.0,
+            10.0,
             "give up on an unreachable metadata store after this long",
             0.1,
             600,
