@@ -178,14 +178,19 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offset(start.segment, start.entry)
 
     def _latest(self, start: tuple[int, int]) -> tuple[int, int]:
+        """The furthest offset readable now. A fully read closed segment S is written as (S + 1, 0), so an
+        offset names a segment's middle only while that segment is open -- which keeps "records were
+        truncated before this query read them" decidable after retention deleted a finished segment."""
         cur = start
         for seg in self._view().segments:
             if seg.seq < cur[0]:
                 continue
-            after_last = seg.last_entry + 1
-            cur = (seg.seq, max(cur[1], after_last)) if seg.seq == cur[0] else (seg.seq, after_last)
+            if seg.seq > cur[0]:
+                cur = (seg.seq, 0)  # only after truncation removed cur's segment; partitions() reports it
             if seg.open:
+                cur = (seg.seq, max(cur[1], seg.last_entry + 1))
                 break  # nothing after an open segment is readable yet
+            cur = (seg.seq + 1, 0)
         end = self.opts.end
         if end is not None:
             cur = min(cur, (end.segment, end.entry + (1 if end.slot > 0 else 0)))
@@ -211,7 +216,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         lv = self._view()
         assert lv.metadata is not None
         kept = lv.metadata.truncated_before
-        if kept != Position.HEAD and Position(lo[0], lo[1], 0) < Position(kept.segment, 0, 0):
+        present = {seg.seq for seg in lv.segments}
+        if lo[0] < kept.segment and lo[0] not in present:
             raise LogTruncatedError(
                 f"quorumlog {self.opts.target}: the stream's offset {lo[0]}:{lo[1]} was truncated (records "
                 f"before {kept} are deleted); records were lost to retention before this query read them"

@@ -146,6 +146,17 @@ def test_retried_write_task_leaves_one_copy_of_each_row(spark: Any, quorumlog_ur
     assert len(segs) == 2 and all(s.state == "closed" for s in segs)
     assert {s.extra["spark"]["partition"] for s in segs} == {0, 1}
 
+    async def task_ledgers(client: Any) -> set[int]:
+        found = set()
+        async for ledger_id in client.list_ledgers():
+            md = await client.get_ledger_metadata(ledger_id)
+            if md.custom_metadata.get("quorumlog.log") == b"t/written":
+                found.add(ledger_id)
+        return found
+
+    # the failed attempt removed its own ledger: nothing unreferenced is left behind
+    assert run(quorumlog_uri, task_ledgers) == {s.ledger_id for s in segs}
+
 
 def test_streaming_exactly_once_across_restart(spark: Any, quorumlog_uri: str, tmp_path: Any) -> None:
     """readStream over a log that grows between micro-batches, written by writeStream into another log;
