@@ -88,6 +88,10 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     namespace = opts.get("namespace", "default")
     start = _position(opts, "start") or Position.HEAD
     end = _position(opts, "end")
+    if ledgers and ("start" in opts or "end" in opts):
+        raise InvalidArgumentError(
+            "quorumlog: options 'start'/'end' are log positions; with 'ledgers' use start_timestamp/end_timestamp"
+        )
     if start == Position.TAIL:
         raise InvalidArgumentError("quorumlog: start=TAIL means no data for a read; use a position or HEAD")
     password = opts["password"].encode() if "password" in opts else STREAM_PASSWORD
@@ -97,6 +101,13 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be an integer") from None
     if partition_bytes_max < 1:
         raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be positive")
+    json_schema = opts.get("json_schema") or None
+    if json_schema is not None:
+        clash = sorted(set(ddl_names(json_schema)) & set(BASE_NAMES))
+        if clash:
+            raise InvalidArgumentError(
+                f"quorumlog: json_schema columns {clash} clash with the source's own columns {list(BASE_NAMES)}"
+            )
     return SourceOptions(
         metadata=metadata,
         namespace=namespace,
@@ -107,11 +118,35 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         end=end,
         start_timestamp_ms=_timestamp(opts, "start_timestamp"),
         end_timestamp_ms=_timestamp(opts, "end_timestamp"),
-        json_schema=opts.get("json_schema") or None,
+        json_schema=json_schema,
         partition_bytes_max=partition_bytes_max,
         create=opts.get("create", "false").lower() in ("1", "true", "yes"),
         query_id=opts.get("query_id") or opts.get("checkpointlocation") or None,
     )
+
+
+BASE_NAMES = ("segment", "entry_id", "slot", "timestamp", "payload")
+
+
+def ddl_names(ddl: str) -> list[str]:
+    """Top-level column names of a DDL list such as "a INT, b STRUCT<x: INT, y: STRING>" (for messages;
+    Spark parses the DDL itself)."""
+    names: list[str] = []
+    part: list[str] = []
+    depth = 0
+    for ch in ddl + ",":
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        if ch == "," and depth == 0:
+            words = "".join(part).split()
+            if words:
+                names.append(words[0].strip("`").rstrip(":").lower())
+            part = []
+        else:
+            part.append(ch)
+    return names
 
 
 def _position(opts: dict[str, str], key: str) -> Position | None:

@@ -25,6 +25,7 @@ from pyspark.sql.datasource import InputPartition
 from quorumlog.errors import LogTruncatedError, NoSuchLedgerError
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import (
+    BASE_NAMES,
     OPEN_SEGMENT_PARTITION_ENTRIES,
     READ_CHUNK_ENTRIES,
     SourceOptions,
@@ -298,9 +299,6 @@ def _json_decoders(schema: Any, arrow_schema: Any) -> Any:
         return arrays
 
     return decode
-
-
-BASE_NAMES = ("segment", "entry_id", "slot", "timestamp", "payload")
 
 
 def _json_object(payload: bytes) -> dict[str, Any] | None:

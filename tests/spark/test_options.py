@@ -1,0 +1,78 @@
+"""Option checking of the `quorumlog` data source (docs/SPARK.md "Options"): bad options fail on the driver
+with a message naming the option; the `quorumlog pipeline` command is registered."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from click.testing import CliRunner
+
+from quorumlog import Position
+from quorumlog.cli.main import cli
+from quorumlog.errors import InvalidArgumentError
+from quorumlog.spark.options import ddl_names, parse_options
+
+URI = "file:///tmp/nowhere"
+
+
+def test_options_are_parsed_into_plain_values() -> None:
+    opts = parse_options(
+        {
+            "metadata": URI,
+            "Namespace": "ns",
+            "LOG": "clicks",
+            "start": "2:3:4",
+            "end": "9:0:0",
+            "start_timestamp": "2026-01-01T00:00:00",
+            "end_timestamp": "1767225600001",
+            "checkpointLocation": "/tmp/cp",
+        }
+    )
+    assert (opts.namespace, opts.log, opts.start, opts.end) == (
+        "ns",
+        "clicks",
+        Position(2, 3, 4),
+        Position(9, 0, 0),
+    )
+    assert opts.start_timestamp_ms == int(dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp() * 1000)
+    assert opts.end_timestamp_ms == 1767225600001
+    assert opts.query_id == "/tmp/cp" and opts.target == "log ns/clicks"
+    assert parse_options({"metadata": URI, "ledgers": "7, 8"}).ledgers == (7, 8)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"log": "l"}, "option 'metadata'"),
+        ({"metadata": URI}, "exactly one of option 'log' or option 'ledgers'"),
+        ({"metadata": URI, "log": "l", "ledgers": "1"}, "exactly one of"),
+        ({"metadata": URI, "log": "l", "colour": "red"}, "unknown option(s) ['colour']"),
+        ({"metadata": URI, "log": "l", "start": "soon"}, "option 'start'"),
+        ({"metadata": URI, "log": "l", "start_timestamp": "yesterday"}, "option 'start_timestamp'"),
+        ({"metadata": URI, "ledgers": "1,x"}, "option 'ledgers'"),
+        ({"metadata": URI, "ledgers": "1", "start": "1:0:0"}, "with 'ledgers' use start_timestamp"),
+        ({"metadata": URI, "log": "l", "json_schema": "payload STRING"}, "clash"),
+        ({"metadata": URI, "log": "l", "partition_bytes_max": "0"}, "partition_bytes_max"),
+    ],
+)
+def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_options(options)
+    assert message in str(info.value)
+
+
+def test_ddl_names_reads_top_level_columns_only() -> None:
+    assert ddl_names("a INT, `b` STRUCT<x: INT, y: STRING>, c DECIMAL(10,2), d MAP<STRING, INT>") == [
+        "a",
+        "b",
+        "c",
+        "d",
+    ]
+
+
+def test_pipeline_command_is_registered() -> None:
+    result = CliRunner().invoke(cli, ["pipeline", "--help"])
+    assert result.exit_code == 0
+    for flag in ("--master", "--streaming", "--events", "--producers", "--metadata", "--out"):
+        assert flag in result.output
