@@ -10,10 +10,13 @@ Rules the handles keep:
   entry-id order (the tracker's completions). Back-pressure: at most `outstanding_adds_max` adds are pending
   per handle; past that `append` raises `TooManyRequestsError` at once (nothing is queued without bound) and
   `await handle.wait_for_capacity()` waits until an append would be accepted.
-- One add-timeout mechanism: the tracker's `add_timeout_s` / `add_quorum_timeout_s`, checked by the handle's
-  timer. Adds are sent with no per-request timeout at the connection (it would double-count).
+- One add-timeout mechanism: `add_timeout_s` / `add_quorum_timeout_s`, checked by one periodic timer per
+  handle -- the tracker's check for pending entries, plus the handle's own for adds a bookie left unanswered
+  after their entry completed without it (A < W). Adds are sent with no per-request timeout at the
+  connection (it would double-count).
 - An ensemble change is one task at a time: placement -> plan -> CAS -> merge on conflict -> committed; no
   add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
+  Bookies that failed this writer are avoided as replacements while other bookies are available.
 - A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change) fails every pending add and
   every later append with that error.
 - Every entry read is digest-verified; a mismatch is corruption (`DigestMismatchError`), never "no such
