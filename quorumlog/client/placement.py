@@ -77,6 +77,18 @@ def _not_enough(needed: int, found: int, what: str) -> NotEnoughBookiesError:
     return NotEnoughBookiesError(f"{what}: need {needed} writable bookies, found {found} eligible")
 
 
+def _ensemble_candidates(
+    ensemble_size: int, bookies: Sequence[BookieInfo], exclude: Collection[str]
+) -> list[BookieInfo]:
+    """The bookies a new ensemble may use; refuses a bad size or too few of them."""
+    if ensemble_size < 1:
+        raise InvalidArgumentError(f"ensemble_size={ensemble_size}: must be >= 1")
+    cands = _candidates(bookies, exclude)
+    if len(cands) < ensemble_size:
+        raise _not_enough(ensemble_size, len(cands), "new ensemble")
+    return cands
+
+
 class RandomPlacement:
     """Uniformly random choice among eligible writable bookies (BookKeeper's default policy, minus racks)."""
 
@@ -88,11 +100,7 @@ class RandomPlacement:
         rng: random.Random,
         exclude: Collection[str] = (),
     ) -> list[str]:
-        if ensemble_size < 1:
-            raise InvalidArgumentError(f"ensemble_size={ensemble_size}: must be >= 1")
-        cands = _candidates(bookies, exclude)
-        if len(cands) < ensemble_size:
-            raise _not_enough(ensemble_size, len(cands), "new ensemble")
+        cands = _ensemble_candidates(ensemble_size, bookies, exclude)
         return [b.bookie_id for b in rng.sample(cands, ensemble_size)]
 
     def replace_bookie(
@@ -127,11 +135,7 @@ class RackAwarePlacement:
         rng: random.Random,
         exclude: Collection[str] = (),
     ) -> list[str]:
-        if ensemble_size < 1:
-            raise InvalidArgumentError(f"ensemble_size={ensemble_size}: must be >= 1")
-        cands = _candidates(bookies, exclude)
-        if len(cands) < ensemble_size:
-            raise _not_enough(ensemble_size, len(cands), "new ensemble")
+        cands = _ensemble_candidates(ensemble_size, bookies, exclude)
         by_rack: dict[str, list[BookieInfo]] = {}
         for b in cands:
             by_rack.setdefault(self.rack_of(b), []).append(b)

@@ -22,7 +22,7 @@ from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
 from quorumlog.stream.position import Position
 from quorumlog.stream.reader import LogReader
-from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter, client_env
+from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Namespace:
     async def create_log(self, name: str, **settings: Any) -> Log:
         """Create a log; settings (E/W/A, digest, rolling, batching, retention) override namespace defaults."""
         base = await self.log_store.namespace_settings(self.name)
-        md = LogMetadata(name, client_env(self.client).clock.wall_ms(), base.with_overrides(**settings))
+        md = LogMetadata(name, self.client.env.clock.wall_ms(), base.with_overrides(**settings))
         await self.log_store.create_log(self.name, md)
         return Log(self.client, self.name, name, self.log_store)
 
@@ -120,7 +120,7 @@ class Log:
     async def enforce_retention(self) -> list[int]:
         """Apply the retention settings now (the writer also does it on every segment roll)."""
         settings = await self.settings()
-        now_ms = client_env(self.client).clock.wall_ms()
+        now_ms = self.client.env.clock.wall_ms()
 
         def expired(seg: SegmentInfo, segs: list[SegmentInfo]) -> bool:
             if settings.retention_max_age_s > 0 and seg.max_timestamp_ms is not None:

@@ -115,7 +115,7 @@ async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[
         ledger_id=ledger_id,
         state=SegmentState.CLOSED,
         writer_epoch=base.writer_epoch if base else 0,
-        created_ms=base.created_ms if base else client_env(client).clock.wall_ms(),
+        created_ms=base.created_ms if base else client.env.clock.wall_ms(),
         records=records,
         bytes=length,
         last_entry_id=last_entry,
@@ -148,12 +148,6 @@ async def complete_pending_link(log_: Log, pending: PendingLink) -> None:
             await log_.log_store.create_segment(log_.namespace, log_.name, info)
 
 
-def client_env(client: Any) -> Any:
-    from quorumlog.env import default_env
-
-    return getattr(client, "env", None) or default_env()
-
-
 class LogWriter:
     """Use `await log.open_writer()`; `async with` closes it."""
 
@@ -163,7 +157,7 @@ class LogWriter:
         self._store = log_.log_store
         self._ns = log_.namespace
         self._name = log_.name
-        self._env = client_env(self._client)
+        self._env = self._client.env
         self._md: Versioned[LogMetadata] | None = None
         self._segment: _Segment | None = None
         self._batch = _Batch()
