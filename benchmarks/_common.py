@@ -1,0 +1,341 @@
+"""Shared parts of the paper's benchmark workloads (not a workload itself: the leading `_` hides it).
+
+What every workload needs: the machine block (cores, memory, kernel, Python, load average at start and end,
+the measured fdatasync latency of the data directory), a real cluster (bookie processes, fsync on, embedded
+metadata), a rich progress bar on stderr (stdout carries only the JSON), latency percentiles, CPU time of the
+client and the bookies, an optional cProfile of the client, and an optional PNG plot (matplotlib, Agg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import platform
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+import quorumlog
+from quorumlog.client.client import Client
+from quorumlog.client.ledger_handle import WriteHandle
+from quorumlog.testing.cluster import LocalCluster
+
+T = TypeVar("T")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    """An argument parser with the options every workload has."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a small run (< 30 s) to check that it works")
+    p.add_argument("--plot", default="", metavar="FILE.png", help="also draw the results to this PNG")
+    p.add_argument("--bookies", type=int, default=3)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+# --- machine -------------------------------------------------------------------------------------------
+
+
+def fdatasync_latency(directory: str, count: int = 200, size: int = 4096) -> dict[str, float]:
+    """p50/p99 (ms) of `count` appends of `size` bytes, each followed by fdatasync, in `directory`.
+
+    Appending (not overwriting) is what a journal without pre-zeroed files pays, so this is the
+    pessimistic figure of NOTES.md ("Disk").
+    """
+    block = os.urandom(size)
+    samples = []
+    fd, path = tempfile.mkstemp(prefix="fsync-probe-", dir=directory)
+    try:
+        for _ in range(count):
+            t0 = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            samples.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    pct = percentiles(samples, (0.5, 0.99))
+    return {"p50_ms": pct["p50_ms"], "p99_ms": pct["p99_ms"], "count": count, "bytes": size}
+
+
+def _memory_gib() -> float:
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    return 0.0
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "-C", os.path.dirname(os.path.dirname(quorumlog.__file__)), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
+def loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def machine(data_dir: str) -> dict[str, Any]:
+    """The machine block of every result; `quorumlog_path` shows which code ran (before/after worktrees)."""
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "commit": _commit(),
+        "quorumlog_path": os.path.dirname(quorumlog.__file__),
+        "loadavg_start": loadavg(),
+        "fdatasync_4k": fdatasync_latency(data_dir),
+    }
+
+
+# --- measurements --------------------------------------------------------------------------------------
+
+
+def percentiles(samples: Sequence[float], points: Sequence[float] = (0.5, 0.99, 0.999)) -> dict[str, float]:
+    """Nearest-rank percentiles of samples in seconds, as milliseconds: {"p50_ms": ..., "p99_ms": ...}."""
+    ordered = sorted(samples)
+    out = {}
+    for p in points:
+        name = f"p{str(round(p * 100, 1)).replace('.0', '').replace('.', '')}_ms"
+        if not ordered:
+            out[name] = float("nan")
+            continue
+        out[name] = round(ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000, 2)
+    return out
+
+
+def cpu_s(pids: Sequence[int]) -> tuple[float, float]:
+    """CPU seconds used so far by this process and by the given (bookie) processes, user + system."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    tick = os.sysconf("SC_CLK_TCK")
+    others = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            others += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return own.ru_utime + own.ru_stime, others
+
+
+def bookie_pids(cluster: LocalCluster) -> list[int]:
+    return [b.pid for b in cluster.bookies if b.pid is not None]
+
+
+@contextlib.asynccontextmanager
+async def cluster(bookies: int = 3) -> Any:
+    """Real bookie processes with journal fsync on and embedded metadata; removed on exit."""
+    async with LocalCluster(bookies, processes=True, journal_sync=True) as c:
+        yield c
+
+
+async def closed_loop(
+    handles: Sequence[WriteHandle],
+    outstanding: int,
+    payload: bytes,
+    warmup_s: float,
+    seconds: float,
+    pids: Sequence[int] = (),
+    tick: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Keep exactly `outstanding` appends in flight, spread round-robin over `handles`, for `seconds` after
+    `warmup_s`; latency is append call -> acknowledgement. Returns throughput, percentiles and CPU use."""
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    state = {"measuring": False, "stop": False, "in_flight": 0, "acked": 0, "next": 0}
+    finished: asyncio.Future[None] = loop.create_future()
+    perf = time.perf_counter
+    count = len(handles)
+
+    def issue() -> None:
+        handle = handles[state["next"]]
+        state["next"] = (state["next"] + 1) % count
+        t0 = perf()
+        fut = handle.append(payload)
+        state["in_flight"] += 1
+        fut.add_done_callback(lambda f: done(f, t0))
+
+    def done(fut: asyncio.Future[int], t0: float) -> None:
+        state["in_flight"] -= 1
+        error = fut.exception()
+        if error is not None:
+            if not finished.done():
+                finished.set_exception(error)
+            return
+        if state["measuring"]:
+            latencies.append(perf() - t0)
+            state["acked"] += 1
+        if not state["stop"]:
+            issue()
+        elif state["in_flight"] == 0 and not finished.done():
+            finished.set_result(None)
+
+    for _ in range(outstanding):
+        issue()
+    await asyncio.sleep(warmup_s)
+    state["measuring"] = True
+    started = perf()
+    cpu_before = cpu_s(pids)
+    while (left := started + seconds - perf()) > 0:
+        if finished.done():
+            break  # a failed add: raised below
+        await asyncio.sleep(min(0.25, left))
+        if tick is not None:
+            tick(min(seconds, perf() - started))
+    state["measuring"] = False
+    elapsed = perf() - started
+    cpu_after = cpu_s(pids)
+    state["stop"] = True
+    await finished
+    acked = state["acked"]
+    return {
+        "entries": acked,
+        "seconds": round(elapsed, 2),
+        "entries_per_s": round(acked / elapsed),
+        "mb_per_s": round(acked * len(payload) / elapsed / 1e6, 2),
+        **percentiles(latencies),
+        # Where the two cores went: CPU seconds per second of the measured interval.
+        "client_cpu": round((cpu_after[0] - cpu_before[0]) / elapsed, 2),
+        "bookies_cpu": round((cpu_after[1] - cpu_before[1]) / elapsed, 2),
+        "client_cpu_us_per_entry": round((cpu_after[0] - cpu_before[0]) / max(1, acked) * 1e6, 1),
+        "bookies_cpu_us_per_entry": round((cpu_after[1] - cpu_before[1]) / max(1, acked) * 1e6, 1),
+    }
+
+
+async def bounded(factories: Sequence[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Run the coroutines the factories make, at most `limit` at a time; results in order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(factory: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await factory()
+
+    return list(await asyncio.gather(*(one(f) for f in factories)))
+
+
+async def connect(uri: str, **options: Any) -> Client:
+    return await Client.connect(uri, **options)
+
+
+# --- progress, output, plot ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def progress(enabled: bool = True) -> Iterator[Progress]:
+    """A rich progress bar on stderr (stdout is reserved for the JSON)."""
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+        transient=False,
+    )
+    with bar:
+        yield bar
+
+
+def ticker(bar: Progress, task: Any, base: float) -> Callable[[float], None]:
+    """Move the bar to `base` + the seconds measured so far (for `closed_loop`'s tick)."""
+    return lambda t: bar.update(task, completed=base + t)
+
+
+@contextlib.contextmanager
+def profiled(path: str) -> Iterator[None]:
+    """cProfile of this (client) process into `path` when given."""
+    if not path:
+        yield
+        return
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        yield
+    finally:
+        profiler.disable()
+        profiler.dump_stats(path)
+
+
+def profile_summary(path: str, top: int = 15) -> list[dict[str, Any]]:
+    """The functions with the most own time in a cProfile dump: where the client's time goes."""
+    stats = pstats.Stats(path)
+    rows = []
+    total = sum(v[2] for v in stats.stats.values())  # type: ignore[attr-defined]
+    for (file, line, name), (_cc, calls, tottime, cumtime, _callers) in sorted(
+        stats.stats.items(),  # type: ignore[attr-defined]
+        key=lambda kv: -kv[1][2],
+    )[:top]:
+        rows.append(
+            {
+                "function": f"{os.path.basename(file)}:{line}({name})",
+                "calls": calls,
+                "own_s": round(tottime, 3),
+                "own_share": round(tottime / total, 3) if total else 0.0,
+                "cum_s": round(cumtime, 3),
+            }
+        )
+    return rows
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Finish the machine block (load average at the end) and print the JSON on stdout."""
+    result.setdefault("machine", {})["loadavg_end"] = loadavg()
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def plot(
+    path: str,
+    series: dict[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logx: bool = False,
+    logy: bool = False,
+    annotate: Sequence[Sequence[str]] | None = None,
+) -> None:
+    """One line per series (label -> (xs, ys)), markers on the points; written as PNG with the Agg backend."""
+    if not path:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for i, (label, (xs, ys)) in enumerate(series.items()):
+        ax.plot(list(xs), list(ys), marker="o", label=label)
+        if annotate is not None and i < len(annotate):
+            for x, y, text in zip(xs, ys, annotate[i], strict=False):
+                ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

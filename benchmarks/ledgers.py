@@ -1,0 +1,103 @@
+"""Paper workload 3: throughput as the number of concurrent ledgers grows (1, 10, 100, 1000, 10000).
+
+One client writes E3 W2 A2 1 KiB entries round-robin over N open ledgers with a fixed total of
+`--outstanding` appends in flight (each acknowledgement issues the next append on the next ledger), three
+bookie processes with journal fsync on. The paper's claim: interleaving ledgers into shared entry logs keeps
+throughput flat. Reports per N the time to create the ledgers, entries/s, MB/s, latency percentiles and CPU
+per entry. `--plot` draws throughput against the number of ledgers (log x).
+
+    quorumlog bench ledgers [--ledgers 1,10,100,1000,10000] [--outstanding 1000] [--seconds 8]
+                            [--warmup-s 2] [--entry-bytes 1024] [--profile FILE] [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import _common as common
+
+from quorumlog.env import run
+
+CREATE_CONCURRENCY = 64  # ledger creations in flight (metadata writes); keeps creation time reasonable
+
+
+async def main(args: Any) -> dict[str, Any]:
+    counts = [int(x) for x in args.ledgers.split(",")]
+    payload = os.urandom(args.entry_bytes)
+    results = []
+    async with common.cluster(args.bookies) as cluster:
+        info = common.machine(cluster.base_dir)
+        pids = common.bookie_pids(cluster)
+        async with await common.connect(cluster.uri) as client:
+            with common.progress(not args.no_progress) as bar, common.profiled(args.profile):
+                per_point = args.warmup_s + args.seconds
+                task = bar.add_task("ledgers", total=per_point * len(counts))
+                for i, count in enumerate(counts):
+                    bar.update(task, description=f"creating {count} ledgers")
+                    t0 = time.perf_counter()
+                    handles = await common.bounded(
+                        [lambda: client.create_ledger(3, 2, 2, password=b"bench")] * count, CREATE_CONCURRENCY
+                    )
+                    create_s = time.perf_counter() - t0
+                    bar.update(task, description=f"{count} ledgers")
+                    base = i * per_point + args.warmup_s
+                    point = await common.closed_loop(
+                        handles,
+                        args.outstanding,
+                        payload,
+                        args.warmup_s,
+                        args.seconds,
+                        pids,
+                        tick=common.ticker(bar, task, base),
+                    )
+                    bar.update(task, description=f"closing {count} ledgers")
+                    await common.bounded([h.close for h in handles], CREATE_CONCURRENCY)
+                    results.append({"ledgers": count, "create_s": round(create_s, 2), **point})
+                    bar.update(task, completed=(i + 1) * per_point)
+    out: dict[str, Any] = {
+        "benchmark": "ledgers",
+        "machine": info,
+        "config": {
+            "bookies": args.bookies,
+            "quorum": "E3 W2 A2",
+            "entry_bytes": args.entry_bytes,
+            "outstanding_total": args.outstanding,
+            "seconds": args.seconds,
+            "warmup_s": args.warmup_s,
+            "journal_sync": True,
+        },
+        "results": results,
+    }
+    if args.profile:
+        out["profile_top"] = common.profile_summary(args.profile)
+    return out
+
+
+def draw(out: dict[str, Any], path: str) -> None:
+    rows = out["results"]
+    common.plot(
+        path,
+        {"entries/s": ([r["ledgers"] for r in rows], [r["entries_per_s"] for r in rows])},
+        title=f"One writer, round-robin over N ledgers, {out['config']['outstanding_total']} outstanding",
+        xlabel="concurrent ledgers",
+        ylabel="throughput (entries/s)",
+        logx=True,
+    )
+
+
+if __name__ == "__main__":
+    p = common.parser(__doc__)
+    p.add_argument("--ledgers", default="1,10,100,1000,10000")
+    p.add_argument("--outstanding", type=int, default=1000)
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--entry-bytes", type=int, default=1024)
+    p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
+    ns = p.parse_args()
+    if ns.quick:
+        ns.seconds, ns.warmup_s, ns.ledgers = 1.5, 0.5, "1,10,100"
+    result = run(main(ns))
+    draw(result, ns.plot)
+    common.emit(result)

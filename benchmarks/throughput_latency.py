@@ -1,0 +1,97 @@
+"""Paper workload 1: one writer's throughput and latency as outstanding adds grow (1, 10, 100, 1000).
+
+E3 W2 A2, 1 KiB entries, three bookie processes with journal fsync on, embedded metadata. For each
+point a new ledger is written with exactly N appends in flight for `--seconds` after `--warmup-s`;
+reports entries/s, MB/s, p50/p99/p999 latency (append -> acknowledgement) and CPU per entry of the
+client and the bookies. `--plot` draws latency (p50, p99) against throughput, one marker per point.
+
+    quorumlog bench throughput_latency [--outstanding 1,10,100,1000] [--seconds 8] [--warmup-s 2]
+                                       [--entry-bytes 1024] [--protocol v3] [--profile FILE] [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import _common as common
+
+from quorumlog.env import run
+
+
+async def main(args: Any) -> dict[str, Any]:
+    points = [int(x) for x in args.outstanding.split(",")]
+    e, w, a = (int(x) for x in args.quorum.split(","))
+    payload = os.urandom(args.entry_bytes)
+    results = []
+    async with common.cluster(args.bookies) as cluster:
+        info = common.machine(cluster.base_dir)
+        pids = common.bookie_pids(cluster)
+        async with await common.connect(cluster.uri, protocol=args.protocol) as client:
+            with common.progress(not args.no_progress) as bar, common.profiled(args.profile):
+                per_point = args.warmup_s + args.seconds
+                task = bar.add_task("throughput_latency", total=per_point * len(points))
+                for i, outstanding in enumerate(points):
+                    bar.update(task, description=f"{outstanding} outstanding")
+                    handle = await client.create_ledger(e, w, a, password=b"bench")
+                    base = i * per_point + args.warmup_s
+                    point = await common.closed_loop(
+                        [handle],
+                        outstanding,
+                        payload,
+                        args.warmup_s,
+                        args.seconds,
+                        pids,
+                        tick=common.ticker(bar, task, base),
+                    )
+                    await handle.close()
+                    results.append({"outstanding": outstanding, **point})
+                    bar.update(task, completed=(i + 1) * per_point)
+    out: dict[str, Any] = {
+        "benchmark": "throughput_latency",
+        "machine": info,
+        "config": {
+            "bookies": args.bookies,
+            "quorum": f"E{e} W{w} A{a}",
+            "entry_bytes": args.entry_bytes,
+            "protocol": args.protocol,
+            "seconds": args.seconds,
+            "warmup_s": args.warmup_s,
+            "journal_sync": True,
+        },
+        "results": results,
+    }
+    if args.profile:
+        out["profile_top"] = common.profile_summary(args.profile)
+    return out
+
+
+def draw(out: dict[str, Any], path: str) -> None:
+    rows = out["results"]
+    xs = [r["entries_per_s"] for r in rows]
+    common.plot(
+        path,
+        {"p50": (xs, [r["p50_ms"] for r in rows]), "p99": (xs, [r["p99_ms"] for r in rows])},
+        title=f"One writer, {out['config']['quorum']}, {out['config']['entry_bytes']} B entries, fsync on",
+        xlabel="throughput (entries/s)",
+        ylabel="add latency (ms)",
+        logy=True,
+        annotate=[[str(r["outstanding"]) for r in rows]],
+    )
+
+
+if __name__ == "__main__":
+    p = common.parser(__doc__)
+    p.add_argument("--outstanding", default="1,10,100,1000")
+    p.add_argument("--quorum", default="3,2,2", help="E,W,A")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--warmup-s", type=float, default=2.0)
+    p.add_argument("--entry-bytes", type=int, default=1024)
+    p.add_argument("--protocol", default="v3", choices=("v3", "v2"))
+    p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
+    ns = p.parse_args()
+    if ns.quick:
+        ns.seconds, ns.warmup_s = 1.5, 0.5
+    result = run(main(ns))
+    draw(result, ns.plot)
+    common.emit(result)
