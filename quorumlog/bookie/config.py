@@ -61,8 +61,46 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_check_interval_s", float, 10.0, "how often disk usage is checked", 0.01, 3600),
     Setting("read_only_mode", bool, True, "go read-only on a full disk (false: shut down instead)"),
     Setting("gc_interval_s", float, 900.0, "interval of garbage collection", 0, 1e7),
-    Setting("minor_compaction_threshold", float, 0.2, "live ratio for minor compaction (planned)", 0, 1),
-    Setting("major_compaction_threshold", float, 0.8, "live ratio for major compaction (planned)", 0, 1),
+    Setting(
+        "minor_compaction_threshold",
+        float,
+        0.2,
+        "minor compaction rewrites sealed entry logs whose live ratio is below this (0 = off)",
+        0,
+        1,
+    ),
+    Setting(
+        "minor_compaction_interval_s",
+        float,
+        3600.0,
+        "interval of minor compaction, checked after each GC round (0 = off)",
+        0,
+        1e7,
+    ),
+    Setting(
+        "major_compaction_threshold",
+        float,
+        0.8,
+        "major compaction rewrites sealed entry logs whose live ratio is below this (0 = off)",
+        0,
+        1,
+    ),
+    Setting(
+        "major_compaction_interval_s",
+        float,
+        86400.0,
+        "interval of major compaction, checked after each GC round (0 = off)",
+        0,
+        1e7,
+    ),
+    Setting(
+        "compaction_rate_bytes_per_s",
+        int,
+        4 << 20,
+        "most entry bytes compaction copies per second (0 = unthrottled)",
+        0,
+        1 << 40,
+    ),
     Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -101,7 +139,10 @@ class BookieConfig:
     read_only_mode: bool = True
     gc_interval_s: float = 900.0
     minor_compaction_threshold: float = 0.2
+    minor_compaction_interval_s: float = 3600.0
     major_compaction_threshold: float = 0.8
+    major_compaction_interval_s: float = 86400.0
+    compaction_rate_bytes_per_s: int = 4 << 20
     http_port: int = 0
 
     def __post_init__(self) -> None:
@@ -113,6 +154,11 @@ class BookieConfig:
             raise ConfigError(
                 f"disk_usage_lwm={self.disk_usage_lwm} must not exceed "
                 f"disk_usage_threshold={self.disk_usage_threshold}"
+            )
+        if self.minor_compaction_threshold > self.major_compaction_threshold:
+            raise ConfigError(
+                f"minor_compaction_threshold={self.minor_compaction_threshold} must not exceed "
+                f"major_compaction_threshold={self.major_compaction_threshold}"
             )
         if self.journal_file_size_bytes < 4096 + 2 * self.journal_max_batch_bytes:
             raise ConfigError(

@@ -6,11 +6,16 @@ so the rules are strict (DESIGN.md §3):
   doubt keeps it until the next round.
 - Dropping a ledger removes its locations and state from the index in one synced transaction, serialised
   with checkpoints (the bookie's checkpoint lock), and forgets its in-memory state.
-- An entry log is deleted only if it is older than the log checkpoints append to (logs below it are never
+- An entry log is deleted only if it is sealed (not the log checkpoints append to; sealed logs are never
   written again) and no location in the index points into it.
 - Rounds are throttled: one metadata lookup at a time, yielding to requests in between. Progress is
   visible in `GcStats` and the log.
-Compaction (rewriting logs that are mostly dead) is not built: a log goes when all of it is dead.
+- After each round, minor or major compaction runs if its interval has passed (compaction.py), in this
+  same task: GC and compaction never run at the same time.
+- A concurrent writer: metadata's "does not exist" is final (ledger ids are never reused; a client
+  creates metadata before it writes). An add that arrives after the drop re-creates the ledger's local
+  state (the bookie cannot tell a late add from a new ledger), holding only that add; the next round drops
+  it again, since its metadata is still gone. Entries of the ledger from before the drop never come back.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from quorumlog.bookie.bookie import Bookie
+from quorumlog.bookie.compaction import Compactor
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ class GarbageCollector:
         self.ledger_exists = ledger_exists
         self.interval_s = interval_s
         self.stats = GcStats()
+        self.compactor = Compactor.for_bookie(bookie)
 
     async def run_forever(self) -> None:
         while True:
@@ -51,6 +58,10 @@ class GarbageCollector:
                 await self.collect_once()
             except Exception:  # the next round retries; GC must never take the bookie down
                 log.exception("garbage collection round failed")
+            try:
+                await self.compactor.maybe_compact()
+            except Exception:  # an unreadable old log is kept; the next round retries
+                log.exception("compaction failed")
 
     async def collect_once(self) -> GcStats:
         bookie = self.bookie
@@ -83,10 +94,10 @@ class GarbageCollector:
         bookie = self.bookie
         logs = bookie.storage.entry_logs
         async with bookie.checkpoint_lock:  # no checkpoint rolls the current log while we look
-            current = logs.current_id
             referenced = await bookie.env.run_blocking(bookie.index.referenced_logs)
-            dead = [i for i in logs.log_ids() if i < current and i not in referenced]
+            dead = [i for i in logs.sealed_log_ids() if i not in referenced]
             for log_id in dead:
                 logs.delete(log_id)
+                bookie.storage.usage.forget_log(log_id)
                 self.stats.logs_deleted += 1
                 log.info("gc: entry log %d holds no live entries; deleted", log_id)

@@ -12,6 +12,8 @@ Rules it keeps:
   journal replay from the stored position is always complete.
 - Reads use short read-only transactions on the loop thread (a few microseconds; LMDB readers never block the
   writer or each other).
+- Compaction moves locations with `relocate`, a compare-and-set per key in one synced transaction, so an
+  entry rewritten or deleted meanwhile is never pointed back at the old copy.
 - Any LMDB failure surfaces as `IndexError_` so the bookie answers EIO, never "no such entry".
 """
 
@@ -29,6 +31,7 @@ _KEY = struct.Struct(">qq")
 _LEDGER = struct.Struct(">q")
 _CHECKPOINT = struct.Struct(">QQ")
 _LOG_ID = struct.Struct(">I")  # the first field of a location
+_LOCATION = struct.Struct(">IQI")  # log id, offset, record length
 _MAX_ENTRY = (1 << 63) - 1
 
 
@@ -160,6 +163,55 @@ class LedgerIndex:
         except lmdb.Error as exc:
             raise IndexError_(f"index read failed: {exc}") from exc
         return logs
+
+    def log_usage(self) -> dict[int, dict[int, int]]:
+        """Live bytes per entry log per ledger, from every location (a full scan: once, at start)."""
+        usage: dict[int, dict[int, int]] = {}
+        unpack_key, unpack_loc = _KEY.unpack_from, _LOCATION.unpack_from
+        try:
+            with self._env.begin(db=self._loc) as txn:
+                for key, value in txn.cursor().iternext(keys=True, values=True):
+                    lid = unpack_key(key)[0]
+                    log_id, _, length = unpack_loc(value)
+                    per_ledger = usage.setdefault(log_id, {})
+                    per_ledger[lid] = per_ledger.get(lid, 0) + length
+        except lmdb.Error as exc:
+            raise IndexError_(f"index read failed: {exc}") from exc
+        return usage
+
+    def locations_in_log(self, log_id: int, ledger_ids: Iterable[int]) -> list[tuple[bytes, bytes]]:
+        """(key, location) of every entry of `ledger_ids` stored in entry log `log_id`, in key order."""
+        out: list[tuple[bytes, bytes]] = []
+        try:
+            with self._env.begin(db=self._loc) as txn:
+                cur = txn.cursor()
+                for lid in sorted(ledger_ids):
+                    if not cur.set_range(_KEY.pack(lid, 0)):
+                        continue
+                    for key, value in cur.iternext(keys=True, values=True):
+                        if _KEY.unpack_from(key)[0] != lid:
+                            break
+                        if _LOG_ID.unpack_from(value)[0] == log_id:
+                            out.append((bytes(key), bytes(value)))
+        except lmdb.Error as exc:
+            raise IndexError_(f"index read failed: {exc}") from exc
+        return out
+
+    def relocate(self, moves: Iterable[tuple[bytes, bytes, bytes]]) -> list[bool]:
+        """Compaction's commit: for each (key, old location, new location), point the key at the new location
+        if it still points at the old one (a later rewrite or a deletion wins). One synced transaction;
+        returns, per move, whether it was applied."""
+        applied: list[bool] = []
+        try:
+            with self._env.begin(write=True, db=self._loc) as txn:
+                for key, old, new in moves:
+                    ok = txn.get(key) == old
+                    if ok:
+                        txn.put(key, new)
+                    applied.append(ok)
+        except lmdb.Error as exc:
+            raise IndexError_(f"index relocation failed: {exc}") from exc
+        return applied
 
     def close(self) -> None:
         self._env.close()

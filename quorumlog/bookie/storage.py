@@ -12,6 +12,8 @@ Rules it keeps:
   entry log. Index entries are written only after their bytes are synced, so a location always resolves.
 - When the active cache is full while a flush runs, `has_room` says no and the caller waits: memory is bounded
   and nothing is dropped.
+- `usage` counts live bytes per entry log per ledger (compaction.py explains the accounting): rebuilt from
+  the index at start, grown after each checkpoint's index commit, shrunk when GC drops a ledger.
 - Corrupt stored bytes raise `CorruptEntryError` (EIO); only a missing index entry is `None` (ENOENTRY).
 """
 
@@ -21,7 +23,8 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from quorumlog.bookie.entrylog import EntryLogs
+from quorumlog.bookie.compaction import LogUsage
+from quorumlog.bookie.entrylog import LOCATION, EntryLogs
 from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
@@ -92,6 +95,7 @@ class LedgerStorage:
         self.flushing = WriteCache()
         self.read_cache = ReadAheadCache(read_cache_bytes)
         self.flush_running = False
+        self.usage = LogUsage(index.log_usage())
 
     # --- loop thread -------------------------------------------------------------------------------------
 
@@ -146,6 +150,7 @@ class LedgerStorage:
                 cache.size_bytes -= len(header) + len(body)
         for key in [k for k in list(self.read_cache._entries) if k[0] == ledger_id]:
             self.read_cache.invalidate(key)
+        self.usage.drop_ledger(ledger_id)
 
     def begin_flush(self) -> WriteCache:
         """Swap caches (loop thread). The returned cache stays readable until `end_flush`."""
@@ -177,6 +182,12 @@ class LedgerStorage:
             locations = self.entry_logs.write_batch([entries[k] for k in keys])
         pack = _IDS.pack
         self.index.commit(zip([pack(*k) for k in keys], locations, strict=True), states, checkpoint)
+        if keys:
+            per_ledger: dict[int, int] = {}
+            for k in keys:
+                header, body = entries[k]
+                per_ledger[k[0]] = per_ledger.get(k[0], 0) + len(header) + len(body)
+            self.usage.add(LOCATION.unpack(locations[0])[0], per_ledger)  # one batch is in one log
         # Everything is readable through the index now: free the flushed entries here rather than on the
         # loop (dropping tens of thousands of objects takes milliseconds). A concurrent read that misses
         # goes to the index; dict operations are atomic under the GIL.

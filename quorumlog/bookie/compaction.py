@@ -1,0 +1,358 @@
+"""Entry-log compaction: rewrite the live entries of mostly-dead entry logs, then delete the old logs.
+
+What it owns: which sealed entry logs are rewritten and when (pure: `LogUsage`, `select_logs`,
+`CompactionSchedule`, `Throttle`), and the copy itself (`Compactor`, driven by the garbage collector after
+each GC round, as BookKeeper's GarbageCollectorThread drives its EntryLogCompactor).
+
+Accounting (BookKeeper's EntryLogMetadata): `LogUsage` keeps live bytes per entry log per ledger in memory.
+It is rebuilt at start from one scan of the LMDB location index (16-byte values; the index is the truth, so
+nothing is persisted that could disagree with it), grows when a checkpoint commits, loses a ledger when GC
+drops it, and moves with compaction. A rewritten entry (a recovery add of an existing id) leaves its old
+copy counted until the next start: the count can be too high, never too low, so a log looks at worst
+fuller than it is -- compaction is late, never wrong. The live ratio of a log is live bytes / file size.
+
+Rules it keeps (the crash-safety argument, docs/BOOKIE.md "Compaction"):
+- Only sealed logs (never the one being appended to) are compacted; a sealed log never changes.
+- Each chunk of live entries is read from the old log (CRC-checked), appended to the current log and
+  fdatasynced (`EntryLogs.write_batch`), and only then are the index locations moved, by compare-and-set in
+  one synced LMDB transaction (`LedgerIndex.relocate`): an entry rewritten or deleted meanwhile keeps its
+  newer state. Write and commit run under the bookie's checkpoint lock, so they never interleave with a
+  checkpoint writing the same log or with GC dropping a ledger.
+- The old log is deleted only after every location that pointed into it was moved and a re-scan under the
+  lock finds none left. A crash before a chunk's commit leaves unreferenced copies in a newer log (dead
+  bytes, compacted later); a crash after the last commit leaves an unreferenced old log, whose live ratio
+  is 0 after the restart, so the next round deletes it. The index names exactly one copy of each entry at
+  every moment, so duplicates never confuse a read.
+- Reads run on the event loop and resolve location -> pread without yielding; the delete also runs on the
+  loop, so a read never holds a location into a log that disappears under it.
+- Copying is throttled to `compaction_rate_bytes_per_s`.
+
+Test-only: the environment variable `QUORUMLOG_TEST_COMPACTION_CRASH` makes the bookie process exit at once
+(`os._exit(86)`, as abrupt as kill -9) at a chosen point: `copied:N` after the chunk that brings the copied
+entries to N has been written and synced but before its index commit; `before-delete` after every location
+was moved but before the old log is deleted. Used by tests/bookie/test_compaction.py; never set it on a
+real bookie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from quorumlog.bookie.entrylog import LOCATION
+
+if TYPE_CHECKING:
+    from quorumlog.bookie.bookie import Bookie
+
+log = logging.getLogger(__name__)
+
+CRASH_ENV = "QUORUMLOG_TEST_COMPACTION_CRASH"
+CRASH_EXIT_CODE = 86
+CHUNK_BYTES = (
+    1 << 20
+)  # live bytes copied per write + index commit (bounds the time the checkpoint lock is held)
+
+T = TypeVar("T")
+
+
+class LogUsage:
+    """Live bytes per entry log per ledger. Thread-safe: the checkpoint thread and the loop both update it."""
+
+    def __init__(self, usage: Mapping[int, Mapping[int, int]] | None = None) -> None:
+        self._logs: dict[int, dict[int, int]] = {k: dict(v) for k, v in (usage or {}).items()}
+        self._lock = threading.Lock()
+
+    def add(self, log_id: int, per_ledger: Mapping[int, int]) -> None:
+        with self._lock:
+            d = self._logs.setdefault(log_id, {})
+            for lid, n in per_ledger.items():
+                d[lid] = d.get(lid, 0) + n
+
+    def remove(self, log_id: int, ledger_id: int, nbytes: int) -> None:
+        with self._lock:
+            d = self._logs.get(log_id)
+            if d is None or ledger_id not in d:
+                return
+            left = d[ledger_id] - nbytes
+            if left > 0:
+                d[ledger_id] = left
+            else:
+                del d[ledger_id]
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        with self._lock:
+            for d in self._logs.values():
+                d.pop(ledger_id, None)
+
+    def forget_log(self, log_id: int) -> None:
+        with self._lock:
+            self._logs.pop(log_id, None)
+
+    def ledgers_in(self, log_id: int) -> list[int]:
+        with self._lock:
+            return sorted(self._logs.get(log_id, {}))
+
+    def live_bytes(self) -> dict[int, int]:
+        """Live bytes per log."""
+        with self._lock:
+            return {log_id: sum(d.values()) for log_id, d in self._logs.items()}
+
+
+def select_logs(
+    live: Mapping[int, int], sizes: Mapping[int, int], sealed: Iterable[int], threshold: float
+) -> list[int]:
+    """Sealed logs whose live ratio (live bytes / size) is below `threshold`, emptiest first.
+
+    A threshold of 0 selects nothing. An empty file has ratio 0 (it only costs a directory entry).
+    """
+    if threshold <= 0:
+        return []
+    picked = []
+    for log_id in sealed:
+        size = sizes.get(log_id, 0)
+        ratio = live.get(log_id, 0) / size if size > 0 else 0.0
+        if ratio < threshold:
+            picked.append((ratio, log_id))
+    return [log_id for _, log_id in sorted(picked)]
+
+
+@dataclass
+class CompactionSchedule:
+    """When minor and major compaction are due (BookKeeper's rule: major, when due, replaces minor and
+    resets both clocks). A zero interval or threshold disables that kind."""
+
+    minor_threshold: float
+    minor_interval_s: float
+    major_threshold: float
+    major_interval_s: float
+    last_minor: float = 0.0
+    last_major: float = 0.0
+
+    def _enabled(self, threshold: float, interval_s: float) -> bool:
+        return threshold > 0 and interval_s > 0
+
+    def due(self, now: float) -> tuple[str, float] | None:
+        """("major" | "minor", threshold) if a compaction is due at `now`, else None."""
+        if (
+            self._enabled(self.major_threshold, self.major_interval_s)
+            and now - self.last_major >= self.major_interval_s
+        ):
+            return "major", self.major_threshold
+        if (
+            self._enabled(self.minor_threshold, self.minor_interval_s)
+            and now - self.last_minor >= self.minor_interval_s
+        ):
+            return "minor", self.minor_threshold
+        return None
+
+    def done(self, kind: str, now: float) -> None:
+        self.last_minor = now
+        if kind == "major":
+            self.last_major = now
+
+
+class Throttle:
+    """Byte-rate limiter: `reserve(n, now)` is how long to wait before copying n bytes. 0 rate: no limit."""
+
+    def __init__(self, rate_bytes_per_s: float) -> None:
+        self.rate = rate_bytes_per_s
+        self._free_at: float | None = None
+
+    def reserve(self, nbytes: int, now: float) -> float:
+        if self.rate <= 0:
+            return 0.0
+        start = now if self._free_at is None else max(self._free_at, now)
+        self._free_at = start + nbytes / self.rate
+        return start - now
+
+
+def parse_crash_point(value: str | None) -> tuple[str, int] | None:
+    """The test-only crash point (see the module docstring); `ValueError` on anything else."""
+    if not value:
+        return None
+    if value == "before-delete":
+        return "before-delete", 0
+    kind, _, n = value.partition(":")
+    if kind == "copied" and n.isdigit() and int(n) > 0:
+        return "copied", int(n)
+    raise ValueError(f"{CRASH_ENV}={value!r}: expected 'copied:N' (N > 0) or 'before-delete'")
+
+
+@dataclass
+class CompactionStats:
+    minor_runs: int = 0
+    major_runs: int = 0
+    logs_compacted: int = 0
+    entries_moved: int = 0
+    bytes_moved: int = 0
+    bytes_reclaimed: int = 0  # file bytes deleted minus live bytes copied
+    last_duration_s: float = 0.0
+
+
+def _crash(where: str) -> None:
+    log.error("compaction: test-only crash point reached (%s): exiting", where)
+    os._exit(CRASH_EXIT_CODE)
+
+
+class Compactor:
+    """Runs compaction rounds on one bookie (event loop; the I/O runs on worker threads)."""
+
+    def __init__(
+        self,
+        bookie: Bookie,
+        schedule: CompactionSchedule,
+        *,
+        rate_bytes_per_s: float,
+        chunk_bytes: int = CHUNK_BYTES,
+        crash_point: tuple[str, int] | None = None,
+    ) -> None:
+        self.bookie = bookie
+        self.schedule = schedule
+        self.throttle = Throttle(rate_bytes_per_s)
+        self.chunk_bytes = max(1, chunk_bytes)
+        self.crash_point = crash_point
+        self.stats = CompactionStats()
+        self._copied = 0  # entries copied by this process (for the crash point)
+
+    @classmethod
+    def for_bookie(cls, bookie: Bookie) -> Compactor:
+        cfg = bookie.config
+        now = bookie.env.clock.monotonic_s()
+        schedule = CompactionSchedule(
+            cfg.minor_compaction_threshold,
+            cfg.minor_compaction_interval_s,
+            cfg.major_compaction_threshold,
+            cfg.major_compaction_interval_s,
+            last_minor=now,
+            last_major=now,
+        )
+        return cls(
+            bookie,
+            schedule,
+            rate_bytes_per_s=cfg.compaction_rate_bytes_per_s,
+            crash_point=parse_crash_point(os.environ.get(CRASH_ENV)),
+        )
+
+    async def maybe_compact(self) -> str | None:
+        """Run the compaction that is due, if any; returns its kind."""
+        now = self.bookie.env.clock.monotonic_s()
+        due = self.schedule.due(now)
+        if due is None:
+            return None
+        kind, threshold = due
+        await self.compact(threshold, kind)
+        self.schedule.done(kind, self.bookie.env.clock.monotonic_s())
+        return kind
+
+    async def compact(self, threshold: float, kind: str = "manual") -> CompactionStats:
+        """Compact every sealed log whose live ratio is below `threshold`."""
+        bookie = self.bookie
+        if bookie.failed is not None:
+            log.warning("compaction: skipped, the bookie's storage has failed")
+            return self.stats
+        started = bookie.env.clock.monotonic_s()
+        logs = bookie.storage.entry_logs
+        async with bookie.checkpoint_lock:  # no checkpoint rolls the current log while we look
+            sealed = logs.sealed_log_ids()
+            sizes = {i: logs.size(i) for i in sealed}
+        chosen = select_logs(bookie.storage.usage.live_bytes(), sizes, sealed, threshold)
+        if chosen:
+            log.info(
+                "compaction (%s, threshold %.2f): %d entry logs to rewrite", kind, threshold, len(chosen)
+            )
+        for log_id in chosen:
+            await self._compact_log(log_id)
+        if kind == "major":
+            self.stats.major_runs += 1
+        elif kind == "minor":
+            self.stats.minor_runs += 1
+        self.stats.last_duration_s = bookie.env.clock.monotonic_s() - started
+        return self.stats
+
+    async def _compact_log(self, log_id: int) -> None:
+        bookie = self.bookie
+        env = bookie.env
+        storage = bookie.storage
+        ledgers = storage.usage.ledgers_in(log_id)
+        entries = await env.run_blocking(bookie.index.locations_in_log, log_id, ledgers)
+        moved_bytes = 0
+        i = 0
+        while i < len(entries):
+            chunk: list[tuple[bytes, bytes]] = []
+            nbytes = 0
+            while i < len(entries) and (not chunk or nbytes < self.chunk_bytes):
+                chunk.append(entries[i])
+                nbytes += LOCATION.unpack(entries[i][1])[2]
+                i += 1
+            wait = self.throttle.reserve(nbytes, env.clock.monotonic_s())
+            if wait > 0:
+                await asyncio.sleep(wait)
+            moved_bytes += await self._move(log_id, chunk)
+        async with bookie.checkpoint_lock:
+            left = await env.run_blocking(bookie.index.locations_in_log, log_id, ledgers)
+            if left:  # cannot happen while the rules above hold; keep the log rather than lose an entry
+                log.error("compaction: entry log %d still has %d indexed entries; kept", log_id, len(left))
+                return
+            if self.crash_point is not None and self.crash_point[0] == "before-delete":
+                _crash(f"before deleting entry log {log_id}")
+            size = storage.entry_logs.size(log_id)
+            storage.entry_logs.delete(log_id)  # on the loop: no read is between location and pread
+            storage.usage.forget_log(log_id)
+        self.stats.logs_compacted += 1
+        self.stats.bytes_moved += moved_bytes
+        self.stats.bytes_reclaimed += size - moved_bytes
+        log.info(
+            "compaction: entry log %d rewritten (%d entries, %d live of %d bytes) and deleted",
+            log_id,
+            len(entries),
+            moved_bytes,
+            size,
+        )
+
+    async def _move(self, log_id: int, chunk: list[tuple[bytes, bytes]]) -> int:
+        """Copy one chunk into the current log and move its index locations; returns bytes copied."""
+        bookie = self.bookie
+        logs = bookie.storage.entry_logs
+        # The old log is sealed: reading it needs no lock.
+        records = await bookie.env.run_blocking(lambda: [logs.read_record(loc) for _, loc in chunk])
+
+        def copy_and_commit() -> int:
+            new_locations = logs.write_batch(records)  # synced before return
+            self._copied += len(chunk)
+            if self.crash_point is not None and self.crash_point[0] == "copied":
+                if self._copied >= self.crash_point[1]:
+                    _crash(f"after copying {self._copied} entries, before their index commit")
+            moves = [(key, old, new) for (key, old), new in zip(chunk, new_locations, strict=True)]
+            applied = bookie.index.relocate(moves)
+            usage = bookie.storage.usage
+            new_log = LOCATION.unpack(new_locations[0])[0]
+            copied = 0
+            for (key, old, _), ok in zip(moves, applied, strict=True):
+                lid = int.from_bytes(key[:8], "big", signed=True)
+                length = LOCATION.unpack(old)[2]
+                usage.remove(log_id, lid, length)
+                if ok:
+                    usage.add(new_log, {lid: length})
+                    copied += length
+            self.stats.entries_moved += sum(applied)
+            return copied
+
+        async with bookie.checkpoint_lock:
+            return await _finish_even_if_cancelled(bookie.env.run_blocking(copy_and_commit))
+
+
+async def _finish_even_if_cancelled(aw: Awaitable[T]) -> T:
+    """Await a worker-thread step; if the caller is cancelled, still wait for the thread to finish before
+    the cancellation goes on, so the checkpoint lock is never released while the step writes."""
+    fut = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        if not fut.done():
+            await asyncio.wait([fut])
+        raise
