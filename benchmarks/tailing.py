@@ -1,0 +1,137 @@
+"""Paper workload 4: tailing-read latency, from an add's acknowledgement to the entry at a tailing reader.
+
+One writer appends E3 W2 A2 1 KiB entries at a fixed `--rate` (entries/s, paced in 10 ms ticks) for
+`--seconds`; a reader on a second client follows the ledger from entry 0 with long-poll LAC reads
+(`ReadHandle.tail`), three bookie processes with journal fsync on. For each entry: ack -> visible at the
+reader (p50/p99/p999; an entry seen before its own acknowledgement callback ran counts as 0). Then the writer
+goes idle without closing: "last entry visible after its add" is the delay from the last acknowledgement
+until the reader gets that entry (it needs the explicit LAC, `--explicit-lac-s`, 0.1 s as in NOTES.md).
+
+    quorumlog bench tailing [--rate 10000] [--seconds 10] [--entry-bytes 1024] [--explicit-lac-s 0.1] [--quick]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import _common as common
+
+from quorumlog.env import run
+
+TICK_S = 0.01
+
+
+async def main(args: Any) -> dict[str, Any]:
+    payload = os.urandom(args.entry_bytes)
+    perf = time.perf_counter
+    acked_at: dict[int, float] = {}
+    seen_at: dict[int, float] = {}
+    async with common.cluster(args.bookies) as cluster:
+        info = common.machine(cluster.base_dir)
+        async with (
+            await common.connect(cluster.uri, explicit_lac_interval_s=args.explicit_lac_s) as writer_client,
+            await common.connect(cluster.uri) as reader_client,
+        ):
+            handle = await writer_client.create_ledger(3, 2, 2, password=b"bench")
+            reader = await reader_client.open_ledger(handle.ledger_id, password=b"bench", recovery=False)
+            total = int(args.rate * args.seconds)
+            all_seen = asyncio.Event()
+
+            async def follow() -> None:
+                async for entry in reader.tail(0):
+                    seen_at[entry.entry_id] = perf()
+                    if len(seen_at) == total:
+                        all_seen.set()
+
+            def on_ack(fut: asyncio.Future[int]) -> None:
+                if fut.exception() is None:
+                    acked_at[fut.result()] = perf()
+
+            follower = asyncio.ensure_future(follow())
+            with common.progress(not args.no_progress) as bar:
+                task = bar.add_task(f"writing at {args.rate:g}/s", total=total)
+                issued = 0
+                started = perf()
+                pending: list[asyncio.Future[int]] = []
+                while issued < total:
+                    due = min(total, int((perf() - started) * args.rate) + 1)
+                    while issued < due:
+                        fut = handle.append(payload)
+                        fut.add_done_callback(on_ack)
+                        pending.append(fut)
+                        issued += 1
+                    bar.update(task, completed=issued)
+                    await asyncio.sleep(TICK_S)
+                write_s = perf() - started
+                await asyncio.gather(*pending)
+                last = total - 1
+                bar.update(task, description="waiting for the reader")
+                try:
+                    await asyncio.wait_for(all_seen.wait(), args.reader_timeout_s)
+                except TimeoutError:
+                    pass
+            follower.cancel()
+            await asyncio.gather(follower, return_exceptions=True)
+            await reader.close()
+            await handle.close()
+    delays = [max(0.0, seen_at[i] - acked_at[i]) for i in seen_at if i in acked_at]
+    last_visible_ms = round((seen_at[last] - acked_at[last]) * 1000, 2) if last in seen_at else None
+    return {
+        "benchmark": "tailing",
+        "machine": info,
+        "config": {
+            "bookies": args.bookies,
+            "quorum": "E3 W2 A2",
+            "entry_bytes": args.entry_bytes,
+            "rate_per_s": args.rate,
+            "seconds": args.seconds,
+            "explicit_lac_s": args.explicit_lac_s,
+            "journal_sync": True,
+        },
+        "results": {
+            "entries_written": total,
+            "achieved_rate_per_s": round(total / write_s),
+            "entries_seen": len(seen_at),
+            "ack_to_reader": percentiles_with_mean(delays),
+            "last_entry_visible_after_ack_ms": last_visible_ms,
+        },
+        "_delays": delays,
+    }
+
+
+def percentiles_with_mean(delays: list[float]) -> dict[str, float]:
+    out = common.percentiles(delays)
+    out["mean_ms"] = round(sum(delays) / len(delays) * 1000, 2) if delays else float("nan")
+    out["max_ms"] = round(max(delays) * 1000, 2) if delays else float("nan")
+    return out
+
+
+def draw(delays: list[float], path: str) -> None:
+    ordered = sorted(d * 1000 for d in delays)
+    n = len(ordered)
+    common.plot(
+        path,
+        {"ack -> reader": (ordered, [(i + 1) / n for i in range(n)])},
+        title="Tailing read: acknowledgement -> visible at the reader (CDF)",
+        xlabel="delay (ms)",
+        ylabel="fraction of entries",
+        logx=True,
+    )
+
+
+if __name__ == "__main__":
+    p = common.parser(__doc__)
+    p.add_argument("--rate", type=float, default=10000.0, help="entries/s the writer issues")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--entry-bytes", type=int, default=1024)
+    p.add_argument("--explicit-lac-s", type=float, default=0.1)
+    p.add_argument("--reader-timeout-s", type=float, default=30.0)
+    ns = p.parse_args()
+    if ns.quick:
+        ns.rate, ns.seconds = 2000.0, 3.0
+    result = run(main(ns))
+    draw(result.pop("_delays"), ns.plot)
+    common.emit(result)
