@@ -50,6 +50,10 @@ class BookieService:
         self._failure_task: asyncio.Task[None] | None = None
         self.gc: Any = None  # the GarbageCollector, once metadata is configured
         self.stop_requested = asyncio.Event()  # a full disk with read_only_mode off asks for shutdown
+        # Why the bookie is read-only: a full disk comes and goes; a storage failure stays until restart.
+        self._disk_full = False
+        self._storage_failed = False
+        self._registration_stale = False  # a move between available/ and available/readonly/ failed
 
     @property
     def bookie_id(self) -> str:
@@ -82,6 +86,13 @@ class BookieService:
                 max_frame_bytes=cfg.max_frame_bytes,
             )
             await self.server.start()
+            # A bookie started on a full disk must never be seen writable: check before registering.
+            await self._check_disk_once()
+            if self.stop_requested.is_set():
+                raise ConfigError(
+                    f"ledger disk {cfg.ledger_dir} is over disk_usage_threshold={cfg.disk_usage_threshold} "
+                    "and read_only_mode is off: refusing to start"
+                )
             if self.store is not None:
                 await self._register()
                 if cfg.gc_interval_s > 0:
@@ -111,11 +122,14 @@ class BookieService:
         self.registration = BookieRegistration(
             self.store, self.bookie_id, BookieServiceInfo.for_rpc(host, port)
         )
-        await self.registration.register()
+        assert self.bookie is not None
+        await self.registration.register(readonly=self.bookie.read_only)
 
     def _on_storage_failure(self, exc: BaseException) -> None:
         # Writes can no longer be acknowledged: show it in metadata (available/readonly) so writers stop
-        # choosing this bookie, while reads keep being served.
+        # choosing this bookie, while reads keep being served. For good: a disk with room again must not
+        # make the disk checker turn a failed journal writable.
+        self._storage_failed = True
         self._failure_task = asyncio.get_running_loop().create_task(self.set_read_only(True))
 
     async def _start_gc(self) -> None:
@@ -134,32 +148,45 @@ class BookieService:
         while True:
             await asyncio.sleep(cfg.disk_check_interval_s)
             try:
-                used = self.env.disk.usage(cfg.ledger_dir).used_fraction
-                await self.apply_disk_usage(used)
+                await self._check_disk_once()
             except Exception:  # keep checking: one failed check must not stop the checker
                 log.exception("disk check failed")
+
+    async def _check_disk_once(self) -> None:
+        await self.apply_disk_usage(self.env.disk.usage(self.config.ledger_dir).used_fraction)
 
     async def apply_disk_usage(self, used_fraction: float) -> None:
         bookie = self.bookie
         assert bookie is not None
         cfg = self.config
-        if not bookie.read_only and used_fraction >= cfg.disk_usage_threshold:
+        full = disk_full(self._disk_full, used_fraction, cfg.disk_usage_threshold, cfg.disk_usage_lwm)
+        if full and not self._disk_full:
             if not cfg.read_only_mode:
                 log.error("disk %.1f%% full and read_only_mode is off: shutting down", used_fraction * 100)
                 self.stop_requested.set()
                 return
             log.warning("disk %.1f%% full: going read-only", used_fraction * 100)
-            await self.set_read_only(True)
-        elif bookie.read_only and used_fraction < cfg.disk_usage_lwm:
+        elif self._disk_full and not full:
             log.info("disk %.1f%% full: writable again", used_fraction * 100)
-            await self.set_read_only(False)
+        self._disk_full = full
+        want = full or self._storage_failed
+        if want != bookie.read_only or self._registration_stale:
+            await self.set_read_only(want)
 
     async def set_read_only(self, read_only: bool) -> None:
-        """Refuse (or accept again) writes, and move the registration to match."""
+        """Refuse (or accept again) writes, and move the registration to match.
+
+        Writes stop before the registration moves (nothing is acknowledged by a bookie that should be
+        read-only) and start again before it moves back. If the move fails (metadata unreachable), the next
+        disk check tries again instead of leaving a read-only bookie registered as writable.
+        """
         assert self.bookie is not None
         self.bookie.set_read_only(read_only)
         if self.registration is not None:
-            await self.registration.set_readonly(read_only)
+            self._registration_stale = True
+            # register() (not set_readonly) also re-creates a node a failed earlier move left behind.
+            await self.registration.register(readonly=read_only)
+            self._registration_stale = False
 
     async def stop(self) -> None:
         """Clean shutdown (what SIGTERM does)."""
@@ -191,6 +218,13 @@ class BookieService:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def disk_full(was_full: bool, used_fraction: float, threshold: float, lwm: float) -> bool:
+    """The disk checker's hysteresis: full from `threshold` up, and stays full until usage is under `lwm`."""
+    if used_fraction >= threshold:
+        return True
+    return was_full and used_fraction >= lwm
 
 
 async def run_until_signalled(config: BookieConfig, *, ready: Any = None) -> None:
