@@ -163,6 +163,13 @@ class AddTracker:
         # Highest LAC any bookie has seen (piggybacked or explicit): decides when explicit LAC is due.
         self.lac_sent_to_bookies = last_add_confirmed
         self._lac_sent_s: float | None = None
+        # Per-entry lookups on the hot path, precomputed: the write set of entry e is _write_sets[e % E]
+        # (the same tuple `quorum.write_set` builds), and the last ensemble -- where every new entry goes --
+        # is kept with its first entry id, valid while `self.ensembles` is the dict it was taken from.
+        self._write_sets = tuple(quorum.write_set(s) for s in range(quorum.ensemble_size))
+        self._last_for: dict[int, list[str]] | None = None
+        self._last_start = 0
+        self._last_list: Sequence[str] = ()
 
     # --- state the driver reads -------------------------------------------------------------------------
 
@@ -228,9 +235,9 @@ class AddTracker:
         self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
         pending = _Pending(AckSet(self.quorum, entry_id), length, recovery, now_s)
         self._pending[entry_id] = pending
-        _, ensemble = ensemble_for(self.ensembles, entry_id)
+        ensemble = self._ensemble_of(entry_id)
         actions: list[SendAdd] = []
-        for index in self.quorum.write_set(entry_id):
+        for index in self._write_sets[entry_id % self.quorum.ensemble_size]:
             bookie = ensemble[index]
             # A bookie awaiting replacement gets nothing new: the replacement receives it on commit.
             if bookie in self._failed_bookies:
@@ -264,8 +271,8 @@ class AddTracker:
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
             return []
         pending.sent_s.pop(index, None)
-        pending.acks.ack(index)
-        return list(self._drain_completions())
+        pending.acks.acked.add(index)  # `AckSet.ack` without its write-set check, done just above
+        return self._drain_completions()
 
     def on_error(self, entry_id: int, bookie_id: str, error: QuorumLogError, now_s: float) -> list[AddAction]:
         """A bookie failed an add (error status, connection loss or per-request timeout)."""
@@ -390,8 +397,17 @@ class AddTracker:
 
     # --- internals --------------------------------------------------------------------------------------
 
+    def _ensemble_of(self, entry_id: int) -> Sequence[str]:
+        """`ensemble_for(self.ensembles, entry_id)[1]`, without the scan for entries of the last ensemble."""
+        if self._last_for is not self.ensembles:
+            self._last_start, self._last_list = last_ensemble(self.ensembles)
+            self._last_for = self.ensembles
+        if entry_id >= self._last_start:
+            return self._last_list
+        return ensemble_for(self.ensembles, entry_id)[1]
+
     def _index_in_write_set(self, entry_id: int, bookie_id: str) -> int | None:
-        _, ensemble = ensemble_for(self.ensembles, entry_id)
+        ensemble = self._ensemble_of(entry_id)
         try:
             index = ensemble.index(bookie_id)
         except ValueError:

@@ -33,7 +33,7 @@ import functools
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import cast
+from typing import Protocol, cast
 
 from quorumlog.env import Env
 from quorumlog.errors import (
@@ -66,6 +66,56 @@ OUTSTANDING_REQUESTS_MAX_DEFAULT = 100_000
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
 
 
+AnswerCallback = Callable[[Response | None, QuorumLogError | None], None]
+
+
+class _Waiter(Protocol):
+    """What a connection resolves when an answer (or its failure) arrives: an asyncio future, or a
+    `_CallbackWaiter` for the per-entry add path."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Response, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+class _CallbackWaiter:
+    """A future-shaped slot that calls `callback(response, None)` or `callback(None, error)` at once.
+
+    Why: an add is answered twice or three times per entry. A future costs its creation, an
+    `add_done_callback` and then one event-loop hand-off (`call_soon`) per answer before the ledger handle
+    sees it; calling back synchronously from `data_received` does the same work without the loop. The
+    callback must not block; an exception from it is reported to the loop's handler, never lost and never
+    allowed to abort the delivery of the other answers in the same read."""
+
+    __slots__ = ("_callback", "_done")
+
+    def __init__(self, callback: AnswerCallback) -> None:
+        self._callback = callback
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Response, /) -> None:
+        self._done = True
+        self._call(result, None)
+
+    def set_exception(self, exception: BaseException, /) -> None:
+        self._done = True
+        error = exception if isinstance(exception, QuorumLogError) else BookieUnavailableError(str(exception))
+        self._call(None, error)
+
+    def _call(self, response: Response | None, error: QuorumLogError | None) -> None:
+        try:
+            self._callback(response, error)
+        except Exception as e:  # a bug in the callback: report it like an asyncio callback's exception
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "exception in a bookie answer callback", "exception": e}
+            )
+
+
 def v2_can_carry(request: Request) -> bool:
     """Whether a v2 connection can carry `request` (ADD, plain or fencing READ, AUTH)."""
     if isinstance(request, AddRequest | AuthRequest):
@@ -84,12 +134,12 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.loop = asyncio.get_running_loop()
         # Matching key -> futures in send order (v3 keys are unique; v2 keys repeat for repeated reads).
-        self.pending: dict[Hashable, deque[asyncio.Future[Response]]] = {}
+        self.pending: dict[Hashable, deque[_Waiter]] = {}
         self.pending_count = 0
         self._out: list[bytes] = []
         self._flush_scheduled = False
         # Default-timeout requests expire in send order, so one FIFO and one timer serve them all.
-        self._expiry: deque[tuple[float, Hashable, asyncio.Future[Response]]] = deque()
+        self._expiry: deque[tuple[float, Hashable, _Waiter]] = deque()
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._max_txn_id = 0  # the highest v3 txn id sent on this connection
 
@@ -115,6 +165,12 @@ class _Connection(asyncio.Protocol):
     # --- sending ----------------------------------------------------------------------------------------
 
     def send(self, request: Request, timeout_s: float) -> asyncio.Future[Response]:
+        fut: asyncio.Future[Response] = self.loop.create_future()
+        self.send_to(request, timeout_s, fut)
+        return fut
+
+    def send_to(self, request: Request, timeout_s: float, fut: _Waiter) -> None:
+        """Queue `request`; its answer resolves `fut` (a future or a `_CallbackWaiter`)."""
         if self.pending_count >= self.owner.outstanding_requests_max:
             raise TooManyRequestsError(
                 f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
@@ -133,7 +189,6 @@ class _Connection(asyncio.Protocol):
             self._max_txn_id = txn
         key = self.codec.key(request)
         frame = _FRAMES.get(request, self.version, self.codec)
-        fut: asyncio.Future[Response] = self.loop.create_future()
         self.pending.setdefault(key, deque()).append(fut)
         self.pending_count += 1
         self._out.append(frame)
@@ -148,7 +203,6 @@ class _Connection(asyncio.Protocol):
                     self._expiry_timer = self.loop.call_at(deadline, self._expire)
             else:
                 self.loop.call_at(deadline, self._expire_one, key, fut)
-        return fut
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -194,7 +248,7 @@ class _Connection(asyncio.Protocol):
         if self._expiry:
             self._expiry_timer = self.loop.call_at(self._expiry[0][0], self._expire)
 
-    def _expire_one(self, key: Hashable, fut: asyncio.Future[Response]) -> None:
+    def _expire_one(self, key: Hashable, fut: _Waiter) -> None:
         if fut.done():
             return
         futs = self.pending.get(key)
@@ -320,6 +374,27 @@ class BookieClient:
         waiting.append((request, timeout, fut))
         return fut
 
+    def send_with_callback(
+        self, request: Request, callback: AnswerCallback, *, timeout_s: float | None = None
+    ) -> None:
+        """As `send`, but the answer is handed to `callback(response, None)` or `callback(None, error)`
+        directly from the connection's read, without a future (the per-entry add path; see
+        `_CallbackWaiter`). Raises as `send` does for a closed client or a full connection."""
+        conn = self._conns.get(self.version)
+        if (
+            conn is not None
+            and not conn.closed
+            and (self.version is ProtocolVersion.V3 or v2_can_carry(request))
+        ):
+            conn.send_to(
+                request,
+                self.request_timeout_s if timeout_s is None else timeout_s,
+                _CallbackWaiter(callback),
+            )
+            return
+        # Not connected yet (or in a backoff): the general path, adapted.
+        self.send(request, timeout_s=timeout_s).add_done_callback(functools.partial(_to_callback, callback))
+
     @property
     def connected(self) -> bool:
         conn = self._conns.get(self.version)
@@ -427,6 +502,16 @@ def _set_txn_id(request: Request, txn_id: int) -> None:
     if setter is None:
         setter = _TXN_SETTERS[cls] = cls.__dict__["txn_id"].__set__
     setter(request, txn_id)
+
+
+def _to_callback(callback: AnswerCallback, fut: asyncio.Future[Response]) -> None:
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is None:
+        callback(fut.result(), None)
+    else:
+        callback(None, exc if isinstance(exc, QuorumLogError) else BookieUnavailableError(str(exc)))
 
 
 def _chain(inner: asyncio.Future[Response], outer: asyncio.Future[Response]) -> None:

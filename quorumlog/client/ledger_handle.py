@@ -752,21 +752,28 @@ class WriteHandle(LedgerHandle):
                     action.recovery,
                     self._write_flags,
                 )
-            try:
-                fut = self._client.bookie(action.bookie_id).send(req, timeout_s=0)
-            except QuorumLogError as e:
-                self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
-                continue
+            # Registered before the send: an answer may now come back synchronously (a failed connection
+            # fails the request inside `send_with_callback`).
             unanswered = self._unanswered.get(action.bookie_id)
             if unanswered is None:
                 unanswered = self._unanswered[action.bookie_id] = {}
             unanswered[action.entry_id] = now
-            fut.add_done_callback(functools.partial(self._on_add_answer, action.entry_id, action.bookie_id))
+            try:
+                # The answer comes straight from the connection's read, not through a future and a loop
+                # turn (see bookie_client._CallbackWaiter): this runs for every replica of every entry.
+                self._client.bookie(action.bookie_id).send_with_callback(
+                    req,
+                    functools.partial(self._on_add_answer, action.entry_id, action.bookie_id),
+                    timeout_s=0,
+                )
+            except QuorumLogError as e:
+                unanswered.pop(action.entry_id, None)
+                self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
+                continue
 
-    def _on_add_answer(self, entry_id: int, bookie_id: str, fut: asyncio.Future[Response]) -> None:
-        if fut.cancelled():
-            return
-        exc = fut.exception()  # retrieved even when ignored below (asyncio logs unretrieved errors)
+    def _on_add_answer(
+        self, entry_id: int, bookie_id: str, response: Response | None, exc: QuorumLogError | None
+    ) -> None:
         if self._abandoned is not None:
             return
         unanswered = self._unanswered.get(bookie_id)
@@ -775,7 +782,7 @@ class WriteHandle(LedgerHandle):
         if exc is None:
             actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
         else:
-            error = _as_quorumlog_error(exc)
+            error = exc
             if (
                 not isinstance(error, LedgerFencedError | UnauthorizedError)
                 and bookie_id not in self._excluded
