@@ -46,6 +46,15 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def quick(ns: argparse.Namespace, p: argparse.ArgumentParser, **values: Any) -> None:
+    """With `--quick`, use these smaller values for every option the command line left at its default."""
+    if not ns.quick:
+        return
+    for name, value in values.items():
+        if getattr(ns, name) == p.get_default(name):
+            setattr(ns, name, value)
+
+
 # --- machine -------------------------------------------------------------------------------------------
 
 

@@ -138,8 +138,7 @@ if __name__ == "__main__":
     p.add_argument("--read-ahead", type=int, default=4, help="read calls in flight")
     p.add_argument("--warm", action="store_true", help="do not restart the bookies before reading")
     ns = p.parse_args()
-    if ns.quick:
-        ns.bytes = 32 << 20
+    common.quick(ns, p, bytes=32 << 20)
     result = run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

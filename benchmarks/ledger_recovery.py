@@ -161,8 +161,7 @@ if __name__ == "__main__":
     if ns.child:
         run(_child(ns.child, ns.outstanding, ns.entry_bytes))
         sys.exit(0)
-    if ns.quick:
-        ns.rounds, ns.kill_after_s = 3, 0.5
+    common.quick(ns, p, rounds=3, kill_after_s=0.5)
     result = run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

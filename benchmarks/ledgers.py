@@ -96,8 +96,7 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
     ns = p.parse_args()
-    if ns.quick:
-        ns.seconds, ns.warmup_s, ns.ledgers = 1.5, 0.5, "1,10,100"
+    common.quick(ns, p, seconds=1.5, warmup_s=0.5, ledgers="1,10,100")
     result = run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

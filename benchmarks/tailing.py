@@ -130,8 +130,7 @@ if __name__ == "__main__":
     p.add_argument("--explicit-lac-s", type=float, default=0.1)
     p.add_argument("--reader-timeout-s", type=float, default=30.0)
     ns = p.parse_args()
-    if ns.quick:
-        ns.rate, ns.seconds = 2000.0, 3.0
+    common.quick(ns, p, rate=2000.0, seconds=3.0)
     result = run(main(ns))
     draw(result.pop("_delays"), ns.plot)
     common.emit(result)

@@ -90,8 +90,7 @@ if __name__ == "__main__":
     p.add_argument("--protocol", default="v3", choices=("v3", "v2"))
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
     ns = p.parse_args()
-    if ns.quick:
-        ns.seconds, ns.warmup_s = 1.5, 0.5
+    common.quick(ns, p, seconds=1.5, warmup_s=0.5)
     result = run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

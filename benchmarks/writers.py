@@ -168,8 +168,7 @@ if __name__ == "__main__":
     if ns.child:
         run(_child(ns.child, int(ns.sizes), ns.outstanding, ns.warmup_s, ns.seconds))
         sys.exit(0)
-    if ns.quick:
-        ns.writers, ns.sizes, ns.seconds, ns.warmup_s = "1,4", "128,4096", 1.5, 0.5
+    common.quick(ns, p, writers="1,4", sizes="128,4096", seconds=1.5, warmup_s=0.5)
     result = run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

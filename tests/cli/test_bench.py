@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+
+import pytest
 
 from tests.cli.helpers import ROOT, assert_clean_error, ql
 
@@ -35,3 +38,62 @@ def test_bench_refuses_an_unknown_workload() -> None:
     r = ql("bench", "no-such-workload")
     assert_clean_error(r, 2)
     assert "ledger_write" in r.stderr
+
+
+# The paper's six workloads (docs/PERFORMANCE.md "The paper's workloads"), each in its --quick form with
+# trimmed options: real bookie processes and fsync, so ~10-20 s each. What is checked is what a reader of
+# the numbers relies on: the machine block, one result per point, the plot, and the workload's own facts
+# (a recovered ledger keeps every acknowledged entry; the tailing reader sees every entry).
+PAPER_WORKLOADS = {
+    "throughput_latency": ("--outstanding", "1,100", "--seconds", "1", "--warmup-s", "0.3"),
+    "writers": ("--writers", "1,3", "--sizes", "1024", "--seconds", "1", "--warmup-s", "0.3"),
+    "ledgers": ("--ledgers", "1,100", "--seconds", "1", "--warmup-s", "0.3"),
+    "tailing": ("--rate", "1000", "--seconds", "1.5"),
+    "catchup": ("--bytes", str(4 << 20), "--entry-bytes", "4096"),
+    "ledger_recovery": ("--rounds", "2", "--outstanding", "200", "--kill-after-s", "0.4"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", sorted(PAPER_WORKLOADS))
+def test_paper_workload_quick_run(workload: str, tmp_path: Path) -> None:
+    png = tmp_path / f"{workload}.png"
+    r = ql(
+        "bench",
+        workload,
+        "--quick",
+        "--no-progress",
+        "--plot",
+        str(png),
+        *PAPER_WORKLOADS[workload],
+        timeout_s=120,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["benchmark"] == workload
+    machine = out["machine"]
+    assert machine["cores"] >= 1 and machine["memory_gib"] > 0 and machine["kernel"] and machine["python"]
+    assert len(machine["loadavg_start"]) == len(machine["loadavg_end"]) == 3
+    assert 0 < machine["fdatasync_4k"]["p50_ms"] <= machine["fdatasync_4k"]["p99_ms"]
+    assert out["config"]["journal_sync"] is True
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = out["results"]
+    if workload == "throughput_latency":
+        assert [p["outstanding"] for p in results] == [1, 100]
+        assert all(p["entries"] > 0 and p["p50_ms"] <= p["p99_ms"] <= p["p999_ms"] for p in results)
+    elif workload == "writers":
+        assert [(p["writers"], len(p["per_writer_entries_per_s"])) for p in results] == [(1, 1), (3, 3)]
+        assert all(min(p["per_writer_entries_per_s"]) > 0 for p in results)
+    elif workload == "ledgers":
+        assert [p["ledgers"] for p in results] == [1, 100]
+        assert all(p["entries_per_s"] > 0 for p in results)
+    elif workload == "tailing":
+        assert results["entries_seen"] == results["entries_written"] == 1500
+        assert results["last_entry_visible_after_ack_ms"] is not None
+    elif workload == "catchup":
+        assert results["read"]["bytes"] == 4 << 20 and results["read"]["entries"] == 1024
+    else:
+        assert len(results["rounds"]) == 2
+        for round_ in results["rounds"]:
+            # Durability: recovery keeps every entry the dead writer saw acknowledged.
+            assert round_["recovered_last_entry"] >= round_["writer_last_acked"] >= 0
