@@ -102,6 +102,23 @@ def loadavg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def bookie_code_path() -> str:
+    """Where the bookie processes (`python -m quorumlog bookie`, same cwd and environment) import quorumlog
+    from: `-m` puts the working directory before PYTHONPATH, so run a before/after comparison from the
+    worktree whose code is meant."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; sys.path.insert(0, os.getcwd()); import quorumlog; print(os.path.dirname(quorumlog.__file__))",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
 def machine(data_dir: str) -> dict[str, Any]:
     """The machine block of every result; `quorumlog_path` shows which code ran (before/after worktrees)."""
     return {
@@ -111,6 +128,7 @@ def machine(data_dir: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "commit": _commit(),
         "quorumlog_path": os.path.dirname(quorumlog.__file__),
+        "bookie_quorumlog_path": bookie_code_path(),
         "loadavg_start": loadavg(),
         "fdatasync_4k": fdatasync_latency(data_dir),
     }
