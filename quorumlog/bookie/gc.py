@@ -85,7 +85,7 @@ class GarbageCollector:
             self.stats.ledgers_deleted += 1
             self.stats.entries_deleted += entries
             log.info("gc: ledger %d is deleted in metadata; dropped %d entries", lid, entries)
-        if deleted:
+        if deleted or self.stats.rounds == 0:  # the first round also clears what a crash left behind
             await self._delete_dead_logs()
         self.stats.rounds += 1
         return self.stats
