@@ -35,6 +35,7 @@ from quorumlog.meta.ledger_manager import LedgerManager
 from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
+from tests.bookie.conftest import StartBookie
 from tests.bookie.disks import DiskEnv, WrappedDisk
 from tests.bookie.helpers import KEY, BookieProcess, RawClient, entry, free_port
 
@@ -395,3 +396,47 @@ async def test_kill_mid_compaction_loses_nothing_and_a_later_round_reclaims_the_
     assert bytes_after < bytes_written * 0.4, (bytes_written, bytes_after)
     assert bytes_after < live_bytes * 2.5  # the copies of the crashed rounds did not pile up
     assert n_after < n_written
+
+
+def _flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+async def test_a_corrupt_live_entry_keeps_its_log_and_the_round_goes_on(
+    tmp_path: str, start_bookie: StartBookie
+) -> None:
+    svc = await start_bookie(entry_log_size_bytes=1 << 20)
+    bookie = svc.bookie
+    assert bookie is not None
+    c = await RawClient.connect("127.0.0.1", svc.address[1])
+    for log_round in range(2):  # two sealed logs, each 1/3 live: ledgers 2k+1 live, 2k+2 deleted
+        live, dead = 2 * log_round + 1, 2 * log_round + 2
+        await _write_interleaved(c, [live, dead, dead + 100], 100, SIZE)
+        await bookie.checkpoint()
+    await _write_interleaved(c, [9], 10, SIZE)
+    await bookie.checkpoint()  # the current log: ledger 9
+    logs = bookie.storage.entry_logs
+    assert len(logs.sealed_log_ids()) == 2
+    # Damage one byte of a live entry's payload in the first log.
+    location = bookie.index.location(1, 5)
+    assert location is not None
+    log_id, offset, length = LOCATION.unpack(location)
+    _flip_byte(os.path.join(logs.directory, f"{log_id:08x}.log"), offset + length - 10)
+
+    async def exists(lid: int) -> bool:
+        return lid % 2 == 1
+
+    gc = GarbageCollector(bookie, exists, interval_s=1)
+    assert (await gc.collect_once()).ledgers_deleted == 4
+    stats = await gc.compactor.compact(0.5)
+    assert (stats.logs_failed, stats.logs_compacted) == (1, 1)
+    assert log_id in logs.sealed_log_ids()  # kept
+    assert (await c.call(m.ReadRequest(1, 5))).status == StatusCode.EIO  # still an error, never ENOENTRY
+    r = await c.call(m.ReadRequest(1, 6))
+    assert (r.status, r.body) == (StatusCode.EOK, entry(1, 6, _payload(1, 6, SIZE)))
+    await _check_entries(c, [3, 9], 10, SIZE)
+    await c.close()
