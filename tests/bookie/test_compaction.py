@@ -240,6 +240,11 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(
             assert (r.status, r.body) == (StatusCode.EOK, entry(lid, eid, _payload(lid, eid, SIZE)))
             if added % 25 == 0:
                 await bookie.checkpoint()
+            if added == 10:  # recovery fences a live ledger mid-compaction: state and data both hold
+                r = await c.call(m.ReadRequest(LIVE[0], 0, fence=True, master_key=KEY))
+                assert (r.status, r.body) == (StatusCode.EOK, entry(LIVE[0], 0, _payload(LIVE[0], 0, SIZE)))
+                late = entry(LIVE[0], ENTRIES, b"late")
+                assert (await c.call(m.AddRequest(LIVE[0], ENTRIES, KEY, late))).status == StatusCode.EFENCED
         cstats = compaction.result()
         _, bytes_after = _log_bytes(data)
         live_bytes = len(LIVE) * ENTRIES * (SIZE + 16 + 9 + 32)
