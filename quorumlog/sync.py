@@ -10,6 +10,8 @@ waited for. Rules it keeps:
   TooManyRequestsError: a producer thread cannot await capacity the way a coroutine can.
 - Iterators (`list_ledgers`, `tail`) pull one item per hand-off from the loop; `close()` (or the `with`
   block) stops the loop thread, so nothing outlives the client.
+- Asyncio code the facade does not wrap (e.g. `quorumlog.stream`) runs on the same loop with
+  `client.run(coro)`, using `client.aio`: one client, one loop thread, no second connection.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from quorumlog.client.ledger_handle import (
 from quorumlog.client.ledger_handle import (
     WriteHandle as AsyncWriteHandle,
 )
+from quorumlog.errors import ClientClosedError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, Entry
 
@@ -55,12 +58,16 @@ class _LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if threading.current_thread() is self._thread:
+            coro.close()
             raise RuntimeError(
                 "quorumlog.sync called from its own event loop thread; use the asyncio API there"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        return self.submit(coro).result(timeout_s)
 
     def call(self, fn: Callable[[], T]) -> T:
         async def call() -> T:
@@ -214,8 +221,27 @@ class Client:
 
     @property
     def aio(self) -> AsyncClient:
-        """The asyncio client underneath (use it only from the facade's loop thread)."""
+        """The asyncio client underneath (use it only from the facade's loop thread, e.g. inside `run`)."""
         return self._client
+
+    def run(self, coro: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Run a coroutine on this client's loop thread and block until it returns (or raises) its result.
+
+        For asyncio code this facade does not wrap -- `quorumlog.stream`, or several calls of `aio` that
+        belong together -- without a second client or loop: `client.run(client.aio.get_ledger_metadata(1))`.
+        The coroutine runs where `aio` lives, so it may use `aio` and its handles freely. With `timeout_s`,
+        waiting gives up with TimeoutError and the coroutine is cancelled. Calling it from the loop thread
+        itself (from inside such a coroutine) raises RuntimeError: it would wait for itself.
+        """
+        if self._loop.loop.is_closed():
+            coro.close()  # never awaited: close it so Python does not warn about it
+            raise ClientClosedError("the client is closed")
+        fut = self._loop.submit(coro)
+        try:
+            return fut.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TimeoutError(f"coroutine did not finish within {timeout_s}s; cancelled") from None
 
     def create_ledger(
         self,

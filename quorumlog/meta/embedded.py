@@ -106,6 +106,7 @@ class EmbeddedStore(MetadataStore):
         self._last_change = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._watch_wakeup = asyncio.Event()
+        self._open_error: sqlite3.OperationalError | None = None  # why the last attempt to open failed
 
     @classmethod
     async def connect(
@@ -116,11 +117,17 @@ class EmbeddedStore(MetadataStore):
         store = cls(uri, directory, options, env or default_env())
         try:
             async with asyncio.timeout(options.connect_timeout_s):
-                await store._run(store._open_db)
-                store._session = await store._run(store._new_session)
+                await store._open_retrying_while_locked()
                 store._last_change = await store._run(store._max_change)
         except (TimeoutError, sqlite3.Error, OSError) as e:
+            with contextlib.suppress(sqlite3.Error):
+                await store._run(store._close_db)
             store._executor.shutdown(wait=False)
+            if isinstance(e, TimeoutError) and store._open_error is not None:
+                raise MetadataStoreError(
+                    f"cannot open embedded metadata store {directory} within "
+                    f"connect_timeout_s={options.connect_timeout_s}: still {store._open_error}"
+                ) from store._open_error
             raise MetadataStoreError(f"cannot open embedded metadata store {directory}: {e!r}") from e
         store._tasks.append(asyncio.create_task(store._heartbeat_loop(), name="meta-embedded-heartbeat"))
         store._tasks.append(asyncio.create_task(store._poll_loop(), name="meta-embedded-poll"))
@@ -136,13 +143,44 @@ class EmbeddedStore(MetadataStore):
             raise MetadataStoreError("embedded store database is not open")
         return conn
 
+    async def _open_retrying_while_locked(self) -> None:
+        """Open the database and start a session, retrying while another process holds the lock.
+
+        Many processes open the same file at once (every task of a Spark job, a cluster's bookies): switching
+        to WAL, creating the schema and inserting the session row each need the write lock, and SQLite may
+        answer "database is locked" at once (WAL set-up does not always wait for `busy_timeout`). Such an
+        attempt changed nothing, so it is retried with jittered, doubling pauses -- jitter so the processes
+        that collided do not collide again -- until the caller's connect deadline.
+        """
+        pause = self.options.retry_backoff_s
+        while True:
+            try:
+                await self._run(self._open_db)
+                self._session = await self._run(self._new_session)
+                return
+            except sqlite3.OperationalError as e:
+                if not is_locked(e):
+                    raise
+                self._open_error = e
+                log.debug("embedded store %s is locked while opening; retrying: %r", self.directory, e)
+            await self._run(self._close_db)
+            await asyncio.sleep(pause * (0.5 + self.env.rng.random() / 2))
+            pause = min(pause * 2, self.options.retry_backoff_max_s)
+
     def _open_db(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
+        self._close_db()  # a retried open starts from a fresh connection
         conn = sqlite3.connect(self._db_path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_SCHEMA)
+        try:
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # WAL is a property of the file: only the first opener needs the exclusive lock to switch it.
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+        except BaseException:
+            conn.close()
+            raise
         self._local.conn = conn
 
     def _close_db(self) -> None:
@@ -479,3 +517,9 @@ def _refused(message: str) -> MetadataStoreError:
 def _is_transient(e: BaseException) -> bool:
     # "database is locked" / "busy": the transaction did not happen, so trying again is safe.
     return isinstance(e, sqlite3.OperationalError)
+
+
+def is_locked(e: sqlite3.OperationalError) -> bool:
+    """SQLite's "database is locked" / "database table is locked" / SQLITE_BUSY: nothing was changed."""
+    text = str(e).lower()
+    return "locked" in text or "busy" in text

@@ -6,12 +6,14 @@ script or a Spark executor does.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from quorumlog.errors import LedgerFencedError, UnauthorizedError
+from quorumlog.errors import ClientClosedError, LedgerFencedError, NoSuchLedgerError, UnauthorizedError
 from quorumlog.sync import Client, _LoopThread
 from quorumlog.testing.cluster import LocalCluster
 
@@ -62,3 +64,54 @@ def test_blocking_fencing(cluster_uri: str) -> None:
         assert r.last_add_confirmed == 0
         with pytest.raises(LedgerFencedError):
             w.append(b"b").result(timeout=30)
+
+
+def test_run_executes_a_coroutine_on_the_clients_loop_thread(cluster_uri: str) -> None:
+    with Client.connect(cluster_uri) as client:
+        w = client.create_ledger(3, 2, 2, password=b"pw")
+        w.append(b"a").result(timeout=30)
+        w.close()
+
+        async def work() -> tuple[str, int]:
+            # Several asyncio calls that belong together, on the thread that owns `aio`.
+            md = await client.aio.get_ledger_metadata(w.ledger_id)
+            return threading.current_thread().name, md.last_entry_id
+
+        thread, last = client.run(work())
+        assert thread == "quorumlog-sync-loop" and thread != threading.current_thread().name
+        assert last == 0
+
+
+def test_run_passes_errors_through_and_refuses_the_loop_thread_itself(cluster_uri: str) -> None:
+    with Client.connect(cluster_uri) as client:
+        with pytest.raises(NoSuchLedgerError):
+            client.run(client.aio.get_ledger_metadata(987654321))
+
+        async def reentrant() -> int:
+            return client.run(asyncio.sleep(0, 1))  # would wait for itself
+
+        with pytest.raises(RuntimeError, match="own event loop thread"):
+            client.run(reentrant())
+
+
+def test_run_times_out_and_cancels_the_coroutine(cluster_uri: str) -> None:
+    cancelled = threading.Event()
+    with Client.connect(cluster_uri) as client:
+
+        async def forever() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        with pytest.raises(TimeoutError):
+            client.run(forever(), timeout_s=0.2)
+        assert cancelled.wait(10), "the abandoned coroutine is cancelled, not left running"
+
+
+def test_run_on_a_closed_client_is_a_typed_error(cluster_uri: str) -> None:
+    client = Client.connect(cluster_uri)
+    client.close()
+    with pytest.raises(ClientClosedError):
+        client.run(asyncio.sleep(0))
