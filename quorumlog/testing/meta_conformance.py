@@ -48,7 +48,18 @@ from quorumlog.testing.servers import ServerProcess
 __all__ = ["EmbeddedFactory", "MetadataStoreConformance", "ServerFactory", "StoreFactory"]
 
 SESSION_TIMEOUT_S = 2.0
-OP_TIMEOUT_S = 3.0
+"""For the sessions a test means to lose (a killed or paused owner): short, so expiry is quick to observe."""
+STEADY_SESSION_TIMEOUT_S = 30.0
+"""For every other session. A 2 s session can expire by itself at load average 8-10: the client's heartbeat
+thread (and, for ZooKeeper, the server) gets starved of CPU for that long, and the expiry then shows up as a
+RESYNC event or a failed operation in a test about something else."""
+OP_TIMEOUT_S = 10.0
+"""The stores' own default. Shorter bounds failed under load: a ZooKeeper write waits for the server's
+fsync, which takes seconds on a shared disk while others run benchmarks."""
+EVENT_WAIT_S = 30.0
+"""How long a test waits for an event that must come. A correct store delivers it in milliseconds; this is
+only how long we wait before calling it lost, so it is generous for a loaded machine. The checks themselves
+(which events, in which order, nothing extra) do not depend on it."""
 WORKERS = 4
 CAS_ROUNDS = 15
 SEQ_PER_WORKER = 25
@@ -63,7 +74,7 @@ class StoreFactory(ABC):
     def uri(self) -> str: ...
 
     async def open(self, **options: float) -> MetadataStore:
-        opts: dict[str, float] = {"session_timeout_s": SESSION_TIMEOUT_S, "op_timeout_s": OP_TIMEOUT_S}
+        opts: dict[str, float] = {"session_timeout_s": STEADY_SESSION_TIMEOUT_S, "op_timeout_s": OP_TIMEOUT_S}
         opts.update(options)
         return await open_store(self.uri(), **opts)
 
@@ -190,7 +201,9 @@ async def _worker_cas(uri: str, path: str, rounds: int, me: str, workers: int) -
     timing."""
     won: list[int] = []
     lost = 0
-    async with await open_store(uri, session_timeout_s=SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S * 3) as s:
+    async with await open_store(
+        uri, session_timeout_s=STEADY_SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S
+    ) as s:
         await asyncio.to_thread(_wait_for_go)
         for r in range(rounds):
             cur = await s.get(path)
@@ -203,7 +216,7 @@ async def _worker_cas(uri: str, path: str, rounds: int, me: str, workers: int) -
             async with await s.watch_children(barrier) as watch:
                 await s.create(f"{barrier}/{me}")
                 while len(await s.children(barrier)) < workers:
-                    await watch.next(timeout_s=OP_TIMEOUT_S * 3)
+                    await watch.next(timeout_s=EVENT_WAIT_S)
             try:
                 await s.set(path, f"{r + 1}:{me}".encode(), version=cur.version)
                 won.append(r)
@@ -213,7 +226,9 @@ async def _worker_cas(uri: str, path: str, rounds: int, me: str, workers: int) -
 
 
 async def _worker_seq(uri: str, directory: str, count: int) -> list[str]:
-    async with await open_store(uri, session_timeout_s=SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S * 3) as s:
+    async with await open_store(
+        uri, session_timeout_s=STEADY_SESSION_TIMEOUT_S, op_timeout_s=OP_TIMEOUT_S
+    ) as s:
         await asyncio.to_thread(_wait_for_go)
         return [await s.create(f"{directory}/n-", sequential=True) for _ in range(count)]
 
@@ -259,6 +274,17 @@ class MetadataStoreConformance:
     @pytest.fixture
     async def store(self, store_factory: StoreFactory) -> AsyncIterator[MetadataStore]:
         s = await store_factory.open()
+        try:
+            yield s
+        finally:
+            await s.close()
+
+    @pytest.fixture
+    async def reaper(self, store_factory: StoreFactory) -> AsyncIterator[MetadataStore]:
+        """An observer with a short session. The embedded store reaps dead sessions from live processes'
+        heartbeats, every third of *their* session timeout: a steady 30 s observer would see a dead owner's
+        ephemerals go only after 10 s, whatever the owner's timeout."""
+        s = await store_factory.open(session_timeout_s=SESSION_TIMEOUT_S)
         try:
             yield s
         finally:
@@ -390,8 +416,9 @@ class MetadataStoreConformance:
             await b.close()
 
     async def test_ephemeral_expires_when_owner_process_is_killed(
-        self, store: MetadataStore, store_factory: StoreFactory, base: str
+        self, reaper: MetadataStore, store_factory: StoreFactory, base: str
     ) -> None:
+        store = reaper
         path = f"{base}/owned"
         await store.create(base, make_parents=True)
         async with _workers(["hold-ephemeral", store_factory.uri(), path]) as (proc,):
@@ -403,7 +430,7 @@ class MetadataStoreConformance:
                 os.kill(proc.pid, signal.SIGKILL)
                 killed_at = time.monotonic()
                 while await store.exists(path) is not None:
-                    await watch.next(timeout_s=SESSION_TIMEOUT_S * 4)
+                    await watch.next(timeout_s=EVENT_WAIT_S)
                 gone_after_s = time.monotonic() - killed_at
         # The session outlives its process by about one session timeout (plus heartbeat slack).
         assert gone_after_s < SESSION_TIMEOUT_S * 3, gone_after_s
@@ -424,9 +451,9 @@ class MetadataStoreConformance:
             first_session = store.session_id
             assert await store.ephemeral_owner(node) == first_session
             await store.expire_session()
-            await asyncio.wait_for(expired.wait(), OP_TIMEOUT_S)
+            await asyncio.wait_for(expired.wait(), EVENT_WAIT_S)
             assert store.session_id != first_session
-            await reg.wait_registrations(2, timeout_s=OP_TIMEOUT_S * 2)
+            await reg.wait_registrations(2, timeout_s=EVENT_WAIT_S)
             assert await store.ephemeral_owner(node) == store.session_id
             await reg.close()
             assert await store.exists(node) is None
@@ -434,10 +461,11 @@ class MetadataStoreConformance:
             await store.close()
 
     async def test_paused_owner_loses_its_session_then_reregisters(
-        self, store: MetadataStore, store_factory: StoreFactory, base: str
+        self, reaper: MetadataStore, store_factory: StoreFactory, base: str
     ) -> None:
         """SIGSTOP a bookie process past its session timeout: its registration goes; after SIGCONT it
         learns its session expired and registers again under a new session (DESIGN.md §1)."""
+        store = reaper
         root = f"{base}/ledgers"
         node = f"{root}/available/bookie-1"
         async with _workers(["bookie", store_factory.uri(), root, "bookie-1"]) as (proc,):
@@ -449,13 +477,13 @@ class MetadataStoreConformance:
                 os.kill(proc.pid, signal.SIGSTOP)
                 try:
                     while await store.exists(node) is not None:
-                        await watch.next(timeout_s=SESSION_TIMEOUT_S * 4)
+                        await watch.next(timeout_s=EVENT_WAIT_S)
                 finally:
                     os.kill(proc.pid, signal.SIGCONT)
-                line = await asyncio.wait_for(proc.stdout.readline(), SESSION_TIMEOUT_S * 4)
+                line = await asyncio.wait_for(proc.stdout.readline(), EVENT_WAIT_S)
                 assert line.strip() == b"re-registered"
                 while (owner := await store.ephemeral_owner(node)) is None:
-                    await watch.next(timeout_s=OP_TIMEOUT_S)
+                    await watch.next(timeout_s=EVENT_WAIT_S)
             assert owner != first_owner
 
     # -- watches --
@@ -471,12 +499,12 @@ class MetadataStoreConformance:
                 for i in range(1, 51):
                     await other.set(path, b"%d" % i, version=ANY_VERSION)
                 while (await store.get(path)).value != b"50":
-                    await watch.next(timeout_s=OP_TIMEOUT_S)
+                    await watch.next(timeout_s=EVENT_WAIT_S)
                 # and nothing is left over that a later change would be confused with
                 while watch.pending():
                     await watch.next(timeout_s=0)
                 await other.set(path, b"51", version=ANY_VERSION)
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CHANGED
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.CHANGED
         finally:
             await other.close()
 
@@ -488,11 +516,11 @@ class MetadataStoreConformance:
             path = f"{base}/w"
             async with await store.watch_data(path) as watch:
                 await other.create(path, b"1", make_parents=True)
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CREATED
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.CREATED
                 await other.set(path, b"2", version=ANY_VERSION)
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CHANGED
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.CHANGED
                 await other.delete(path)
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.DELETED
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.DELETED
                 with pytest.raises(TimeoutError):
                     await watch.next(timeout_s=0.3)  # nothing else happened
         finally:
@@ -506,23 +534,23 @@ class MetadataStoreConformance:
             await store.create(base, make_parents=True)
             async with await store.watch_children(base) as watch:
                 await other.create(f"{base}/c1")
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CHILDREN
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.CHILDREN
                 assert await store.children(base) == ["c1"]
                 await other.set(f"{base}/c1", b"data change is not a children change", version=ANY_VERSION)
                 await other.create(f"{base}/c2", ephemeral=True)
-                assert (await watch.next(timeout_s=OP_TIMEOUT_S)).type == EventType.CHILDREN
+                assert (await watch.next(timeout_s=EVENT_WAIT_S)).type == EventType.CHILDREN
                 await other.close()  # the ephemeral child goes
-                deadline = time.monotonic() + OP_TIMEOUT_S
+                deadline = time.monotonic() + EVENT_WAIT_S
                 while await store.children(base) != ["c1"]:
                     assert time.monotonic() < deadline
-                    await watch.next(timeout_s=OP_TIMEOUT_S)
+                    await watch.next(timeout_s=EVENT_WAIT_S)
         finally:
             await other.close()
 
     async def test_children_watch_on_missing_node(self, store: MetadataStore, base: str) -> None:
         async with await store.watch_children(base) as watch:
             await store.create(f"{base}/late", make_parents=True)
-            ev = await watch.next(timeout_s=OP_TIMEOUT_S)
+            ev = await watch.next(timeout_s=EVENT_WAIT_S)
             assert ev.type in (EventType.CHILDREN, EventType.CREATED)
 
     # -- the store going away --
