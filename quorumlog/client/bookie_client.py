@@ -33,7 +33,7 @@ import functools
 import itertools
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from quorumlog.env import Env
 from quorumlog.errors import (
@@ -66,7 +66,8 @@ OUTSTANDING_REQUESTS_MAX_DEFAULT = 100_000
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
 
 
-AnswerCallback = Callable[[Response | None, QuorumLogError | None], None]
+# callback(context, response, None) or callback(context, None, error)
+AnswerCallback = Callable[[Any, Response | None, QuorumLogError | None], None]
 
 
 class _Waiter(Protocol):
@@ -81,7 +82,8 @@ class _Waiter(Protocol):
 
 
 class _CallbackWaiter:
-    """A future-shaped slot that calls `callback(response, None)` or `callback(None, error)` at once.
+    """A future-shaped slot that calls `callback(context, response, None)` or `callback(context, None,
+    error)` at once. (`context` saves the caller a closure or partial per request.)
 
     Why: an add is answered twice or three times per entry. A future costs its creation, an
     `add_done_callback` and then one event-loop hand-off (`call_soon`) per answer before the ledger handle
@@ -89,10 +91,11 @@ class _CallbackWaiter:
     callback must not block; an exception from it is reported to the loop's handler, never lost and never
     allowed to abort the delivery of the other answers in the same read."""
 
-    __slots__ = ("_callback", "_done")
+    __slots__ = ("_callback", "_context", "_done")
 
-    def __init__(self, callback: AnswerCallback) -> None:
+    def __init__(self, callback: AnswerCallback, context: Any) -> None:
         self._callback = callback
+        self._context = context
         self._done = False
 
     def done(self) -> bool:
@@ -109,7 +112,7 @@ class _CallbackWaiter:
 
     def _call(self, response: Response | None, error: QuorumLogError | None) -> None:
         try:
-            self._callback(response, error)
+            self._callback(self._context, response, error)
         except Exception as e:  # a bug in the callback: report it like an asyncio callback's exception
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "exception in a bookie answer callback", "exception": e}
@@ -135,6 +138,10 @@ class _Connection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         # Matching key -> futures in send order (v3 keys are unique; v2 keys repeat for repeated reads).
         self.pending: dict[Hashable, deque[_Waiter]] = {}
+        # v3 keys (txn ids) never repeat on a connection, so there one waiter per key is kept directly:
+        # no deque per request on the add path.
+        self._unique_keys = version is ProtocolVersion.V3
+        self.single: dict[Hashable, _Waiter] = {}
         self.pending_count = 0
         self._out: list[bytes] = []
         self._flush_scheduled = False
@@ -189,7 +196,10 @@ class _Connection(asyncio.Protocol):
             self._max_txn_id = txn
         key = self.codec.key(request)
         frame = _FRAMES.get(request, self.version, self.codec)
-        self.pending.setdefault(key, deque()).append(fut)
+        if self._unique_keys:
+            self.single[key] = fut
+        else:
+            self.pending.setdefault(key, deque()).append(fut)
         self.pending_count += 1
         self._out.append(frame)
         if not self._flush_scheduled:
@@ -217,13 +227,17 @@ class _Connection(asyncio.Protocol):
 
     def _deliver(self, response: Response) -> None:
         key = self.codec.key(response)
-        futs = self.pending.get(key)
-        if not futs:
+        fut: _Waiter | None
+        if self._unique_keys:
+            fut = self.single.pop(key, None)
+        else:
+            futs = self.pending.get(key)
+            fut = futs.popleft() if futs else None
+            if futs is not None and not futs:
+                del self.pending[key]
+        if fut is None:
             self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
             return
-        fut = futs.popleft()
-        if not futs:
-            del self.pending[key]
         self.pending_count -= 1
         if fut.done():
             return
@@ -251,8 +265,11 @@ class _Connection(asyncio.Protocol):
     def _expire_one(self, key: Hashable, fut: _Waiter) -> None:
         if fut.done():
             return
-        futs = self.pending.get(key)
-        if futs is not None:
+        if self._unique_keys:
+            if self.single.get(key) is fut:
+                del self.single[key]
+                self.pending_count -= 1
+        elif (futs := self.pending.get(key)) is not None:
             try:
                 futs.remove(fut)
                 self.pending_count -= 1
@@ -273,10 +290,10 @@ class _Connection(asyncio.Protocol):
         self._expiry.clear()
         self._out.clear()
         pending, self.pending, self.pending_count = self.pending, {}, 0
-        for futs in pending.values():
-            for fut in futs:
-                if not fut.done():
-                    fut.set_exception(error)
+        single, self.single = self.single, {}
+        for fut in [*single.values(), *(f for futs in pending.values() for f in futs)]:
+            if not fut.done():
+                fut.set_exception(error)
         if self.transport is not None:
             self.transport.close()
         self.owner._connection_failed(self)
@@ -375,10 +392,10 @@ class BookieClient:
         return fut
 
     def send_with_callback(
-        self, request: Request, callback: AnswerCallback, *, timeout_s: float | None = None
+        self, request: Request, callback: AnswerCallback, context: Any, *, timeout_s: float | None = None
     ) -> None:
-        """As `send`, but the answer is handed to `callback(response, None)` or `callback(None, error)`
-        directly from the connection's read, without a future (the per-entry add path; see
+        """As `send`, but the answer is handed to `callback(context, response, None)` or `callback(context,
+        None, error)` directly from the connection's read, without a future (the per-entry add path; see
         `_CallbackWaiter`). Raises as `send` does for a closed client or a full connection."""
         conn = self._conns.get(self.version)
         if (
@@ -389,11 +406,13 @@ class BookieClient:
             conn.send_to(
                 request,
                 self.request_timeout_s if timeout_s is None else timeout_s,
-                _CallbackWaiter(callback),
+                _CallbackWaiter(callback, context),
             )
             return
         # Not connected yet (or in a backoff): the general path, adapted.
-        self.send(request, timeout_s=timeout_s).add_done_callback(functools.partial(_to_callback, callback))
+        self.send(request, timeout_s=timeout_s).add_done_callback(
+            functools.partial(_to_callback, callback, context)
+        )
 
     @property
     def connected(self) -> bool:
@@ -504,14 +523,14 @@ def _set_txn_id(request: Request, txn_id: int) -> None:
     setter(request, txn_id)
 
 
-def _to_callback(callback: AnswerCallback, fut: asyncio.Future[Response]) -> None:
+def _to_callback(callback: AnswerCallback, context: Any, fut: asyncio.Future[Response]) -> None:
     if fut.cancelled():
         return
     exc = fut.exception()
     if exc is None:
-        callback(fut.result(), None)
+        callback(context, fut.result(), None)
     else:
-        callback(None, exc if isinstance(exc, QuorumLogError) else BookieUnavailableError(str(exc)))
+        callback(context, None, exc if isinstance(exc, QuorumLogError) else BookieUnavailableError(str(exc)))
 
 
 def _chain(inner: asyncio.Future[Response], outer: asyncio.Future[Response]) -> None:

@@ -148,6 +148,7 @@ class LedgerHandle:
 
     def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
         self._client = client
+        self._monotonic_s = client.env.clock.monotonic_s  # read on every add and ack
         self._md = md
         meta = md.value
         self.ledger_id = meta.ledger_id
@@ -179,7 +180,7 @@ class LedgerHandle:
         return self._md.value.length
 
     def _now(self) -> float:
-        return self._client.env.clock.monotonic_s()
+        return self._monotonic_s()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -621,6 +622,7 @@ class WriteHandle(LedgerHandle):
         # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
         # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
         self._unanswered: dict[str, dict[int, float]] = {}
+        self._add_answered = self._on_add_answer  # one bound method, not one per add sent
         self._schedule_lac_timer()
 
     # --- state -------------------------------------------------------------------------------------------
@@ -752,8 +754,7 @@ class WriteHandle(LedgerHandle):
                     action.recovery,
                     self._write_flags,
                 )
-            # Registered before the send: an answer may now come back synchronously (a failed connection
-            # fails the request inside `send_with_callback`).
+            # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
             unanswered = self._unanswered.get(action.bookie_id)
             if unanswered is None:
                 unanswered = self._unanswered[action.bookie_id] = {}
@@ -761,21 +762,19 @@ class WriteHandle(LedgerHandle):
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._CallbackWaiter): this runs for every replica of every entry.
+                # The action is the callback's context: no closure per request.
                 self._client.bookie(action.bookie_id).send_with_callback(
-                    req,
-                    functools.partial(self._on_add_answer, action.entry_id, action.bookie_id),
-                    timeout_s=0,
+                    req, self._add_answered, action, timeout_s=0
                 )
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
                 continue
 
-    def _on_add_answer(
-        self, entry_id: int, bookie_id: str, response: Response | None, exc: QuorumLogError | None
-    ) -> None:
+    def _on_add_answer(self, action: SendAdd, response: Response | None, exc: QuorumLogError | None) -> None:
         if self._abandoned is not None:
             return
+        entry_id, bookie_id = action.entry_id, action.bookie_id
         unanswered = self._unanswered.get(bookie_id)
         if unanswered is not None:
             unanswered.pop(entry_id, None)
