@@ -60,7 +60,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("disk_usage_lwm", float, 0.90, "disk usage fraction below which it becomes writable again", 0, 1),
     Setting("disk_check_interval_s", float, 10.0, "how often disk usage is checked", 0.01, 3600),
     Setting("read_only_mode", bool, True, "go read-only on a full disk (false: shut down instead)"),
-    Setting("gc_interval_s", float, 900.0, "interval of garbage collection", 0, 1e7),
+    Setting(
+        "gc_interval_s",
+        float,
+        900.0,
+        "interval of garbage collection; compaction is checked after each round",
+        0,
+        1e7,
+    ),
     Setting(
         "minor_compaction_threshold",
         float,
