@@ -278,3 +278,33 @@ async def test_read_only_mode_off_refuses_to_start_on_a_full_disk(tmp_path: Path
     )
     with pytest.raises(ConfigError, match="read_only_mode is off"):
         await BookieService(cfg).start()
+
+
+async def test_a_storage_failure_stays_read_only_when_the_disk_has_room(tmp_path: Path) -> None:
+    async with LocalCluster(0) as cluster:
+        assert cluster.store is not None
+        root = cluster.store.ledgers_root
+        cfg = BookieConfig(
+            port=free_port(),
+            data_dir=str(tmp_path / "b"),
+            metadata=cluster.uri,
+            journal_file_size_bytes=4 << 20,
+            disk_usage_threshold=0.99,
+            disk_usage_lwm=0.98,
+            disk_check_interval_s=3600,  # checks below are driven by hand
+        )
+        svc = BookieService(cfg)
+        await svc.start()
+        try:
+            assert svc.bookie is not None and not svc.bookie.read_only
+            assert svc.bookie.on_failure is not None
+            svc.bookie.on_failure(OSError("journal fdatasync failed"))  # what the journal reports
+            await _wait_registered_as(cluster.store, svc.bookie_id, readonly=True)
+            await svc.apply_disk_usage(0.10)  # plenty of room: a full disk would turn writable here
+            assert svc.bookie.read_only
+            assert svc.bookie_id in await cluster.store.children(layout.readonly_path(root))
+            await svc.apply_disk_usage(0.995)
+            await svc.apply_disk_usage(0.10)  # a full disk coming and going does not clear the failure
+            assert svc.bookie.read_only
+        finally:
+            await svc.stop()
