@@ -166,6 +166,7 @@ class AddTracker:
         # Per-entry lookups on the hot path, precomputed: the write set of entry e is _write_sets[e % E]
         # (the same tuple `quorum.write_set` builds), and the last ensemble -- where every new entry goes --
         # is kept with its first entry id, valid while `self.ensembles` is the dict it was taken from.
+        self._ack_quorum = quorum.ack_quorum
         self._write_sets = tuple(quorum.write_set(s) for s in range(quorum.ensemble_size))
         self._last_for: dict[int, list[str]] | None = None
         self._last_start = 0
@@ -271,7 +272,12 @@ class AddTracker:
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
             return []
         pending.sent_s.pop(index, None)
-        pending.acks.acked.add(index)  # `AckSet.ack` without its write-set check, done just above
+        acked = pending.acks.acked
+        acked.add(index)  # `AckSet.ack` without its write-set check, done just above
+        if len(acked) < self._ack_quorum:
+            # Most acks: this entry is not complete yet, so no entry can complete now (completion is in
+            # order, and every other entry's acks are unchanged since the last drain).
+            return []
         return self._drain_completions()
 
     def on_error(self, entry_id: int, bookie_id: str, error: QuorumLogError, now_s: float) -> list[AddAction]:

@@ -685,14 +685,15 @@ class WriteHandle(LedgerHandle):
             raise self._tracker.error
 
     def _push(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
-        appended = self._tracker.append(len(payload), self._now())
+        now = self._now()
+        appended = self._tracker.append(len(payload), now)
         eid = appended.entry_id
         body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[eid] = body
         self._futures[eid] = fut
         self._drained.clear()
-        self._send_adds(appended.actions)
+        self._send_adds(appended.actions, now)
         self._schedule_timeouts()
         return fut
 
@@ -736,9 +737,10 @@ class WriteHandle(LedgerHandle):
         self._schedule_timeouts()
         return fut
 
-    def _send_adds(self, actions: Sequence[SendAdd]) -> None:
+    def _send_adds(self, actions: Sequence[SendAdd], now: float | None = None) -> None:
         req: AddRequest | None = None
-        now = self._now()
+        if now is None:
+            now = self._now()
         for action in actions:
             body = self._bodies.get(action.entry_id)
             if body is None:

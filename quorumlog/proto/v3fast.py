@@ -79,28 +79,49 @@ def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
 # --- AddRequest ---------------------------------------------------------------------------------------------
 
 
+class _LedgerParts:
+    """The encoded ledger id and master-key fields of the last ledger seen: the same for every entry of a
+    ledger, so a writer's stream of adds encodes them once (a hit costs two identity checks)."""
+
+    __slots__ = ("key", "key_field", "ledger_id", "lid_field")
+
+    def __init__(self) -> None:
+        self.ledger_id = -1
+        self.key = b""
+        self.lid_field = b""  # tag 0x08, ledger id
+        self.key_field = b""  # tag 0x1a, length, key
+
+
+_ADD_LEDGER = _LedgerParts()
+
+
 def encode_add_request(req: AddRequest) -> bytes:
     # Every piece is computed first so the frame is one join: the 1 KiB body is copied exactly once.
     # Range checks that `_varint` alone would miss (it encodes any value in [-2**63, 2**64)), so that out-of-
     # range input fails here exactly where protobuf would fail.
-    if req.txn_id < 0 or req.ledger_id >= _I64_SIGN or req.entry_id >= _I64_SIGN:
+    lid_v = req.ledger_id
+    if req.txn_id < 0 or lid_v >= _I64_SIGN or req.entry_id >= _I64_SIGN:
         raise _out_of_range(f"txn_id/ledger_id/entry_id of {req!r:.80}")
     if req.priority and not 0 <= req.priority < _U32:
         raise _out_of_range(f"priority {req.priority}")
     if req.write_flags and not -_I32_SIGN <= req.write_flags < _I32_SIGN:
         raise _out_of_range(f"write_flags {req.write_flags}")
+    key = req.master_key
+    cached = _ADD_LEDGER
+    if lid_v != cached.ledger_id or key is not cached.key:
+        cached.ledger_id, cached.key = lid_v, key
+        cached.lid_field = b"\x08" + _varint(lid_v)
+        cached.key_field = b"".join((b"\x1a", _varint(len(key)), key))
     txn = _varint(req.txn_id)
     prio = b"\x20" + _varint(req.priority) if req.priority else b""
-    lid = _varint(req.ledger_id)
     eid = _varint(req.entry_id)
-    key = req.master_key
-    klen = _varint(len(key))
     body = req.body
     blen = _varint(len(body))
     tail = b"\x28" + _varint(req.write_flags) if req.write_flags else b""
     if req.recovery:
         tail += _RECOVERY_FLAG
-    part_len = 4 + len(lid) + len(eid) + len(klen) + len(key) + len(blen) + len(body) + len(tail)
+    lid_field, key_field = cached.lid_field, cached.key_field
+    part_len = len(lid_field) + 1 + len(eid) + len(key_field) + 1 + len(blen) + len(body) + len(tail)
     plen = _varint(part_len)
     hdr_len = 5 + len(txn) + len(prio)
     return b"".join(
@@ -113,13 +134,10 @@ def encode_add_request(req: AddRequest) -> bytes:
             prio,
             _TAG_ADD_PART,
             plen,
-            b"\x08",
-            lid,
+            lid_field,
             b"\x10",
             eid,
-            b"\x1a",
-            klen,
-            key,
+            key_field,
             b"\x22",
             blen,
             body,
