@@ -51,30 +51,34 @@ async def main(args: Any) -> dict[str, Any]:
                     acked_at[fut.result()] = perf()
 
             follower = asyncio.ensure_future(follow())
-            with common.progress(not args.no_progress) as bar:
-                task = bar.add_task(f"writing at {args.rate:g}/s", total=total)
-                issued = 0
-                started = perf()
-                pending: list[asyncio.Future[int]] = []
-                while issued < total:
-                    due = min(total, int((perf() - started) * args.rate) + 1)
-                    while issued < due:
-                        fut = handle.append(payload)
-                        fut.add_done_callback(on_ack)
-                        pending.append(fut)
-                        issued += 1
-                    bar.update(task, completed=issued)
-                    await asyncio.sleep(TICK_S)
-                write_s = perf() - started
-                await asyncio.gather(*pending)
-                last = total - 1
-                bar.update(task, description="waiting for the reader")
-                try:
-                    await asyncio.wait_for(all_seen.wait(), args.reader_timeout_s)
-                except TimeoutError:
-                    pass
-            follower.cancel()
-            await asyncio.gather(follower, return_exceptions=True)
+            try:
+                with common.progress(not args.no_progress) as bar:
+                    task = bar.add_task(f"writing at {args.rate:g}/s", total=total)
+                    issued = 0
+                    started = perf()
+                    pending: list[asyncio.Future[int]] = []
+                    while issued < total:
+                        due = min(total, int((perf() - started) * args.rate) + 1)
+                        while issued < due:
+                            if handle.pending_adds >= args.max_outstanding:
+                                break  # the cluster is not keeping up with --rate: achieved_rate shows it
+                            fut = handle.append(payload)
+                            fut.add_done_callback(on_ack)
+                            pending.append(fut)
+                            issued += 1
+                        bar.update(task, completed=issued)
+                        await asyncio.sleep(TICK_S)
+                    write_s = perf() - started
+                    await asyncio.gather(*pending)
+                    last = total - 1
+                    bar.update(task, description="waiting for the reader")
+                    try:
+                        await asyncio.wait_for(all_seen.wait(), args.reader_timeout_s)
+                    except TimeoutError:
+                        pass
+            finally:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
             await reader.close()
             await handle.close()
     delays = [max(0.0, seen_at[i] - acked_at[i]) for i in seen_at if i in acked_at]
@@ -129,6 +133,12 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--explicit-lac-s", type=float, default=0.1)
     p.add_argument("--reader-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=5000,
+        help="adds in flight before the writer waits (falls behind)",
+    )
     ns = p.parse_args()
     common.quick(ns, p, rate=2000.0, seconds=3.0)
     result = run(main(ns))
