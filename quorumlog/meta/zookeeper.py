@@ -16,8 +16,9 @@ not: a write whose connection dropped may or may not have happened, and the call
 was for) must decide -- e.g. the ledger manager re-reads and compares the creation token.
 
 Watches are ZooKeeper's one-shot watches, re-armed on the loop after each firing; a change between the
-firing and the re-arm is covered by the notification just delivered (watchers re-read). After a session
-expiry all ZooKeeper watches are gone: we re-arm every live watch under the new session and send RESYNC.
+firing and the re-arm gets one more event (zk_watch.WatchTracker keeps that bookkeeping, and the order of
+replies and events, which kazoo does not keep). After a session expiry all ZooKeeper watches are gone: we
+re-arm every live watch under the new session and send RESYNC.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from quorumlog.meta.store import (
     WatchEvent,
     validate_path,
 )
+from quorumlog.meta.zk_watch import ABSENT, State, Step, WatchTracker, children_state, node_state
 
 log = logging.getLogger("quorumlog.meta.zookeeper")
 _kazoo_log = logging.getLogger("quorumlog.meta.zookeeper.kazoo")
@@ -110,6 +112,7 @@ class ZooKeeperStore(MetadataStore):
         self._session_hex = ""
         self._new_session = asyncio.Event()
         self._rearming: builtins.set[asyncio.Future[None]] = builtins.set()
+        self._trackers: dict[Watch, WatchTracker] = {}
 
     @classmethod
     async def connect(
@@ -148,17 +151,26 @@ class ZooKeeperStore(MetadataStore):
         with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening any more
             loop.call_soon_threadsafe(fn, *args)
 
-    async def _kz(self, what: str, start: Callable[[], Any]) -> Any:
-        """Start a kazoo async request and await its result on the loop, with typed errors."""
+    async def _kz(
+        self, what: str, start: Callable[[], Any], on_reply: Callable[[Any], None] | None = None
+    ) -> Any:
+        """Start a kazoo async request and await its result on the loop, with typed errors.
+
+        `on_reply` sees a successful result as soon as it reaches the loop -- in order with the watch
+        events queued around it, and even when the caller has stopped waiting (a watch was set anyway)."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def transfer(result: Any) -> None:
-            if fut.done():
-                return
             try:
-                fut.set_result(result.get_nowait())
+                value = result.get_nowait()
             except BaseException as e:
-                fut.set_exception(_translate(e, what))
+                if not fut.done():
+                    fut.set_exception(_translate(e, what))
+                return
+            if on_reply is not None:
+                on_reply(value)
+            if not fut.done():
+                fut.set_result(value)
 
         start().rawlink(lambda result: self._to_loop(transfer, result))
         return await fut
@@ -178,8 +190,12 @@ class ZooKeeperStore(MetadataStore):
         old = self._session_hex
         self._session_hex = session
         if old and session != old:
+            # All ZooKeeper watches went with the old session. Re-arm each; the watchers get RESYNC (below),
+            # and one more only if the state moved before the new watch was set (see WatchTracker.renewed).
             for w in list(self._watches):
-                self._rearm(w)
+                tracker = self._trackers.get(w)
+                if tracker is not None:
+                    self._carry_out(w, tracker.renewed())
             self._notify_session_expired()
             self._new_session.set()
 
@@ -188,8 +204,12 @@ class ZooKeeperStore(MetadataStore):
         return self._session_hex
 
     # -- operations --
-    def _read(self, what: str, start: Callable[[], Any]) -> Any:
-        return self._call(what, lambda: self._kz(what, start), retry=True, is_transient=_is_transient)
+    def _read(
+        self, what: str, start: Callable[[], Any], on_reply: Callable[[Any], None] | None = None
+    ) -> Any:
+        return self._call(
+            what, lambda: self._kz(what, start, on_reply), retry=True, is_transient=_is_transient
+        )
 
     def _write(self, what: str, start: Callable[[], Any]) -> Any:
         # Only retried when kazoo refused to send it (closed/expired state): then it surely did not happen.
@@ -249,27 +269,57 @@ class ZooKeeperStore(MetadataStore):
         return None if stat is None or not stat.ephemeralOwner else f"{stat.ephemeralOwner:x}"
 
     # -- watches --
-    # Each Watch remembers the state its last arming observed (`_zk_state`): ("node", version) or
-    # ("absent",) for data watches, ("children", cversion) or ("absent",) for children watches. When an
-    # event fires we know what state it implies; if re-arming observes anything else, more changes happened
-    # in the window between firing and re-arming (when ZooKeeper had no watch set) and we deliver one more
-    # event for them -- so no change goes unnoticed.
+    # The bookkeeping of arming generations, held events and re-arm windows is `zk_watch.WatchTracker`
+    # (pure logic, unit-tested); this part only carries its steps out. Every reply of an arming is recorded
+    # in the tracker by the hop that brings it to the loop (`_kz(on_reply=)`), not by the coroutine that
+    # awaits it, which would run later than an event queued right behind the reply.
+
+    def _tracker(self, watch: Watch) -> WatchTracker:
+        tracker = self._trackers.get(watch)
+        if tracker is None:
+            tracker = self._trackers[watch] = WatchTracker(watch.kind)
+        return tracker
+
+    def _watch_closed(self, watch: Watch) -> None:
+        super()._watch_closed(watch)
+        self._trackers.pop(watch, None)
 
     async def _arm_data_watch(self, watch: Watch) -> None:
-        stat = await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch))
-        watch._zk_state = ("absent",) if stat is None else ("node", stat.version)  # type: ignore[attr-defined]
+        await self._arm(watch, self._tracker(watch).begin())
 
     async def _arm_children_watch(self, watch: Watch) -> None:
+        await self._arm(watch, self._tracker(watch).begin())
+
+    async def _arm(self, watch: Watch, generation: int) -> None:
+        def observed(state: State) -> None:
+            tracker = self._trackers.get(watch)
+            if tracker is not None and not watch.closed and not self._closed:
+                self._carry_out(watch, tracker.observed(generation, state))
+
+        if watch.kind == "data":
+            await self._read(
+                f"watch {watch.path}",
+                lambda: self._arm_exists(watch),
+                on_reply=lambda stat: observed(node_state(None if stat is None else int(stat.version))),
+            )
+            return
         while True:
             try:
-                _, stat = await self._read(f"watch children {watch.path}", lambda: self._arm_children(watch))
-                watch._zk_state = ("children", stat.cversion)  # type: ignore[attr-defined]
+                await self._read(
+                    f"watch children {watch.path}",
+                    lambda: self._arm_children(watch),
+                    on_reply=lambda reply: observed(children_state(int(reply[1].cversion))),
+                )
                 return
             except MetadataNotFoundError:
-                pass
+                pass  # no node, so no children watch was set
             # No node yet: watch for its creation, then for its children.
-            if await self._read(f"watch {watch.path}", lambda: self._arm_exists(watch)) is None:
-                watch._zk_state = ("absent",)  # type: ignore[attr-defined]
+            stat = await self._read(
+                f"watch {watch.path}",
+                lambda: self._arm_exists(watch),
+                on_reply=lambda stat: observed(ABSENT) if stat is None else None,
+            )
+            if stat is None:
                 return
             # Created between the two calls: arm the children watch after all.
 
@@ -293,57 +343,32 @@ class ZooKeeperStore(MetadataStore):
         if watch.closed or self._closed:
             return
         ev = _EVENT_TYPES.get(event.type)
-        if ev is None:
+        tracker = self._trackers.get(watch)
+        if ev is None or tracker is None:
             return  # NONE events are session notices; the state listener handles those
-        before: tuple[Any, ...] = getattr(watch, "_zk_state", ("absent",))
-        if watch.kind == "children":
-            watch._deliver(WatchEvent(EventType.CHILDREN, watch.path))
-            if ev == EventType.CHILDREN and before[0] == "children":
-                expected: tuple[Any, ...] | None = ("children", before[1] + 1)
-            elif ev == EventType.DELETED:
-                expected = ("absent",)
-            else:
-                expected = None  # created: any children state is news worth a re-read
-        else:
-            watch._deliver(WatchEvent(ev, watch.path))
-            if ev == EventType.CHANGED and before[0] == "node":
-                expected = ("node", before[1] + 1)
-            elif ev == EventType.CREATED:
-                expected = ("node", 0)
-            elif ev == EventType.DELETED:
-                expected = ("absent",)
-            else:
-                expected = None
-        self._rearm(watch, expected)
+        self._carry_out(watch, tracker.fired(ev))
 
-    def _rearm(self, watch: Watch, expected: tuple[Any, ...] | None = None) -> None:
-        async def rearm() -> None:
-            try:
-                if watch.kind == "children":
-                    await self._arm_children_watch(watch)
-                else:
-                    await self._arm_data_watch(watch)
-            except MetadataStoreError as e:
-                # Connection trouble: kazoo re-sends watches on reconnect within the session, and a new
-                # session re-arms everything; tell the watcher to re-read meanwhile.
-                log.warning("re-arming watch on %s failed: %r", watch.path, e)
-                watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
-                return
-            now = getattr(watch, "_zk_state", None)
-            if now != expected and now is not None:
-                if watch.kind == "children":
-                    watch._deliver(WatchEvent(EventType.CHILDREN, watch.path))
-                elif now[0] == "absent":
-                    watch._deliver(WatchEvent(EventType.DELETED, watch.path))
-                elif expected is None or expected[0] == "absent":
-                    watch._deliver(WatchEvent(EventType.CREATED, watch.path))
-                else:
-                    watch._deliver(WatchEvent(EventType.CHANGED, watch.path))
-
-        if not watch.closed and not self._closed:
-            task = asyncio.ensure_future(rearm())
+    def _carry_out(self, watch: Watch, step: Step, *, delay_s: float = 0.0) -> None:
+        for event in step.deliver:
+            watch._deliver(WatchEvent(event, watch.path))
+        if step.arm is not None and not watch.closed and not self._closed:
+            task = asyncio.ensure_future(self._rearm(watch, step.arm, delay_s))
             self._rearming.add(task)
             task.add_done_callback(self._rearming.discard)
+
+    async def _rearm(self, watch: Watch, generation: int, delay_s: float) -> None:
+        if delay_s:
+            await asyncio.sleep(delay_s)
+        try:
+            await self._arm(watch, generation)
+        except MetadataStoreError as e:
+            tracker = self._trackers.get(watch)
+            if tracker is None or watch.closed or self._closed:
+                return
+            # The store stayed unreachable for op_timeout_s: the watcher re-reads (RESYNC), and we try
+            # again after a pause rather than leave a watch that can never fire.
+            log.warning("re-arming watch on %s failed: %r; retrying", watch.path, e)
+            self._carry_out(watch, tracker.failed(generation), delay_s=self.options.retry_backoff_max_s)
 
     # -- sessions --
     async def expire_session(self) -> None:

@@ -1,0 +1,269 @@
+"""ZooKeeper watches: replies and events reaching the loop in either order (docs/METADATA.md, ZooKeeper).
+
+kazoo completes replies and delivers watch events on two different threads, so the event fired by a
+re-armed watch can reach the event loop before the reply of that re-arm. The pure `WatchTracker` is checked
+for every such order; then the real driver against a real ZooKeeper, with the reply hops held back at the
+loop so that the problematic order happens every time (not by luck of scheduling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from quorumlog.meta.store import EventType, MetadataStore, StoreOptions, Watch, open_store, parse_uri
+from quorumlog.meta.zk_watch import ABSENT, Step, WatchTracker, children_state, node_state
+from quorumlog.meta.zookeeper import ZooKeeperStore
+from quorumlog.testing.servers import ZooKeeperServer
+
+E = EventType
+WAIT_S = 10.0
+
+# --- the pure tracker -------------------------------------------------------------------------------------
+
+
+def armed(kind: str, state: tuple[str, int]) -> WatchTracker:
+    t = WatchTracker(kind)
+    assert t.observed(t.begin(), state) == Step()
+    return t
+
+
+def test_event_after_its_reply_is_delivered_and_rearms() -> None:
+    t = armed("data", node_state(0))
+    assert t.fired(E.CHANGED) == Step((E.CHANGED,), arm=2)
+    assert t.observed(2, node_state(1)) == Step()  # nothing happened in the re-arm window
+
+
+def test_change_in_the_rearm_window_gets_one_more_event() -> None:
+    t = armed("data", node_state(0))
+    t.fired(E.CHANGED)
+    assert t.observed(2, node_state(3)) == Step((E.CHANGED,))
+    t.fired(E.DELETED)
+    assert t.observed(3, node_state(0)) == Step((E.CREATED,))  # deleted, then created in the window
+    t.fired(E.CHANGED)
+    assert t.observed(4, ABSENT) == Step((E.DELETED,))
+
+
+def test_event_before_its_reply_is_held_until_the_reply() -> None:
+    # The race: created (event 1), re-arm sent; changed (event 2) reaches the loop before the re-arm's
+    # reply. Judged against the reply before it, event 2 would promise nothing and a spurious CREATED
+    # would follow.
+    t = armed("data", ABSENT)
+    assert t.fired(E.CREATED) == Step((E.CREATED,), arm=2)
+    assert t.fired(E.CHANGED) == Step()  # held: its arming's reply is not in yet
+    assert t.observed(2, node_state(0)) == Step((E.CHANGED,), arm=3)
+    assert t.observed(3, node_state(1)) == Step()
+
+
+def test_held_event_follows_the_window_event_it_comes_after() -> None:
+    # Changed (event 1); in the window the node is deleted (the re-arm sees no node); then created
+    # (event 2, arriving first). The watcher must see DELETED before CREATED, not the reverse.
+    t = armed("data", node_state(4))
+    t.fired(E.CHANGED)
+    assert t.fired(E.CREATED) == Step()
+    assert t.observed(2, ABSENT) == Step((E.DELETED, E.CREATED), arm=3)
+    assert t.observed(3, node_state(0)) == Step()
+
+
+def test_replies_of_old_generations_and_repeats_are_ignored() -> None:
+    t = armed("data", node_state(0))
+    t.fired(E.CHANGED)
+    assert t.observed(1, node_state(7)) == Step()  # generation 1 is done
+    assert t.observed(2, node_state(1)) == Step()
+    assert t.observed(2, node_state(2)) == Step()  # a retried request's second reply
+
+
+def test_children_watch_created_node_starts_at_cversion_zero() -> None:
+    t = armed("children", ABSENT)
+    assert t.fired(E.CREATED) == Step((E.CHILDREN,), arm=2)
+    assert t.observed(2, children_state(0)) == Step()  # an empty new node is no news
+    assert t.fired(E.CHILDREN) == Step((E.CHILDREN,), arm=3)
+    assert t.observed(3, children_state(2)) == Step((E.CHILDREN,))  # another child came in the window
+
+
+def test_children_watch_ignores_data_changes_and_a_doubled_deletion() -> None:
+    t = armed("children", children_state(0))
+    assert t.fired(E.CHANGED) == Step()  # a stray exists watch on the parent's data
+    assert t.fired(E.DELETED) == Step((E.CHILDREN,), arm=2)
+    # kazoo fires a deletion to the node's data and child watchers: the second one arrives while
+    # generation 2 is arming and stands for the same change.
+    assert t.fired(E.DELETED) == Step()
+    assert t.observed(2, ABSENT) == Step((E.CHILDREN,), arm=3)
+    assert t.observed(3, ABSENT) == Step()
+
+
+def test_new_session_rearms_without_a_synthetic_event() -> None:
+    t = armed("data", node_state(2))
+    step = t.renewed()
+    assert step == Step((), arm=2)
+    assert t.observed(2, node_state(2)) == Step()  # unchanged: the driver's RESYNC is all
+    step = t.renewed()
+    assert t.observed(step.arm or 0, node_state(5)) == Step(
+        (E.RESYNC,)
+    )  # moved: the watcher may have re-read early
+
+
+def test_new_session_delivers_an_event_that_was_held() -> None:
+    t = armed("data", node_state(0))
+    t.fired(E.CHANGED)
+    t.fired(E.CHANGED)  # held for generation 2, whose reply will never come (the session ended)
+    assert t.renewed() == Step((E.CHANGED,), arm=3)
+    assert t.observed(2, node_state(1)) == Step()
+
+
+def test_failed_arming_resyncs_and_arms_again() -> None:
+    t = armed("data", node_state(0))
+    t.fired(E.CHANGED)
+    assert t.failed(1) == Step()  # not the generation in flight
+    assert t.failed(2) == Step((E.RESYNC,), arm=3)
+    assert t.observed(3, node_state(1)) == Step()
+    assert t.fired(E.DELETED) == Step((E.DELETED,), arm=4)
+
+
+def test_an_event_the_state_does_not_explain_is_answered_with_resync() -> None:
+    t = armed("data", ABSENT)
+    assert t.fired(E.CHANGED) == Step((E.CHANGED,), arm=2)  # CHANGED of an absent node: not ours to judge
+    assert t.observed(2, node_state(1)) == Step((E.RESYNC,))
+
+
+def test_kind_is_checked() -> None:
+    with pytest.raises(ValueError, match="data"):
+        WatchTracker("both")
+
+
+# --- the driver against a real ZooKeeper ------------------------------------------------------------------
+
+
+class HeldRepliesStore(ZooKeeperStore):
+    """A ZooKeeperStore whose hops from kazoo to the loop can be held back -- all but watch events -- so
+    that a test decides the order in which replies and events are handled."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.holding = False
+        self.held: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.events_seen = 0
+        self._progress = asyncio.Event()
+
+    def _to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        super()._to_loop(self._gate, fn, args)
+
+    def _gate(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        if getattr(fn, "__name__", "") == "_on_watch_event":
+            self.events_seen += 1
+            fn(*args)
+        elif self.holding:
+            self.held.append((fn, args))
+        else:
+            fn(*args)
+        self._progress.set()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while not condition():
+                self._progress.clear()
+                await self._progress.wait()
+
+    def release(self) -> None:
+        self.holding = False
+        held, self.held = self.held, []
+        for fn, args in held:
+            fn(*args)
+
+    async def settled(self) -> None:
+        """Every re-arm has finished (and so has delivered whatever it owed)."""
+        async with asyncio.timeout(WAIT_S):
+            while self._rearming:
+                await asyncio.gather(*list(self._rearming), return_exceptions=True)
+
+
+@pytest.fixture
+async def stores(zookeeper_server: ZooKeeperServer) -> AsyncIterator[tuple[HeldRepliesStore, MetadataStore]]:
+    uri = zookeeper_server.uri()
+    parsed = parse_uri(uri)
+    watcher = await HeldRepliesStore.connect(uri, parsed.hosts, parsed.path, StoreOptions())
+    writer = await open_store(uri)
+    try:
+        yield watcher, writer
+    finally:
+        await watcher.close()
+        await writer.close()
+
+
+def node_path() -> str:
+    return f"/zkwatch/{uuid.uuid4().hex[:12]}"
+
+
+async def events_now(w: Watch) -> list[EventType]:
+    out = []
+    while w.pending():
+        out.append((await w.next(0)).type)
+    return out
+
+
+async def test_data_event_ahead_of_its_rearm_reply_gives_no_spurious_created(
+    stores: tuple[HeldRepliesStore, MetadataStore],
+) -> None:
+    store, writer = stores
+    path = node_path()
+    w = await store.watch_data(path)
+    store.holding = True
+    await writer.create(path, b"a", make_parents=True)
+    await store.wait_until(lambda: store.events_seen == 1 and len(store.held) == 1)  # re-arm set, reply held
+    await writer.set(path, b"b", version=0)
+    await store.wait_until(lambda: store.events_seen == 2)  # fired by that re-arm's watch
+    store.release()
+    await store.settled()
+    assert await events_now(w) == [E.CREATED, E.CHANGED]
+    await writer.set(path, b"c", version=1)
+    assert (await w.next(WAIT_S)).type == E.CHANGED
+    await store.settled()
+    assert await events_now(w) == []
+
+
+async def test_children_event_ahead_of_its_rearm_reply_gives_no_spurious_event(
+    stores: tuple[HeldRepliesStore, MetadataStore],
+) -> None:
+    store, writer = stores
+    path = node_path()
+    await writer.create(path, make_parents=True)
+    w = await store.watch_children(path)
+    store.holding = True
+    await writer.create(f"{path}/a")
+    await store.wait_until(lambda: store.events_seen == 1 and len(store.held) == 1)
+    assert (await w.next(WAIT_S)).type == E.CHILDREN
+    await writer.create(f"{path}/b")
+    await store.wait_until(lambda: store.events_seen == 2)
+    # Consumed as they come, so that the watch's coalescing of repeats cannot hide an extra event.
+    seen = await events_now(w)
+    store.release()
+    await store.settled()
+    seen += await events_now(w)
+    assert seen == [E.CHILDREN]  # for b, and nothing more
+
+
+async def test_session_expiry_sends_resync_and_no_synthetic_event(
+    stores: tuple[HeldRepliesStore, MetadataStore],
+) -> None:
+    store, writer = stores
+    path = node_path()
+    await writer.create(path, b"x", make_parents=True)
+    watches = [
+        await store.watch_data(path),
+        await store.watch_children(path),
+        await store.watch_data(f"{path}/absent"),
+    ]
+    await store.expire_session()
+    await store.settled()
+    for w in watches:
+        assert await events_now(w) == [E.RESYNC], w
+    # and the watches are live under the new session
+    await writer.set(path, b"y", version=0)
+    assert (await watches[0].next(WAIT_S)).type == E.CHANGED
+    await writer.create(f"{path}/absent")
+    assert (await watches[2].next(WAIT_S)).type == E.CREATED
+    assert (await watches[1].next(WAIT_S)).type == E.CHILDREN
