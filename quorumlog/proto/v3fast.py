@@ -79,20 +79,10 @@ def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
 # --- AddRequest ---------------------------------------------------------------------------------------------
 
 
-class _LedgerParts:
-    """The encoded ledger id and master-key fields of the last ledger seen: the same for every entry of a
-    ledger, so a writer's stream of adds encodes them once (a hit costs two identity checks)."""
-
-    __slots__ = ("key", "key_field", "ledger_id", "lid_field")
-
-    def __init__(self) -> None:
-        self.ledger_id = -1
-        self.key = b""
-        self.lid_field = b""  # tag 0x08, ledger id
-        self.key_field = b""  # tag 0x1a, length, key
-
-
-_ADD_LEDGER = _LedgerParts()
+# (ledger id, master key, encoded ledger id field, encoded master key field) of the last AddRequest encoded:
+# the same for every entry of a ledger, so a writer's stream of adds encodes them once. One tuple, replaced
+# whole, so threads encoding at once (clients on several loops) never see a torn pair.
+_add_req_ledger: tuple[int, bytes, bytes, bytes] = (-1, b"", b"", b"")
 
 
 def encode_add_request(req: AddRequest) -> bytes:
@@ -106,12 +96,12 @@ def encode_add_request(req: AddRequest) -> bytes:
         raise _out_of_range(f"priority {req.priority}")
     if req.write_flags and not -_I32_SIGN <= req.write_flags < _I32_SIGN:
         raise _out_of_range(f"write_flags {req.write_flags}")
+    global _add_req_ledger
     key = req.master_key
-    cached = _ADD_LEDGER
-    if lid_v != cached.ledger_id or key is not cached.key:
-        cached.ledger_id, cached.key = lid_v, key
-        cached.lid_field = b"\x08" + _varint(lid_v)
-        cached.key_field = b"".join((b"\x1a", _varint(len(key)), key))
+    cached = _add_req_ledger
+    if lid_v != cached[0] or key is not cached[1] or type(key) is not bytes:  # (a bytearray may change)
+        cached = (lid_v, key, b"\x08" + _varint(lid_v), b"".join((b"\x1a", _varint(len(key)), key)))
+        _add_req_ledger = cached
     txn = _varint(req.txn_id)
     prio = b"\x20" + _varint(req.priority) if req.priority else b""
     eid = _varint(req.entry_id)
@@ -120,7 +110,7 @@ def encode_add_request(req: AddRequest) -> bytes:
     tail = b"\x28" + _varint(req.write_flags) if req.write_flags else b""
     if req.recovery:
         tail += _RECOVERY_FLAG
-    lid_field, key_field = cached.lid_field, cached.key_field
+    lid_field, key_field = cached[2], cached[3]
     part_len = len(lid_field) + 1 + len(eid) + len(key_field) + 1 + len(blen) + len(body) + len(tail)
     plen = _varint(part_len)
     hdr_len = 5 + len(txn) + len(prio)
@@ -149,14 +139,44 @@ def encode_add_request(req: AddRequest) -> bytes:
 # --- AddResponse --------------------------------------------------------------------------------------------
 
 
+# (ledger id, its encoded field) of the last AddResponse encoded; one tuple, replaced whole (thread-safe).
+_add_resp_ledger: tuple[int, bytes] = (-1, b"")
+
+
 def encode_add_response(resp: AddResponse) -> bytes:
-    if resp.txn_id < 0 or resp.ledger_id >= _I64_SIGN or resp.entry_id >= _I64_SIGN:
+    # One join: a bookie answers every add of a connection for the same few ledgers, so the ledger id
+    # field is kept from the last response; header and inner message lengths are below 128 (one byte).
+    lid = resp.ledger_id
+    if resp.txn_id < 0 or lid >= _I64_SIGN or resp.entry_id >= _I64_SIGN:
         raise _out_of_range(f"txn_id/ledger_id/entry_id of {resp!r:.80}")
+    global _add_resp_ledger
+    cached = _add_resp_ledger
+    if cached[0] != lid:
+        cached = _add_resp_ledger = (lid, b"\x10" + _varint(lid))
+    lid_field = cached[1]
     status = _STATUS_OUT[resp.status]
-    hdr = _HDR_ADD + _varint(resp.txn_id)
-    part = b"".join((b"\x08", status, b"\x10", _varint(resp.ledger_id), b"\x18", _varint(resp.entry_id)))
-    msg = b"".join((b"\x0a", _SMALL[len(hdr)], hdr, b"\x10", status, _TAG_ADD_PART, _SMALL[len(part)], part))
-    return _LEN.pack(len(msg)) + msg
+    txn = _varint(resp.txn_id)
+    eid = _varint(resp.entry_id)
+    hdr_len = 5 + len(txn)
+    part_len = 2 + len(status) + len(lid_field) + len(eid)
+    return b"".join(
+        (
+            _LEN.pack(6 + hdr_len + len(status) + part_len),
+            b"\x0a",
+            _SMALL[hdr_len],
+            _HDR_ADD,
+            txn,
+            b"\x10",
+            status,
+            _TAG_ADD_PART,
+            _SMALL[part_len],
+            b"\x08",
+            status,
+            lid_field,
+            b"\x18",
+            eid,
+        )
+    )
 
 
 # --- ReadResponse -------------------------------------------------------------------------------------------
