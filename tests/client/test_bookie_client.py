@@ -264,3 +264,89 @@ async def test_outstanding_requests_are_bounded(fake: FakeBookie) -> None:
     for f in first:
         with pytest.raises(ClientClosedError):
             await f
+
+
+# --- answers by callback (the add hot path) ------------------------------------------------------------------
+
+
+class Answers:
+    """Records `send_with_callback` answers as (context, entry id or None, error type or None)."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[object, int | None, type | None]] = []
+        self.all_in = asyncio.Event()
+        self.expected = 0
+
+    def __call__(self, context: object, response: Response | None, error: Exception | None) -> None:
+        entry = response.entry_id if isinstance(response, AddResponse) else None
+        self.got.append((context, entry, type(error) if error is not None else None))
+        if len(self.got) >= self.expected:
+            self.all_in.set()
+
+
+@pytest.mark.parametrize("version", [ProtocolVersion.V3, ProtocolVersion.V2])
+async def test_callback_answers_carry_their_context_in_any_order(
+    fake: FakeBookie, version: ProtocolVersion
+) -> None:
+    fake.hold = 4  # answers come back reversed
+    c = client(fake, version=version)
+    answers = Answers()
+    answers.expected = 8
+    for i in range(8):  # the first ones go out while the connection is still being made
+        c.send_with_callback(add(i), answers, ("ctx", i), timeout_s=0)
+    await answers.all_in.wait()
+    assert sorted(answers.got) == [(("ctx", i), i, None) for i in range(8)]  # type: ignore[type-var]
+    assert fake.versions == [version]
+    await c.close()
+
+
+async def test_callback_gets_typed_errors_and_connection_loss(fake: FakeBookie) -> None:
+    def fenced_or_silent(req: Request) -> Response | None:
+        assert isinstance(req, AddRequest)
+        if req.entry_id == 0:
+            return AddResponse(StatusCode.EFENCED, req.ledger_id, req.entry_id, txn_id=req.txn_id)
+        return None
+
+    fake.answer = fenced_or_silent
+    c = client(fake)
+    answers = Answers()
+    answers.expected = 1
+    c.send_with_callback(add(0), answers, "fenced")
+    await answers.all_in.wait()
+    assert answers.got == [("fenced", None, LedgerFencedError)]
+    answers.expected = 3
+    answers.all_in.clear()
+    c.send_with_callback(add(1), answers, "a")
+    c.send_with_callback(add(2), answers, "b")
+    await fake.wait_requests(3)
+    fake.transports[0].close()
+    await answers.all_in.wait()
+    assert sorted(answers.got[1:]) == [
+        ("a", None, BookieUnavailableError),
+        ("b", None, BookieUnavailableError),
+    ]
+    await c.close()
+
+
+async def test_a_raising_callback_costs_only_its_own_answer(fake: FakeBookie) -> None:
+    c = client(fake)
+    await c.request(add(100))  # connected: the answers below arrive in one read
+    answers = Answers()
+    answers.expected = 2
+    reported: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx["exception"]))
+
+    def boom(context: object, response: Response | None, error: Exception | None) -> None:
+        raise RuntimeError("bug in a callback")
+
+    try:
+        c.send_with_callback(add(0), answers, 0)
+        c.send_with_callback(add(1), boom, 1)
+        c.send_with_callback(add(2), answers, 2)
+        await answers.all_in.wait()
+    finally:
+        loop.set_exception_handler(None)
+    assert sorted(answers.got) == [(0, 0, None), (2, 2, None)]  # type: ignore[type-var]
+    assert [str(e) for e in reported] == ["bug in a callback"]
+    await c.close()
