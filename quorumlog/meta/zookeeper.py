@@ -167,10 +167,12 @@ class ZooKeeperStore(MetadataStore):
                 if not fut.done():
                     fut.set_exception(_translate(e, what))
                 return
-            if on_reply is not None:
-                on_reply(value)
-            if not fut.done():
-                fut.set_result(value)
+            try:
+                if on_reply is not None:
+                    on_reply(value)
+            finally:  # the caller gets its result whatever the bookkeeping did
+                if not fut.done():
+                    fut.set_result(value)
 
         start().rawlink(lambda result: self._to_loop(transfer, result))
         return await fut
