@@ -182,10 +182,13 @@ class HeldRepliesStore(ZooKeeperStore):
 
 
 @pytest.fixture
-async def stores(zookeeper_server: ZooKeeperServer) -> AsyncIterator[tuple[HeldRepliesStore, MetadataStore]]:
+async def stores(
+    zookeeper_server: ZooKeeperServer, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[HeldRepliesStore, MetadataStore]]:
     uri = zookeeper_server.uri()
     parsed = parse_uri(uri)
-    watcher = await HeldRepliesStore.connect(uri, parsed.hosts, parsed.path, StoreOptions())
+    options = getattr(request, "param", StoreOptions())
+    watcher = await HeldRepliesStore.connect(uri, parsed.hosts, parsed.path, options)
     writer = await open_store(uri)
     try:
         yield watcher, writer
@@ -267,6 +270,25 @@ async def test_session_expiry_sends_resync_and_no_synthetic_event(
     await writer.create(f"{path}/absent")
     assert (await watches[2].next(WAIT_S)).type == E.CREATED
     assert (await watches[1].next(WAIT_S)).type == E.CHILDREN
+
+
+@pytest.mark.parametrize("stores", [StoreOptions(op_timeout_s=2.0, retry_backoff_max_s=0.2)], indirect=True)
+async def test_rearm_that_times_out_resyncs_and_arms_again(
+    stores: tuple[HeldRepliesStore, MetadataStore],
+) -> None:
+    store, writer = stores
+    path = node_path()
+    await writer.create(path, b"a", make_parents=True)
+    w = await store.watch_data(path)
+    store.holding = True  # the re-arm's reply never comes back in time
+    await writer.set(path, b"b", version=0)
+    assert (await w.next(WAIT_S)).type == E.CHANGED
+    assert (await w.next(WAIT_S)).type == E.RESYNC  # after op_timeout_s
+    store.release()  # the late reply (ignored: a newer arming is under way) and the retry's
+    await store.settled()
+    assert await events_now(w) == []
+    await writer.set(path, b"c", version=1)
+    assert (await w.next(WAIT_S)).type == E.CHANGED
 
 
 # --- the tracker in a simulated ZooKeeper, every interleaving a seed can find ----------------------------
