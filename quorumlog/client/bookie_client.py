@@ -103,7 +103,10 @@ class _CallbackWaiter:
 
     def set_result(self, result: Response, /) -> None:
         self._done = True
-        self._call(result, None)
+        try:  # `_call` inlined: this runs for every ack
+            self._callback(self._context, result, None)
+        except Exception as e:
+            _report_callback_error(e)
 
     def set_exception(self, exception: BaseException, /) -> None:
         self._done = True
@@ -113,10 +116,18 @@ class _CallbackWaiter:
     def _call(self, response: Response | None, error: QuorumLogError | None) -> None:
         try:
             self._callback(self._context, response, error)
-        except Exception as e:  # a bug in the callback: report it like an asyncio callback's exception
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": "exception in a bookie answer callback", "exception": e}
-            )
+        except Exception as e:
+            _report_callback_error(e)
+
+
+def _report_callback_error(e: Exception) -> None:
+    # A bug in the callback: reported like an asyncio callback's exception, never raised into the read.
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": "exception in a bookie answer callback", "exception": e}
+    )
+
+
+_EOK = StatusCode.EOK
 
 
 def v2_can_carry(request: Request) -> bool:
@@ -183,7 +194,7 @@ class _Connection(asyncio.Protocol):
                 f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
                 f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
             )
-        if self.version is ProtocolVersion.V3:
+        if self._unique_keys:  # v3
             # The txn id is the transport's to assign: set it in place through the slot (a frozen message's
             # `dataclasses.replace` cost more than encoding it). Ids come from one process-wide counter and
             # only ever grow on a connection, so they are unique per connection; a request that already
@@ -194,12 +205,12 @@ class _Connection(asyncio.Protocol):
                 txn = max(next(_TXN_IDS), self._max_txn_id + 1)
                 _set_txn_id(request, txn)
             self._max_txn_id = txn
-        key = self.codec.key(request)
-        frame = _FRAMES.get(request, self.version, self.codec)
-        if self._unique_keys:
-            self.single[key] = fut
+            key: Hashable = txn  # what `codec.key` gives for v3, without the call
+            self.single[txn] = fut
         else:
+            key = self.codec.key(request)
             self.pending.setdefault(key, deque()).append(fut)
+        frame = _FRAMES.get(request, self.version, self.codec)
         self.pending_count += 1
         self._out.append(frame)
         if not self._flush_scheduled:
@@ -226,11 +237,11 @@ class _Connection(asyncio.Protocol):
     # --- receiving --------------------------------------------------------------------------------------
 
     def _deliver(self, response: Response) -> None:
-        key = self.codec.key(response)
         fut: _Waiter | None
         if self._unique_keys:
-            fut = self.single.pop(key, None)
+            fut = self.single.pop(response.txn_id, None)
         else:
+            key = self.codec.key(response)
             futs = self.pending.get(key)
             fut = futs.popleft() if futs else None
             if futs is not None and not futs:
@@ -241,8 +252,8 @@ class _Connection(asyncio.Protocol):
         self.pending_count -= 1
         if fut.done():
             return
-        status = getattr(response, "status", StatusCode.EOK)
-        if status != StatusCode.EOK:
+        status = getattr(response, "status", _EOK)
+        if status != _EOK:
             fut.set_exception(
                 error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
