@@ -3,8 +3,13 @@
 It lets `quorumlog standalone`, tests and small deployments run without a ZooKeeper or etcd server, while
 several processes on the machine (bookies, clients, tools) share the same metadata safely:
 - SQLite in WAL mode, `synchronous=FULL`: each committed write is durable (ledger metadata must be), readers
-  never block the writer, and SQLite's file locks serialise writers across processes. Every operation is one
-  transaction (`BEGIN IMMEDIATE` for writes), so compare-and-set is atomic across processes.
+  never block the writer, and SQLite's file locks serialise writers across processes. Writes are atomic
+  across processes: each runs inside a `BEGIN IMMEDIATE` transaction, so compare-and-set holds.
+- Group commit: an fsync costs milliseconds, so the writes that queue up while one transaction commits are
+  run together in the next one (at most `MAX_GROUP_OPS`), each inside its own SAVEPOINT: an operation that
+  fails (bad version, exists, not found) rolls back only its own changes and the others still commit. Every
+  caller gets its own result or error, and only after the group's COMMIT returned (durable). If the group
+  itself fails (locked, disk error) nothing of it was applied, and each of its operations is retried.
 - Sessions are rows with an expiry time that their owner's heartbeat pushes forward every third of the
   session timeout. Any live process reaps expired sessions and their ephemeral nodes, so a `kill -9`ed
   owner's ephemerals vanish within about one session timeout. A process that finds its own session reaped
@@ -21,7 +26,10 @@ several processes on the machine (bookies, clients, tools) share the same metada
 from __future__ import annotations
 
 import asyncio
+import collections
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import sqlite3
@@ -36,6 +44,7 @@ from quorumlog.errors import (
     MetadataNotFoundError,
     MetadataStoreError,
     MetadataVersionError,
+    QuorumLogError,
 )
 from quorumlog.meta.store import (
     ANY_VERSION,
@@ -58,8 +67,16 @@ T = TypeVar("T")
 DB_FILE = "metadata.sqlite3"
 POLL_INTERVAL_S = 0.02
 """How often a process with watches looks for other processes' changes (the notification latency)."""
-BUSY_TIMEOUT_MS = 200
-"""SQLite's own wait for a lock, per attempt; `_call` retries beyond it until op_timeout_s."""
+BUSY_TIMEOUT_MS = 2000
+"""SQLite's own wait for another process's write lock, per attempt; `_call` retries beyond it until
+op_timeout_s. Long enough to outlast another process's group commit (a few fsyncs) when the disk is slow, so
+a writer, a heartbeat in particular, is not refused while the lock only changes hands."""
+OPEN_BUSY_TIMEOUT_MS = 200
+"""The same wait while opening: the open retries a locked attempt itself (with jitter), within the connect
+deadline, so each attempt stays short."""
+MAX_GROUP_OPS = 128
+"""Most write operations committed in one transaction: bounds the time the write lock is held (other
+processes wait for it) and what one failed group makes retry."""
 CHANGES_KEEP_S = 120.0
 """Change-log rows older than this are trimmed (watchers are expected to be seconds behind at most)."""
 
@@ -94,6 +111,25 @@ class _SessionGone(Exception):
     """Our session row was reaped: we were silent for longer than the session timeout."""
 
 
+class _GroupAborted(sqlite3.OperationalError):
+    """Another operation of the same group failed in a way that aborted the whole transaction: this one was
+    not applied either, so retrying it is safe (it is transient for `_call`)."""
+
+
+_OWN_FAILURES = (QuorumLogError, _SessionGone)
+"""An operation's own typed outcome: it rolls back to its savepoint and the rest of its group commits."""
+
+
+class _Write:
+    """A write queued for the next group: its body runs on the store's thread, inside the group transaction."""
+
+    __slots__ = ("body", "future")
+
+    def __init__(self, body: Callable[[sqlite3.Connection], Any]) -> None:
+        self.body = body
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+
 class EmbeddedStore(MetadataStore):
     def __init__(self, uri: str, directory: str, options: StoreOptions, env: Env) -> None:
         super().__init__(uri, DEFAULT_LEDGERS_ROOT, options)
@@ -107,6 +143,9 @@ class EmbeddedStore(MetadataStore):
         self._tasks: list[asyncio.Task[None]] = []
         self._watch_wakeup = asyncio.Event()
         self._open_error: sqlite3.OperationalError | None = None  # why the last attempt to open failed
+        self._pending: collections.deque[_Write] = collections.deque()  # writes waiting for the next group
+        self.groups = 0  # group transactions committed (with `grouped_ops`: the mean group size, for tests)
+        self.grouped_ops = 0
 
     @classmethod
     async def connect(
@@ -157,6 +196,7 @@ class EmbeddedStore(MetadataStore):
             try:
                 await self._run(self._open_db)
                 self._session = await self._run(self._new_session)
+                await self._run(lambda: self._db().execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}"))
                 return
             except sqlite3.OperationalError as e:
                 if not is_locked(e):
@@ -170,9 +210,9 @@ class EmbeddedStore(MetadataStore):
     def _open_db(self) -> None:
         os.makedirs(self.directory, exist_ok=True)
         self._close_db()  # a retried open starts from a fresh connection
-        conn = sqlite3.connect(self._db_path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(self._db_path, isolation_level=None, timeout=OPEN_BUSY_TIMEOUT_MS / 1000)
         try:
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            conn.execute(f"PRAGMA busy_timeout={OPEN_BUSY_TIMEOUT_MS}")
             # WAL is a property of the file: only the first opener needs the exclusive lock to switch it.
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 conn.execute("PRAGMA journal_mode=WAL")
@@ -203,6 +243,70 @@ class EmbeddedStore(MetadataStore):
         conn.execute("COMMIT")
         return result
 
+    # -- group commit --
+    async def _write(self, body: Callable[[sqlite3.Connection], T], *, urgent: bool = False) -> T:
+        """Run `body` in the next group transaction; its result once the group's COMMIT is durable.
+
+        `urgent` puts it at the head of the queue (heartbeats: a session must not expire because its own
+        process was busy writing)."""
+        w = _Write(body)
+        if urgent:
+            self._pending.appendleft(w)
+        else:
+            self._pending.append(w)
+        # One flush per write: a flush takes what is queued (up to the bound), so later ones often find
+        # nothing left; the thread's FIFO keeps reads and groups in arrival order otherwise.
+        self._executor.submit(self._flush_group)
+        # A cancelled caller (op timeout) cancels the write if it has not started; once started it completes.
+        return await asyncio.wrap_future(w.future)
+
+    def _flush_group(self) -> None:
+        group: list[_Write] = []
+        while self._pending and len(group) < MAX_GROUP_OPS:
+            w = self._pending.popleft()
+            if w.future.set_running_or_notify_cancel():
+                group.append(w)
+        if not group:
+            return
+        outcomes: list[tuple[bool, Any]] = []
+        try:
+            conn = self._db()
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as e:
+            for w in group:
+                w.future.set_exception(e)
+            return
+        try:
+            for w in group:
+                conn.execute("SAVEPOINT op")
+                try:
+                    result = w.body(conn)
+                except _OWN_FAILURES as e:
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    outcomes.append((False, e))
+                else:
+                    conn.execute("RELEASE op")
+                    outcomes.append((True, result))
+            conn.execute("COMMIT")
+        except Exception as e:
+            # A database error (or a bug) mid-group: the transaction is not trustworthy, so none of it is kept.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            for i, w in enumerate(group):
+                if i == len(outcomes):  # the operation that raised it (none, if COMMIT did)
+                    w.future.set_exception(e)
+                else:
+                    w.future.set_exception(_GroupAborted(f"group transaction aborted: {e!r}"))
+            return
+        self.groups += 1
+        self.grouped_ops += len(group)
+        for w, (ok, value) in zip(group, outcomes, strict=True):
+            if ok:
+                w.future.set_result(value)
+            else:
+                w.future.set_exception(value)
+
     def _record(self, conn: sqlite3.Connection, path: str, kind: EventType) -> None:
         conn.execute(
             "INSERT INTO changes(path, parent, kind, at) VALUES (?, ?, ?, ?)",
@@ -210,9 +314,15 @@ class EmbeddedStore(MetadataStore):
         )
 
     async def _op(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A read on the store's thread, retried while transiently failing."""
+        return await self._call(what, lambda: self._run(fn, *args), retry=True, is_transient=_is_transient)
+
+    async def _write_op(self, what: str, body: Callable[[sqlite3.Connection], T]) -> T:
+        """A write in a group transaction, retried while transiently failing (a failed group applied nothing)."""
+
         async def attempt() -> T:
             try:
-                return await self._run(fn, *args)
+                return await self._write(body)
             except _SessionGone:
                 await self._session_expired()
                 raise MetadataStoreError(f"metadata {what}: session expired, retrying", code=None) from None
@@ -231,24 +341,20 @@ class EmbeddedStore(MetadataStore):
 
         return self._write_txn(body)
 
-    def _heartbeat_and_reap(self, session: int) -> bool:
+    def _heartbeat_and_reap(self, conn: sqlite3.Connection, session: int) -> bool:
         """Extend our session; reap expired ones. False if ours was already reaped."""
-        now = self._now_s()
-
-        def body(conn: sqlite3.Connection) -> bool:
-            alive = (
-                conn.execute(
-                    "UPDATE sessions SET expires_at = ? WHERE id = ?",
-                    (now + self.options.session_timeout_s, session),
-                ).rowcount
-                == 1
-            )
-            for (sid,) in conn.execute("SELECT id FROM sessions WHERE expires_at < ?", (now,)).fetchall():
-                self._drop_session(conn, sid)
-            conn.execute("DELETE FROM changes WHERE at < ?", (now - CHANGES_KEEP_S,))
-            return alive
-
-        return self._write_txn(body)
+        now = self._now_s()  # when it runs, not when it was queued: the expiry counts from the write
+        alive = (
+            conn.execute(
+                "UPDATE sessions SET expires_at = ? WHERE id = ?",
+                (now + self.options.session_timeout_s, session),
+            ).rowcount
+            == 1
+        )
+        for (sid,) in conn.execute("SELECT id FROM sessions WHERE expires_at < ?", (now,)).fetchall():
+            self._drop_session(conn, sid)
+        conn.execute("DELETE FROM changes WHERE at < ?", (now - CHANGES_KEEP_S,))
+        return alive
 
     def _drop_session(self, conn: sqlite3.Connection, sid: int) -> None:
         for (path,) in conn.execute("SELECT path FROM nodes WHERE owner = ?", (sid,)).fetchall():
@@ -261,14 +367,23 @@ class EmbeddedStore(MetadataStore):
 
     async def _heartbeat_loop(self) -> None:
         interval = self.options.session_timeout_s / 3
+        pause = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            session = self._session
             try:
-                alive = await self._run(self._heartbeat_and_reap, self._session)
-            except (sqlite3.Error, OSError) as e:
-                log.warning("embedded store heartbeat failed: %r", e)
+                # Urgent: it joins the very next group, ahead of any queue of writes this process has.
+                alive = await self._write(
+                    functools.partial(self._heartbeat_and_reap, session=session), urgent=True
+                )
+            except (sqlite3.Error, OSError, MetadataStoreError) as e:
+                # Another process held the lock past busy_timeout: try again soon rather than a third of the
+                # session later, or a busy database would expire our session.
+                log.warning("embedded store heartbeat failed, retrying: %r", e)
+                pause = min(interval, self.options.retry_backoff_s)
                 continue
-            if not alive:
+            pause = interval
+            if not alive and session == self._session:
                 await self._session_expired()
 
     async def _session_expired(self) -> None:
@@ -301,16 +416,15 @@ class EmbeddedStore(MetadataStore):
         validate_path(path)
         if path == "/":
             raise MetadataExistsError("/ always exists")
-        return await self._op(
-            f"create {path}", self._create, path, bytes(data), ephemeral, sequential, make_parents
+        return await self._write_op(
+            f"create {path}", self._create_body(path, bytes(data), ephemeral, sequential, make_parents)
         )
 
-    def _create(
+    def _create_body(
         self, path: str, data: bytes, ephemeral: bool, sequential: bool, make_parents: bool
-    ) -> Versioned[str]:
-        session = self._session
-
+    ) -> Callable[[sqlite3.Connection], Versioned[str]]:
         def body(conn: sqlite3.Connection) -> Versioned[str]:
+            session = self._session  # the current one when it runs (a retry after expiry uses the new one)
             if (
                 ephemeral
                 and conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session,)).fetchone() is None
@@ -340,7 +454,7 @@ class EmbeddedStore(MetadataStore):
             self._record(conn, name, EventType.CREATED)
             return Versioned(name, 0)
 
-        return self._write_txn(body)
+        return body
 
     def _make_parents(self, conn: sqlite3.Connection, path: str) -> None:
         missing = []
@@ -367,9 +481,9 @@ class EmbeddedStore(MetadataStore):
 
     async def set(self, path: str, data: bytes, *, version: int) -> int:
         validate_path(path)
-        return await self._op(f"set {path}", self._set, path, bytes(data), version)
+        return await self._write_op(f"set {path}", self._set_body(path, bytes(data), version))
 
-    def _set(self, path: str, data: bytes, version: int) -> int:
+    def _set_body(self, path: str, data: bytes, version: int) -> Callable[[sqlite3.Connection], int]:
         def body(conn: sqlite3.Connection) -> int:
             row = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchone()
             if row is None:
@@ -380,13 +494,13 @@ class EmbeddedStore(MetadataStore):
             self._record(conn, path, EventType.CHANGED)
             return int(row[0]) + 1
 
-        return self._write_txn(body)
+        return body
 
     async def delete(self, path: str, *, version: int = ANY_VERSION) -> None:
         validate_path(path)
-        await self._op(f"delete {path}", self._delete, path, version)
+        await self._write_op(f"delete {path}", self._delete_body(path, version))
 
-    def _delete(self, path: str, version: int) -> None:
+    def _delete_body(self, path: str, version: int) -> Callable[[sqlite3.Connection], None]:
         def body(conn: sqlite3.Connection) -> None:
             row = conn.execute("SELECT version FROM nodes WHERE path = ?", (path,)).fetchone()
             if row is None:
@@ -398,7 +512,7 @@ class EmbeddedStore(MetadataStore):
             conn.execute("DELETE FROM nodes WHERE path = ?", (path,))
             self._record(conn, path, EventType.DELETED)
 
-        self._write_txn(body)
+        return body
 
     async def children(self, path: str) -> list[str]:
         validate_path(path)
