@@ -26,9 +26,14 @@ from quorumlog.env import Env, Server
 from quorumlog.errors import ProtocolError
 from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ServerConnection
+from quorumlog.proto.messages import ProtocolVersion
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3fast import encode_add_response
 
 log = logging.getLogger(__name__)
+
+_AddResponse = m.AddResponse
+_V3 = ProtocolVersion.V3
 
 
 class BookieConnection(asyncio.Protocol):
@@ -107,7 +112,11 @@ class BookieConnection(asyncio.Protocol):
         if self.transport is None:
             return
         try:
-            self._out.append(self.codec.send(response))
+            if type(response) is _AddResponse and self.codec.version is _V3:
+                # Every add is answered here: go straight to the hand-written encoder the codec would pick.
+                self._out.append(encode_add_response(response))
+            else:
+                self._out.append(self.codec.send(response))
         except Exception:  # a response we cannot encode is a bug: lose this connection, not the bookie
             log.exception("cannot encode %r; closing the connection", response)
             self.transport.close()
