@@ -21,6 +21,8 @@ from quorumlog.errors import MetadataExistsError, MetadataNotFoundError, Metadat
 from quorumlog.meta.embedded import DB_FILE, MAX_GROUP_OPS, EmbeddedStore
 from quorumlog.meta.store import ANY_VERSION, EventType, open_store
 
+_CHILD_ENV = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[EmbeddedStore]:
@@ -242,7 +244,7 @@ def test_sigkill_mid_groups_keeps_every_acknowledged_op_and_no_half_op(tmp_path:
         [sys.executable, "-c", _WRITER, str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env=_CHILD_ENV,
     )
     acked: set[int] = set()
     try:
@@ -290,3 +292,46 @@ async def test_a_failed_op_rolls_back_its_own_partial_writes_only(store: Embedde
     assert results[0] == "/s/x0000000000"
     assert isinstance(results[1], MetadataExistsError) and isinstance(results[2], MetadataExistsError)
     assert sorted(await store.children("/s")) == ["x0000000000", "x0000000001"]
+
+
+_FLOODER = """
+import asyncio, sys
+from quorumlog.meta.store import open_store
+
+async def main():
+    store = await open_store("file://" + sys.argv[1], op_timeout_s=60)
+
+    async def writer(k):
+        v = 0
+        await store.create(f"/flood{k}")
+        while True:
+            v = await store.set(f"/flood{k}", b"x" * 64, version=v)
+            if v == 20:
+                print("flooding", flush=True)
+
+    await asyncio.gather(*(writer(k) for k in range(64)))
+
+asyncio.run(main())
+"""
+
+
+async def test_heartbeats_hold_while_another_process_floods_the_database(tmp_path: Path) -> None:
+    store = await open_store(f"file://{tmp_path}", session_timeout_s=1.5)
+    flooder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _FLOODER, str(tmp_path), stdout=subprocess.PIPE, env=_CHILD_ENV
+    )
+    try:
+        expired: list[str] = []
+        store.on_session_expired(lambda: expired.append(store.session_id))
+        session = store.session_id
+        await store.create("/mine", ephemeral=True)
+        assert flooder.stdout is not None
+        assert await flooder.stdout.readline() == b"flooding\n"
+        await asyncio.sleep(4 * 1.5)  # four session timeouts of the other process holding the write lock
+        assert flooder.returncode is None, "the flooding process stopped early"
+        assert expired == [] and store.session_id == session, "the other process's load expired our session"
+        assert await store.exists("/mine") is not None
+    finally:
+        flooder.kill()
+        await flooder.wait()
+        await store.close()
