@@ -1,0 +1,50 @@
+"""Shared pieces of the BookKeeper-derived scenarios (tests/scenarios/).
+
+Each module ports scenarios from one BookKeeper test class, written anew against quorumlog's public API
+(API.md) with real `quorumlog bookie` processes (fsync on) and the embedded `file://` metadata store.
+Scenarios that do not hurt the cluster share one per module (`cluster`); scenarios that kill, pause or
+restart bookies take their own (`fresh_cluster`), so no scenario sees another's damage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest_asyncio
+
+from quorumlog import Client
+from quorumlog.testing.cluster import LocalCluster
+
+PW = b"scenario"
+
+# Short timeouts so a dead bookie is noticed in a test's time, not a production's.
+CLIENT_SETTINGS: dict[str, object] = {
+    "add_timeout_s": 2.0,
+    "read_timeout_s": 3.0,
+    "explicit_lac_interval_s": 0.05,
+}
+
+
+async def connect(cluster: LocalCluster, **options: object) -> Client:
+    return await Client.connect(cluster.uri, **{**CLIENT_SETTINGS, **options})  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def fresh_cluster(bookies: int, **settings: object) -> AsyncIterator[LocalCluster]:
+    """A cluster of its own, for a scenario that kills, pauses or restarts bookies."""
+    async with LocalCluster(bookies, processes=True, **settings) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster() -> AsyncIterator[LocalCluster]:
+    """Four bookie processes shared by a module's scenarios that leave every bookie running."""
+    async with LocalCluster(4, processes=True) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
+    async with await connect(cluster) as c:
+        yield c
