@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,53 @@ def test_paper_workload_quick_run(workload: str, tmp_path: Path) -> None:
         for round_ in results["rounds"]:
             # Durability: recovery keeps every entry the dead writer saw acknowledged.
             assert round_["recovered_last_entry"] >= round_["writer_last_acked"] >= 0
+
+
+# The CPU-per-operation benchmarks (docs/PERFORMANCE.md "CPU per operation"): in-process, no bookie processes,
+# a few seconds each in their --quick form.
+
+
+def _bench_json(*args: str) -> dict[str, Any]:
+    r = ql("bench", *args, "--quick", "--no-progress", timeout_s=120)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    assert out["machine"]["cores"] >= 1 and len(out["machine"]["loadavg_end"]) == 3
+    return out
+
+
+def test_client_cpu_quick_run() -> None:
+    out = _bench_json("client_cpu", "--cases", "E3W2A2,E1W1A1", "--protocols", "v3,v2")
+    assert out["benchmark"] == "client_cpu"
+    assert out["config"]["gc"]["mode"] == "default" and out["config"]["gc"]["enabled"]
+    points = [(p["protocol"], p["case"]) for p in out["results"]]
+    assert points == [("v3", "E3W2A2"), ("v3", "E1W1A1"), ("v2", "E3W2A2"), ("v2", "E1W1A1")]
+    for p in out["results"]:
+        (round_,) = p["rounds"]
+        # Both sides did work, and the fakes' share was taken out of the client's figure.
+        assert p["client_cpu_us_per_entry"] > 0 and round_["fake_bookies_cpu_us_per_entry"] > 0
+        assert round_["entries_per_s"] > 0
+
+
+def test_client_cpu_refuses_a_bad_case() -> None:
+    r = ql("bench", "client_cpu", "--quick", "--cases", "E3X2A2")
+    assert r.returncode != 0 and "E<n>W<n>A<n>" in r.stderr
+
+
+def test_bookie_cpu_quick_run_and_the_bookie_gc_policy() -> None:
+    from quorumlog.bookie.service import BOOKIE_GC_GEN0_THRESHOLD
+
+    default = _bench_json("bookie_cpu", "--versions", "v3,v2", "--gc", "default")
+    tuned = _bench_json("bookie_cpu", "--versions", "v3", "--gc", "bookie")
+    for out in (default, tuned):
+        assert out["benchmark"] == "bookie_cpu" and out["config"]["journal_sync"] is True
+        for p in out["results"]:
+            (round_,) = p["rounds"]
+            assert round_["errors"] == 0 and round_["adds"] == out["config"]["adds_per_round"]
+            assert p["bookie_cpu_us_per_add"] > 0
+    assert [p["protocol"] for p in default["results"]] == ["v3", "v2"]
+    # The bookie process's policy (what `quorumlog bookie` applies at start): a higher generation-0
+    # threshold, hence far fewer collections for the same adds.
+    assert tuned["config"]["gc"]["thresholds"][0] == BOOKIE_GC_GEN0_THRESHOLD
+    assert default["config"]["gc"]["thresholds"][0] < BOOKIE_GC_GEN0_THRESHOLD
+    v3_default, v3_tuned = default["results"][0]["rounds"][0], tuned["results"][0]["rounds"][0]
+    assert v3_tuned["gc_collections"] < v3_default["gc_collections"]

@@ -1,0 +1,312 @@
+"""Bookie CPU per add: one real bookie (journal fdatasync on) in this process, fed 1 KiB adds without sockets.
+
+What it isolates: the bookie's own CPU per add (decode, journal, write cache, index, response encoding, the
+journal's sync thread), independent of how loaded the machine is: the figure to compare before/after a
+change to the bookie's write path. A real `Bookie` and its `BookieConnection` run in this process, as
+shipped (fsync on); only the socket is replaced: a feeder keeps `--outstanding` adds in flight, hands them
+to the connection in one `data_received` per batch, and sends replacements on the next loop turn for each
+batch of responses. The feeder's CPU (encoding entries, reading responses) is timed and subtracted; what is
+left is the process's CPU, including the journal's sync thread. End-to-end numbers (sockets, a separate
+process) come from `bookie_add`.
+
+Reports, per protocol version, the median and every round's CPU µs per add, the share Python's cyclic GC
+took (by `gc.callbacks`), and adds/s (wall). `--gc bookie` applies the bookie process's GC policy
+(`quorumlog.bookie.service.apply_bookie_gc_policy`, what `quorumlog bookie` runs) to this process, `--gc
+default` leaves Python's. `--seconds S` instead runs adds for S seconds and samples RSS every second: the
+check that a GC policy does not let memory grow.
+
+    ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|bookie|off]
+    ./dev bench bookie_cpu --versions v3 --gc bookie --seconds 60     # RSS over a long run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import _common as c
+
+from quorumlog.bookie.bookie import Bookie
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.server import BookieConnection, BookieServer
+from quorumlog.env import run
+from quorumlog.proto import messages as m
+from quorumlog.proto.codec import ClientConnection
+from quorumlog.proto.entry import DigestManager, DigestType, master_key
+from quorumlog.proto.status import StatusCode
+
+LEDGER_ID = 7
+PASSWORD = b"bench"
+
+
+def rss_mib() -> float:
+    """Resident set size of this process now (Linux /proc), MiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+class GcMeter:
+    """CPU seconds Python's cyclic GC took, by `gc.callbacks`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+            self.collections += 1
+
+
+class Feeder(asyncio.Transport):
+    """The transport under the bookie's connection, and the client at its other end: keeps `outstanding`
+    adds in flight until `total` are answered (or until `stop` is set), counting its own CPU in `cpu_s`."""
+
+    def __init__(self, version: m.ProtocolVersion, payload: bytes, first_entry: int) -> None:
+        super().__init__()
+        self.codec = ClientConnection(version)
+        self.v3 = version is m.ProtocolVersion.V3
+        self.dm = DigestManager(LEDGER_ID, DigestType.CRC32C, PASSWORD)
+        self.key = master_key(PASSWORD)
+        self.payload = payload
+        self.next_entry = first_entry
+        self.cpu_s = 0.0
+        self.sent = self.answered = self.errors = 0
+        self.total = 0
+        self.ready: list[bytes] = []
+        self.stop = False
+        self.conn: BookieConnection | None = None
+        self.finished: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    async def run(self, conn: BookieConnection, total: int, outstanding: int) -> None:
+        """`total` adds (0: until `stop`), `outstanding` at a time; `prepare(total)` first."""
+        assert len(self.ready) == total, "prepare() the frames of a counted run before timing it"
+        self.conn, self.total = conn, total
+        self.finished = self._loop.create_future()
+        self.sent = self.answered = 0
+        self.send(outstanding)
+        await self.finished
+        self.ready = []
+
+    def encode(self, n: int) -> list[bytes]:
+        """The next `n` add frames (entry bodies with digests, as a client sends them)."""
+        frames = []
+        size = len(self.payload)
+        for _ in range(n):
+            eid = self.next_entry
+            self.next_entry += 1
+            body = self.dm.encode_entry(eid, eid - 1, (eid + 1) * size, self.payload)
+            req = m.AddRequest(LEDGER_ID, eid, self.key, body, txn_id=eid + 1 if self.v3 else 0)
+            frames.append(self.codec.send(req))
+        return frames
+
+    def prepare(self, total: int) -> None:
+        self.ready = self.encode(total)
+
+    def send(self, n: int) -> None:
+        started = time.process_time()
+        if self.total:
+            # A counted run sends frames encoded before it started: the feeder's CPU stays small next to
+            # the bookie's (it is subtracted either way). A timed run encodes as it goes (bounded memory).
+            n = min(n, self.total - self.sent)
+            frames = self.ready[self.sent : self.sent + n]
+        else:
+            frames = self.encode(n)
+        self.sent += n
+        data = b"".join(frames)
+        self.cpu_s += time.process_time() - started
+        if data and self.conn is not None:
+            self.conn.data_received(data)
+
+    # --- what the bookie's connection calls -------------------------------------------------------------
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        started = time.process_time()
+        answered = 0
+        for resp in self.codec.receive(data):
+            if resp.status != StatusCode.EOK:
+                self.errors += 1
+            answered += 1
+        self.answered += answered
+        self.cpu_s += time.process_time() - started
+        assert self.finished is not None
+        if (self.total and self.answered >= self.total) or (self.stop and self.answered == self.sent):
+            if not self.finished.done():
+                self.finished.set_result(None)
+        elif answered and not self.stop:
+            self._loop.call_soon(self.send, answered)  # replacements on the next turn, as a client would
+
+    def writelines(self, chunks: Any) -> None:
+        self.write(b"".join(chunks))
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def set_gc(mode: str) -> dict[str, Any]:
+    """This benchmark process's GC, recorded in the JSON."""
+    if mode == "off":
+        gc.disable()
+    elif mode == "bookie":
+        from quorumlog.bookie.service import apply_bookie_gc_policy
+
+        apply_bookie_gc_policy()
+    return {"mode": mode, "enabled": gc.isenabled(), "thresholds": list(gc.get_threshold())}
+
+
+async def measure(
+    server: BookieServer, version: str, args: argparse.Namespace, first_entry: int, bar: Any
+) -> tuple[dict[str, Any], int]:
+    v = m.ProtocolVersion.V3 if version == "v3" else m.ProtocolVersion.V2
+    payload = os.urandom(args.payload_bytes)
+    meter = GcMeter()
+
+    def connect() -> tuple[Feeder, BookieConnection]:
+        feeder = Feeder(v, payload, first_entry)
+        conn = BookieConnection(server)
+        conn.connection_made(feeder)
+        return feeder, conn
+
+    feeder, conn = connect()
+    feeder.prepare(max(1000, args.adds // 4))
+    await feeder.run(conn, max(1000, args.adds // 4), args.outstanding)  # warm-up
+    gc.callbacks.append(meter)
+    rounds = []
+    rss: list[float] = []
+    try:
+        if args.seconds > 0:
+            feeder.cpu_s = 0.0
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            run_task = asyncio.ensure_future(feeder.run(conn, 0, args.outstanding))
+            task = bar.add_task(f"{version} RSS", total=args.seconds)
+            while (elapsed := time.perf_counter() - wall0) < args.seconds:
+                rss.append(rss_mib())
+                bar.update(task, completed=elapsed)
+                await asyncio.sleep(1.0)
+            feeder.stop = True
+            await run_task
+            rss.append(rss_mib())
+            rounds.append(_round(feeder, time.process_time() - cpu0, time.perf_counter() - wall0, meter))
+        else:
+            task = bar.add_task(f"{version} rounds", total=args.rounds)
+            for _ in range(args.rounds):
+                feeder.prepare(args.adds)
+                feeder.cpu_s = 0.0
+                meter.seconds, meter.collections = 0.0, 0
+                cpu0, wall0 = time.process_time(), time.perf_counter()
+                await feeder.run(conn, args.adds, args.outstanding)
+                rounds.append(_round(feeder, time.process_time() - cpu0, time.perf_counter() - wall0, meter))
+                bar.advance(task)
+    finally:
+        gc.callbacks.remove(meter)
+    if any(r["errors"] for r in rounds):
+        raise SystemExit(f"bookie_cpu: the bookie refused adds: {rounds}")
+    out: dict[str, Any] = {
+        "protocol": version,
+        "bookie_cpu_us_per_add": statistics.median(r["bookie_cpu_us_per_add"] for r in rounds),
+        "gc_cpu_us_per_add": statistics.median(r["gc_cpu_us_per_add"] for r in rounds),
+        "rounds": rounds,
+    }
+    if rss:
+        out["rss_mib_every_s"] = rss
+    return out, feeder.next_entry
+
+
+def _round(feeder: Feeder, cpu_s: float, wall_s: float, meter: GcMeter) -> dict[str, Any]:
+    n = feeder.answered
+    per = 1e6 / max(1, n)
+    return {
+        "adds": n,
+        "errors": feeder.errors,
+        "bookie_cpu_us_per_add": round((cpu_s - feeder.cpu_s) * per, 2),
+        "feeder_cpu_us_per_add": round(feeder.cpu_s * per, 2),
+        "gc_cpu_us_per_add": round(meter.seconds * per, 2),
+        "gc_collections": meter.collections,
+        "adds_per_s": round(n / wall_s),
+        "loadavg_1m": c.loadavg()[0],
+    }
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="qlbench-bookie-cpu-") as tmp:
+        result: dict[str, Any] = {"benchmark": "bookie_cpu", "machine": c.machine(tmp)}
+        bookie = Bookie(BookieConfig(data_dir=tmp))  # journal_sync on: as shipped
+        await bookie.start()
+        try:
+            server = BookieServer(bookie, bookie.env, "127.0.0.1", 0)
+            result["config"] = {
+                "journal_sync": bookie.config.journal_sync,
+                "adds_per_round": args.adds,
+                "rounds": 1 if args.seconds > 0 else args.rounds,
+                "seconds": args.seconds,
+                "outstanding": args.outstanding,
+                "payload_bytes": args.payload_bytes,
+                "gc": set_gc(args.gc),  # after start-up, as `quorumlog bookie` does
+            }
+            results = []
+            next_entry = 0
+            with c.progress(not args.no_progress) as bar:
+                for version in args.versions.split(","):
+                    point, next_entry = await measure(server, version, args, next_entry, bar)
+                    results.append(point)
+        finally:
+            await bookie.close()
+        result["results"] = results
+        return result
+
+
+def cli() -> None:
+    p = c.parser(__doc__)
+    p.add_argument("--adds", type=int, default=50_000, help="adds per round (a quarter of it warms up)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=0.0, help="one timed run with RSS samples instead")
+    p.add_argument("--outstanding", type=int, default=1000)
+    p.add_argument("--payload-bytes", type=int, default=1024)
+    p.add_argument("--versions", default="v3,v2")
+    p.add_argument(
+        "--gc",
+        choices=("default", "bookie", "off"),
+        default="default",
+        help="this process's cyclic GC: as Python sets it, the bookie process's policy, or off",
+    )
+    args = p.parse_args()
+    c.quick(args, p, adds=3000, rounds=1)
+    if args.adds < 1 or args.rounds < 1 or args.outstanding < 1 or args.seconds < 0:
+        p.error("--adds, --rounds and --outstanding must be >= 1, --seconds >= 0")
+    for v in args.versions.split(","):
+        if v not in ("v3", "v2"):
+            p.error(f"--versions: {v!r} is not v3 or v2")
+    result = run(main(args))
+    print(f"bookie_cpu: {len(result['results'])} points", file=sys.stderr)
+    c.emit(result)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,284 @@
+"""Client CPU per entry: the real Client and LedgerHandle against instant in-process fake bookies.
+
+What it isolates: the ledger client's own CPU per add (building and digesting the entry, encoding, fanning it
+out to the write quorum, matching acknowledgements, completing in order), independent of how loaded the
+machine is, which makes it the figure to compare before/after a change to the client's write path. The
+bookies are fakes, on purpose: the client's sockets are replaced by in-memory transports whose peer decodes
+every request with the bookie's codec and answers each add (and explicit LAC) with EOK on the next loop turn. The fakes run in
+the same process; their CPU is timed and subtracted, so what is left is the client's. No disk, no network:
+end-to-end numbers come from `ledger_write` and `throughput_latency`.
+
+For each protocol (v3, v2) and ensemble case (E3W2A2, E1W1A1): one ledger, `--outstanding` appends in flight,
+a warm-up of `--entries` appends, then `--rounds` measured rounds of `--entries` appends each. Reports the
+median and every round's client CPU µs per entry, the fakes' share, the time Python's cyclic GC took (by
+`gc.callbacks`), and entries/s (wall; with fake bookies this is a CPU bound, not a throughput claim).
+The process's GC is left as a library user has it unless `--gc` says otherwise (recorded in the JSON).
+
+    ./dev bench client_cpu [--entries 30000] [--rounds 3] [--cases E3W2A2,E1W1A1] [--protocols v3,v2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import _common as c
+
+from quorumlog.client.client import Client
+from quorumlog.env import OsEnv, OsNetwork, run
+from quorumlog.proto import messages as m
+from quorumlog.proto.codec import ServerConnection
+from quorumlog.proto.status import StatusCode
+from quorumlog.testing.cluster import LocalCluster
+
+
+class CpuMeter:
+    """Process CPU seconds spent inside `timed` blocks (the fakes' share), and in Python's cyclic GC."""
+
+    def __init__(self) -> None:
+        self.fake_s = 0.0
+        self.gc_s = 0.0
+        self.gc_collections = 0
+        self._gc_started = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.process_time()
+        else:
+            self.gc_s += time.process_time() - self._gc_started
+            self.gc_collections += 1
+
+    def reset(self) -> None:
+        self.fake_s = self.gc_s = 0.0
+        self.gc_collections = 0
+
+
+class FakeBookieTransport(asyncio.Transport):
+    """The client's side of a connection to an instant bookie: what the client writes is decoded with the
+    bookie's codec and every add is answered EOK on the next loop turn, in one `data_received`, the way a
+    real connection delivers a batch of responses."""
+
+    def __init__(self, protocol: asyncio.Protocol, meter: CpuMeter) -> None:
+        super().__init__()
+        self._protocol = protocol
+        self._meter = meter
+        self._codec = ServerConnection()
+        self._pending = bytearray()
+        self._answer_scheduled = False
+        self._closing = False
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._pending += data
+        if not self._answer_scheduled:
+            self._answer_scheduled = True
+            self._loop.call_soon(self._answer)
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def _answer(self) -> None:
+        started = time.process_time()
+        self._answer_scheduled = False
+        data, self._pending = bytes(self._pending), bytearray()
+        out = []
+        for req in self._codec.receive(data):
+            resp: m.AddResponse | m.WriteLacResponse
+            if isinstance(req, m.AddRequest):
+                resp = m.AddResponse(StatusCode.EOK, req.ledger_id, req.entry_id, req.txn_id)
+            elif isinstance(req, m.WriteLacRequest):  # the explicit LAC a v3 writer sends when idle
+                resp = m.WriteLacResponse(StatusCode.EOK, req.ledger_id, req.txn_id)
+            else:
+                raise AssertionError(f"the fake bookie answers adds and LACs only, got {type(req).__name__}")
+            out.append(self._codec.send(resp))
+        reply = b"".join(out)
+        self._meter.fake_s += time.process_time() - started
+        if reply and not self._closing:
+            self._protocol.data_received(reply)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def is_closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        self._closing = True
+
+    def abort(self) -> None:
+        self._closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class FakeBookieNetwork(OsNetwork):
+    """Every connection the client opens goes to an instant fake bookie."""
+
+    def __init__(self, meter: CpuMeter) -> None:
+        self.meter = meter
+
+    async def create_connection(self, protocol_factory: Any, host: str, port: int) -> Any:
+        protocol = protocol_factory()
+        transport = FakeBookieTransport(protocol, self.meter)
+        protocol.connection_made(transport)
+        return transport, protocol
+
+
+def parse_case(text: str) -> tuple[int, int, int]:
+    """'E3W2A2' -> (3, 2, 2)."""
+    t = text.upper()
+    try:
+        e, rest = t[1:].split("W")
+        w, a = rest.split("A")
+        if t[0] != "E":
+            raise ValueError
+        return int(e), int(w), int(a)
+    except ValueError:
+        raise SystemExit(f"client_cpu: bad case {text!r}: expected E<n>W<n>A<n>, e.g. E3W2A2") from None
+
+
+async def append_n(handle: Any, n: int, outstanding: int, payload: bytes) -> None:
+    """Append `n` entries keeping `outstanding` in flight; each acknowledgement issues the next append."""
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+    state = {"issued": 0, "acked": 0}
+
+    def issue() -> None:
+        state["issued"] += 1
+        handle.append(payload).add_done_callback(acked)
+
+    def acked(fut: asyncio.Future[int]) -> None:
+        if finished.done():
+            return
+        if fut.exception() is not None:
+            finished.set_exception(fut.exception())  # type: ignore[arg-type]
+            return
+        state["acked"] += 1
+        if state["issued"] < n:
+            issue()
+        elif state["acked"] == n:
+            finished.set_result(None)
+
+    for _ in range(min(n, outstanding)):
+        issue()
+    await finished
+
+
+async def measure_case(
+    uri: str, protocol: str, case: str, args: argparse.Namespace, meter: CpuMeter
+) -> dict[str, Any]:
+    e, w, a = parse_case(case)
+    env = OsEnv()
+    env.net = FakeBookieNetwork(meter)
+    payload = os.urandom(args.payload_bytes)
+    rounds = []
+    async with await Client.connect(uri, env=env, protocol=protocol) as client:
+        handle = await client.create_ledger(e, w, a, password=b"bench")
+        await append_n(handle, args.entries, args.outstanding, payload)  # warm-up
+        for _ in range(args.rounds):
+            meter.reset()
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            await append_n(handle, args.entries, args.outstanding, payload)
+            cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+            per = 1e6 / args.entries
+            rounds.append(
+                {
+                    "client_cpu_us_per_entry": round((cpu - meter.fake_s) * per, 2),
+                    "fake_bookies_cpu_us_per_entry": round(meter.fake_s * per, 2),
+                    "gc_cpu_us_per_entry": round(meter.gc_s * per, 2),
+                    "gc_collections": meter.gc_collections,
+                    "entries_per_s": round(args.entries / wall),
+                    "loadavg_1m": c.loadavg()[0],
+                }
+            )
+        await handle.close()
+    return {
+        "protocol": protocol,
+        "case": case.upper(),
+        "entries_per_round": args.entries,
+        "client_cpu_us_per_entry": statistics.median(r["client_cpu_us_per_entry"] for r in rounds),
+        "gc_cpu_us_per_entry": statistics.median(r["gc_cpu_us_per_entry"] for r in rounds),
+        "rounds": rounds,
+    }
+
+
+def set_gc(mode: str) -> dict[str, Any]:
+    """This benchmark process's GC (never the library's business): 'default' leaves it as Python has it."""
+    if mode == "off":
+        gc.disable()
+    elif mode == "bookie":
+        from quorumlog.bookie.service import apply_bookie_gc_policy
+
+        apply_bookie_gc_policy()
+    return {"mode": mode, "enabled": gc.isenabled(), "thresholds": list(gc.get_threshold())}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    meter = CpuMeter()
+    with tempfile.TemporaryDirectory(prefix="qlbench-client-cpu-") as tmp:
+        result: dict[str, Any] = {"benchmark": "client_cpu", "machine": c.machine(tmp)}
+        # The cluster is only the metadata (and the bookie registrations ledger creation chooses from);
+        # its bookies are never contacted: every connection goes to a fake.
+        async with LocalCluster(max(3, args.max_ensemble), base_dir=tmp) as cluster:
+            result["config"] = {
+                "bookies": "instant in-process fakes (their CPU is subtracted)",
+                "entries_per_round": args.entries,
+                "rounds": args.rounds,
+                "outstanding": args.outstanding,
+                "payload_bytes": args.payload_bytes,
+                "gc": set_gc(args.gc),
+            }
+            gc.callbacks.append(meter.on_gc)
+            results = []
+            points = [(p, k) for p in args.protocols.split(",") for k in args.cases.split(",")]
+            with c.progress(not args.no_progress) as bar:
+                task = bar.add_task("client CPU per entry", total=len(points))
+                for protocol, case in points:
+                    results.append(await measure_case(cluster.uri, protocol, case, args, meter))
+                    bar.advance(task)
+            gc.callbacks.remove(meter.on_gc)
+        result["results"] = results
+        return result
+
+
+def cli() -> None:
+    p = c.parser(__doc__)
+    p.add_argument("--entries", type=int, default=30_000, help="appends per round (and for the warm-up)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--outstanding", type=int, default=1000)
+    p.add_argument("--payload-bytes", type=int, default=1024)
+    p.add_argument("--cases", default="E3W2A2,E1W1A1", help="comma-separated E<n>W<n>A<n>")
+    p.add_argument("--protocols", default="v3,v2")
+    p.add_argument(
+        "--gc",
+        choices=("default", "off", "bookie"),
+        default="default",
+        help="this process's cyclic GC: as Python sets it, off, or the bookie process's policy",
+    )
+    args = p.parse_args()
+    c.quick(args, p, entries=2000, rounds=1)
+    if args.entries < 1 or args.rounds < 1 or args.outstanding < 1:
+        p.error("--entries, --rounds and --outstanding must be >= 1")
+    for proto in args.protocols.split(","):
+        if proto not in ("v3", "v2"):
+            p.error(f"--protocols: {proto!r} is not v3 or v2")
+    args.max_ensemble = max(parse_case(k)[0] for k in args.cases.split(","))
+    result = run(main(args))
+    print(f"client_cpu: {len(result['results'])} points", file=sys.stderr)
+    c.emit(result)
+
+
+if __name__ == "__main__":
+    cli()
