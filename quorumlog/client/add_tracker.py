@@ -384,16 +384,17 @@ class AddTracker:
 
     # --- explicit LAC -----------------------------------------------------------------------------------
 
-    def explicit_lac_due(self, now_s: float, interval_s: float) -> int | None:
+    def explicit_lac_due(self, now_s: float, interval_s: float, *, rate_limited: bool = True) -> int | None:
         """The LAC to send with WRITE_LAC now, or None.
 
         Due when the LAC moved past what the bookies last saw (piggybacked on an entry or sent explicitly)
         and `interval_s` passed since the last explicit send: an idle writer's last entries then become
-        visible to readers without another write. 0 turns explicit LAC off.
+        visible to readers without another write. 0 turns explicit LAC off. `rate_limited=False` skips the
+        interval check for a caller that already runs at most once per interval (the client's one timer).
         """
         if interval_s <= 0 or self.last_add_confirmed <= self.lac_sent_to_bookies:
             return None
-        if self._lac_sent_s is not None and now_s - self._lac_sent_s < interval_s:
+        if rate_limited and self._lac_sent_s is not None and now_s - self._lac_sent_s < interval_s:
             return None
         return self.last_add_confirmed
 

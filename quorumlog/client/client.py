@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from quorumlog.client.add_tracker import OUTSTANDING_ADDS_MAX_DEFAULT, EnsembleChangeMode
 from quorumlog.client.bookie_client import BookieClient
 from quorumlog.client.distribution import Quorum
+from quorumlog.client.lac_flush import ExplicitLacFlusher
 from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledger
 from quorumlog.client.placement import BookieInfo, PlacementPolicy, placement_by_name
 from quorumlog.env import Env, default_env
@@ -136,6 +137,9 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Write handles still open: close() stops their timers and fails their pending adds.
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
+        # One timer for the explicit LAC of every write handle, armed only while some handle's LAC is
+        # ahead of what its bookies saw (lac_flush.py): idle open ledgers cost nothing.
+        self._lac_flusher = ExplicitLacFlusher(config.explicit_lac_interval_s, env.clock.monotonic_s)
         self._closed = False
 
     @classmethod
@@ -334,6 +338,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._lac_flusher.close()
         for writer in list(self._writers):
             writer._abandon(
                 ClientClosedError("the client was closed with this ledger still open for writing")

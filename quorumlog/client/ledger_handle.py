@@ -616,14 +616,15 @@ class WriteHandle(LedgerHandle):
         self._drained.set()
         self._loop = asyncio.get_running_loop()
         self._timeout_timer: asyncio.TimerHandle | None = None
-        self._lac_timer: asyncio.TimerHandle | None = None
+        # In the client's explicit-LAC dirty set (lac_flush.py): an ack moved the LAC past what bookies saw.
+        self._lac_dirty = False
+        self._lac_flusher = client._lac_flusher
         self._closing = False
         self._abandoned: QuorumLogError | None = None
         # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
         # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
         self._unanswered: dict[str, dict[int, float]] = {}
         self._add_answered = self._on_add_answer  # one bound method, not one per add sent
-        self._schedule_lac_timer()
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -799,8 +800,10 @@ class WriteHandle(LedgerHandle):
 
     def _apply(self, actions: Sequence[AddAction]) -> None:
         sends: list[SendAdd] = []
+        completed = False
         for action in actions:
             if isinstance(action, AddCompleted):
+                completed = True
                 self._bodies.pop(action.entry_id, None)
                 fut = self._futures.pop(action.entry_id, None)
                 self._lac.observe(action.entry_id)
@@ -815,6 +818,9 @@ class WriteHandle(LedgerHandle):
                     fut.set_exception(action.error)
             elif isinstance(action, EnsembleChangeNeeded):
                 self._start_ensemble_change(action)
+        if completed and not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
+            self._lac_dirty = True
+            self._lac_flusher.mark(self, self._loop)
         if sends:
             self._send_adds(sends)
         if self._tracker.error is not None:
@@ -874,21 +880,20 @@ class WriteHandle(LedgerHandle):
                     self._apply(self._tracker.on_bookie_lost(bookie_id))
         self._schedule_timeouts()
 
-    def _schedule_lac_timer(self) -> None:
-        interval = self._client.config.explicit_lac_interval_s
-        if interval > 0 and not self._closed and not self._recovery:
-            self._lac_timer = self._loop.call_later(interval, self._on_lac_timer)
-
-    def _on_lac_timer(self) -> None:
-        self._lac_timer = None
+    def _flush_explicit_lac(self, now_s: float) -> bool:
+        """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
         if self._closed or self._tracker.error is not None:
-            return
-        now = self._now()
-        lac = self._tracker.explicit_lac_due(now, self._client.config.explicit_lac_interval_s)
-        if lac is not None and lac >= 0 and not self._tracker.changing_ensemble:
+            self._lac_dirty = False
+            return False
+        if self._tracker.changing_ensemble:
+            return True  # the new ensemble gets it once the change is committed
+        # The tick (one per interval) bounds the rate, so only "is the LAC ahead" is checked here.
+        lac = self._tracker.explicit_lac_due(now_s, self._lac_flusher.interval_s, rate_limited=False)
+        if lac is not None and lac >= 0:
             self._send_explicit_lac(lac)
-            self._tracker.explicit_lac_sent(lac, now)
-        self._schedule_lac_timer()
+            self._tracker.explicit_lac_sent(lac, now_s)
+        self._lac_dirty = False
+        return False
 
     def _send_explicit_lac(self, lac: int) -> None:
         # To the whole current ensemble, not only the LAC entry's write set: with striping (E > W) a reader
@@ -1056,10 +1061,12 @@ class WriteHandle(LedgerHandle):
         self._drained.set()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._timeout_timer, self._lac_timer):
-            if timer is not None:
-                timer.cancel()
-        self._timeout_timer = self._lac_timer = None
+        if self._timeout_timer is not None:
+            self._timeout_timer.cancel()
+        self._timeout_timer = None
+        if self._lac_dirty:
+            self._lac_flusher.discard(self)
+            self._lac_dirty = False
 
     async def _close_metadata(self, last: int, length: int, error: QuorumLogError | None) -> None:
         md = self._md
