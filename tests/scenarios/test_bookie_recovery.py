@@ -1,0 +1,92 @@
+"""Scenarios from BookKeeper's BookieRecoveryTest: re-replicating a lost bookie's data with the admin tool.
+
+The recovery is run the way an operator runs it: `quorumlog shell --metadata URI recover BOOKIE --json`
+(BookKeeper: `bookkeeper shell recover` / `BookKeeperAdmin.recoverBookieData`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+
+import pytest
+
+from quorumlog import LedgerState
+from quorumlog.testing.cluster import LocalCluster
+from tests.scenarios.conftest import PW, connect
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "quorumlog",
+        "shell",
+        "--metadata",
+        cluster.uri,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_recover_a_dead_bookie_then_lose_another() -> None:
+    """BookieRecoveryTest.testSyncBookieRecoveryToRandomBookies (closed ledgers and an abandoned open one).
+
+    Expected: after `recover` of a dead bookie, no ledger's metadata names it any more, the open ledger is
+    closed (fenced) at its last entry, and the copies are real: with a second original bookie then dead too,
+    every entry of every ledger (W2) still reads back.
+    """
+    with tempfile.TemporaryDirectory(prefix="ql-scenario-") as base:
+        # Short metadata sessions: a killed bookie's registration goes within seconds.
+        uri = f"file://{os.path.join(base, 'metadata')}?session_timeout_s=2"
+        async with LocalCluster(5, processes=True, base_dir=base, metadata_uri=uri) as cluster:
+            await recover_and_check(cluster)
+
+
+async def recover_and_check(cluster: LocalCluster) -> None:
+    async with await connect(cluster) as client:
+        payloads = {}
+        for n in range(3):
+            w = await client.create_ledger(3, 2, 2, password=PW)
+            payloads[w.ledger_id] = [b"L%d-%d" % (n, i) for i in range(30)]
+            await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
+            await w.close()
+        open_w = await client.create_ledger(3, 2, 2, password=PW)
+        payloads[open_w.ledger_id] = [b"open-%d" % i for i in range(20)]
+        for p in payloads[open_w.ledger_id]:
+            await open_w.append(p)
+        # A bookie every ledger uses, if there is one; else the first ledger's first bookie.
+        ensembles = {lid: (await client.get_ledger_metadata(lid)).ensembles[0] for lid in payloads}
+        common = set.intersection(*(set(e) for e in ensembles.values()))
+        lost = sorted(common)[0] if common else ensembles[min(ensembles)][0]
+        await cluster.node(lost).kill()
+        # quorumlog's `recover` asks a still-registered bookie what it stores (and gives up if it cannot):
+        # run it once the lost bookie is gone from the registry, as an operator would after a crash.
+        await cluster.wait_registered({lost}, False, timeout_s=30)
+
+        code, out, err = await shell(cluster, "recover", lost, "--json")
+        assert code == 0, out + err
+        report = json.loads(out)
+        assert not report["failed"]
+
+        async with await connect(cluster) as other:
+            for lid in payloads:
+                md = await other.get_ledger_metadata(lid)
+                assert all(lost not in ens for ens in md.ensembles.values()), (lid, md.ensembles)
+                assert md.state is LedgerState.CLOSED
+            # Lose a second bookie from the original ensembles: W2 leaves each entry one live replica.
+            second = next(b for b in ensembles[min(ensembles)] if b != lost)
+            await cluster.node(second).kill()
+            for lid, expected in payloads.items():
+                r = await other.open_ledger(lid, password=PW)
+                assert r.last_add_confirmed == len(expected) - 1
+                assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
