@@ -13,6 +13,7 @@ What it owns (DESIGN.md §1):
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -24,6 +25,7 @@ from quorumlog.errors import (
     MetadataNotFoundError,
     MetadataStoreError,
     NoSuchLedgerError,
+    QuorumLogError,
 )
 from quorumlog.meta import layout
 from quorumlog.meta.ledger_metadata import LedgerMetadata, decode
@@ -44,6 +46,10 @@ class LedgerManager:
         self.store = store
         self.root = root or store.ledgers_root
         self.env = env or default_env()
+        # Once `idgen-long` exists it never goes away, so one positive check is enough. Until then the short
+        # counter itself says when to switch: it only grows, and reaching the limit moves everyone over.
+        self._long_ids = False
+        self._id_cleanups: set[asyncio.Task[None]] = set()
 
     def path(self, ledger_id: int) -> str:
         return layout.ledger_path(self.root, ledger_id)
@@ -51,13 +57,16 @@ class LedgerManager:
     # -- ids --
     async def generate_id(self) -> int:
         """A new ledger id, as BookKeeper's (long) ZooKeeper id generator would hand out."""
-        if await self.store.exists(layout.idgen_long_path(self.root)) is not None:
+        if not self._long_ids and await self.store.exists(layout.idgen_long_path(self.root)) is not None:
+            self._long_ids = True
+        if self._long_ids:
             return await self._generate_long_id()
         seq = await self._sequence(layout.idgen_path(self.root))
         if seq >= layout.SHORT_ID_LIMIT:
             # 31-bit ids are used up: from now on everyone uses the long generator.
             with contextlib.suppress(MetadataExistsError):
                 await self.store.create(layout.idgen_long_path(self.root), make_parents=True)
+            self._long_ids = True
             return await self._generate_long_id()
         return seq
 
@@ -65,10 +74,23 @@ class LedgerManager:
         node = await self.store.create(
             f"{directory}/{layout.IDGEN_PREFIX}", ephemeral=True, sequential=True, make_parents=True
         )
-        # The node only carried the number; leaving it would just make the next session clean up.
-        with contextlib.suppress(MetadataNotFoundError, MetadataStoreError):
-            await self.store.delete(node)
+        # The node only carried the number. Its delete runs in the background, as BookKeeper's generator does:
+        # nobody waits for it, and if it never happens the node is ephemeral, so the session's end removes it.
+        task = asyncio.ensure_future(self._delete_quietly(node))
+        self._id_cleanups.add(task)
+        task.add_done_callback(self._id_cleanups.discard)
         return int(basename(node)[len(layout.IDGEN_PREFIX) :])
+
+    async def id_cleanups_done(self) -> None:
+        """Wait for the background deletes of used id nodes (tests and orderly shutdowns)."""
+        while self._id_cleanups:
+            await asyncio.gather(*self._id_cleanups)
+
+    async def _delete_quietly(self, node: str) -> None:
+        try:
+            await self.store.delete(node)
+        except QuorumLogError as e:  # gone already, store closing, timed out: the session's end cleans up
+            log.debug("idgen node %s left for the session's end: %s", node, e)
 
     async def _generate_long_id(self) -> int:
         base = layout.idgen_long_path(self.root)

@@ -62,6 +62,7 @@ async def test_ids_are_sequential_from_zero_and_skip_taken_ones(store: MetadataS
     ]
     assert ids == [0, 2, 3]  # 1 was taken: generated again, as BookKeeper does
     assert [i async for i in lm.list_ledgers()] == [0, 1, 2, 3]
+    await lm.id_cleanups_done()  # deleted in the background, as BookKeeper does
     assert await store.children(f"{root}/idgen") == []  # the id nodes are cleaned up
 
 
