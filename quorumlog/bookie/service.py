@@ -41,11 +41,12 @@ BOOKIE_GC_GEN0_THRESHOLD = 50_000
 def apply_bookie_gc_policy() -> None:
     """The bookie process's cyclic-GC policy; call once start-up is done (see `run_until_signalled`)."""
     # The add path allocates requests, responses, closures and buffers that reference counting frees on its
-    # own: they form almost no cycles, so the cyclic GC's work is nearly all wasted (~7 % of a bookie's CPU
-    # at Python's default 700-allocation threshold, measured with gc.callbacks). Fewer generation-0 passes
-    # cut that; freezing moves what start-up built (modules, config, the index, metadata clients) out of
-    # every later full collection. Cycles are still collected, only less often: `benchmarks/bookie_cpu.py
-    # --gc bookie --seconds 60` shows RSS staying flat (docs/PERFORMANCE.md, "Bookie").
+    # own: they form almost no cycles, so the cyclic GC's work is nearly all wasted: 1.5-2.7 us of a bookie's
+    # 11-21 us of CPU per add at Python's default 700-allocation threshold (`benchmarks/bookie_cpu.py`, by
+    # gc.callbacks), ~0 with this policy. Fewer generation-0 passes cut that; freezing moves what start-up
+    # built (modules, config, the index, metadata clients) out of every later full collection. Cycles are
+    # still collected, only later (at most ~50,000 tracked objects wait): `bookie_cpu --gc bookie --seconds
+    # 60` shows RSS staying flat (docs/PERFORMANCE.md, "Bookie").
     gc.collect()
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()

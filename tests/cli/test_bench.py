@@ -100,8 +100,8 @@ def test_paper_workload_quick_run(workload: str, tmp_path: Path) -> None:
             assert round_["recovered_last_entry"] >= round_["writer_last_acked"] >= 0
 
 
-# The CPU-per-operation benchmarks (docs/PERFORMANCE.md "CPU per operation"): in-process, no bookie processes,
-# a few seconds each in their --quick form.
+# The CPU-per-operation benchmarks (docs/PERFORMANCE.md, "Ledger client" and "Bookie"): in-process, no bookie
+# processes, a few seconds each in their --quick form.
 
 
 def _bench_json(*args: str) -> dict[str, Any]:
