@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from quorumlog import Client, DigestType
-from quorumlog.errors import IllegalOperationError, LedgerExistsError
+from quorumlog.errors import IllegalOperationError, LedgerExistsError, QuorumLogError
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
@@ -118,3 +118,37 @@ async def test_write_with_every_digest_type(client: Client, cluster: LocalCluste
             assert [e.payload for e in await r.read(0, 4)] == [
                 b"%s-%d" % (digest.name.encode(), i) for i in range(5)
             ]
+
+
+async def test_large_entries_round_trip(client: Client, cluster: LocalCluster) -> None:
+    """BookieWriteLedgerTest (large entries, under BookKeeper's 5 MB default frame limit).
+
+    Expected: entries of 1 MiB and 4 MiB are acknowledged and read back byte for byte by another client.
+    """
+    big = [bytes([i]) * (1 << 20) for i in range(3)] + [b"\x7f" * (4 << 20)]
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    assert await asyncio.gather(*(w.append(p) for p in big)) == [0, 1, 2, 3]
+    await w.close()
+    async with await connect(cluster) as other:
+        r = await other.open_ledger(w.ledger_id, password=PW)
+        assert [e.payload for e in await r.read(0, 3)] == big
+        assert r.length == sum(len(p) for p in big)
+
+
+async def test_adv_handle_refuses_an_entry_id_twice(client: Client) -> None:
+    """BookieWriteLedgerTest.testLedgerHandleAdvDuplicateEntry-like (BookKeeper: DuplicateEntryIdException).
+
+    Expected: an adv handle refuses an id already written (or already waiting) with a typed error, and the
+    ledger keeps the first payload.
+    """
+    w = await client.create_ledger(3, 2, 2, password=PW, adv=True)
+    assert await w.append(b"first", entry_id=0) == 0
+    with pytest.raises(QuorumLogError):
+        await w.append(b"again", entry_id=0)
+    w.append(b"two", entry_id=2)
+    with pytest.raises(QuorumLogError):
+        await w.append(b"two again", entry_id=2)
+    assert await w.append(b"one", entry_id=1) == 1
+    await w.close()
+    r = await client.open_ledger(w.ledger_id, password=PW)
+    assert [e.payload for e in await r.read(0, 2)] == [b"first", b"one", b"two"]
