@@ -9,6 +9,7 @@ import pytest
 from quorumlog import Client, DigestType, LedgerState
 from quorumlog.errors import (
     DigestMismatchError,
+    NoSuchEntryError,
     QuorumLogError,
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
@@ -88,3 +89,35 @@ async def test_read_last_entry_and_bad_ranges(client: Client) -> None:
         await r.read(3, 1)
     with pytest.raises(QuorumLogError):
         await r.read(-1, 1)
+
+
+async def test_read_unconfirmed_past_what_was_written(client: Client) -> None:
+    """BookKeeperTest.testReadUnconfirmedEntries-style: unconfirmed reads past the written end.
+
+    Expected: read_unconfirmed over a range reaching past the last written entry fails with
+    BKNoSuchEntryException (NoSuchEntryError) rather than returning a short or invented list.
+    """
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    for i in range(3):
+        await w.append(b"u%d" % i)
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    with pytest.raises(NoSuchEntryError):
+        await r.read_unconfirmed(0, 10)
+    assert [e.payload for e in await r.read_unconfirmed(0, 2)] == [b"u0", b"u1", b"u2"]
+    await w.close()
+
+
+async def test_read_last_entry_of_an_empty_then_written_ledger(client: Client) -> None:
+    """BookKeeperTest (ReadHandle.readLastAddConfirmedAndEntry / readLastEntry on empty and closed ledgers).
+
+    Expected: an empty open ledger has no last entry; once an entry is written and the ledger closed, the
+    last entry is that one.
+    """
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    r0 = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    assert await r0.read_last_entry() is None
+    await w.append(b"x")
+    await w.close()
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=True)
+    e = await r.read_last_entry()
+    assert e is not None and (e.entry_id, e.payload) == (0, b"x")

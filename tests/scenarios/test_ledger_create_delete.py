@@ -70,3 +70,16 @@ async def test_bad_quorum_sizes_are_refused(client: Client) -> None:
         await client.create_ledger(2, 3, 2, password=PW)
     with pytest.raises(InvalidArgumentError):
         await client.create_ledger(3, 2, 3, password=PW)
+
+
+async def test_deleting_an_open_ledger_under_its_writer(client: Client) -> None:
+    """LedgerCreateDeleteTest / BookKeeperTest (delete a ledger that is still being written).
+
+    Expected: BookKeeper lets a ledger be deleted while open; its writer's close then fails because the
+    metadata is gone (BKNoSuchLedgerExistsOnMetadataServerException; here NoSuchLedgerError).
+    """
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await w.append(b"d")
+    await client.delete_ledger(w.ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        await w.close()

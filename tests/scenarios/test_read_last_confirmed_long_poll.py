@@ -77,3 +77,18 @@ async def test_long_poll_with_a_bookie_down() -> None:
                 await w.append(b"e%d" % i)
                 lac, entry = await asyncio.wait_for(poll, 20.0)
                 assert lac >= i and entry is not None and entry.payload == b"e%d" % i
+
+
+async def test_long_poll_on_a_closed_ledger_answers_at_once(client: Client) -> None:
+    """TestReadLastConfirmedAndEntry (long poll past the end of a closed ledger).
+
+    Expected: a closed ledger can get no new entry: a long poll past its end answers at once (not after the
+    timeout) with the final LAC and no entry, and tailing it yields its entries and stops.
+    """
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await w.append(b"a")
+    await w.close()
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    lac, entry = await asyncio.wait_for(r.wait_for_entry(5, timeout_s=60), 10)
+    assert lac == 0 and entry is None
+    assert [e.payload async for e in r.tail(0)] == [b"a"]
