@@ -235,24 +235,130 @@ class LedgerHandle:
         out: list[Entry] = []
         for start in range(first, last + 1, READ_WINDOW_ENTRIES):
             stop = min(last, start + READ_WINDOW_ENTRIES - 1)
-            # return_exceptions: a failed entry must not leave its siblings running unobserved.
-            results = await asyncio.gather(
-                *(self._read_entry_retrying(e) for e in range(start, stop + 1)), return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            out.extend(results)  # type: ignore[arg-type]
+            out.extend(await self._read_window(start, stop))
         return out
 
-    async def _read_entry_retrying(self, entry_id: int) -> Entry:
+    async def _read_window(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last, read by one driver: no task, future or timer per entry.
+
+        Each entry keeps its own `EntryRead` (replica order, speculative reads, errors); what is shared is
+        the plumbing -- answers come straight from the connection's read (`send_with_callback`), one future
+        resolves when every entry is done, and one timer checks the speculative deadlines of all of them
+        (they are sent together, so their deadlines are close). Entries that failed with an error a
+        metadata refresh can fix are retried one by one, as a single-entry read would be.
+        """
+        loop = asyncio.get_running_loop()
+        now = self._now()
+        ensembles = self._md.value.ensembles
+        failures = self._failures.counts(now)
+        speculative_s = self._client.config.speculative_read_timeout_s
+        count = last - first + 1
+        readers: list[EntryRead] = []
+        results: list[Entry | None] = [None] * count
+        errors: list[QuorumLogError | None] = [None] * count
+        all_done: asyncio.Future[None] = loop.create_future()
+        remaining = count
+        timer: asyncio.TimerHandle | None = None
+        ledger_id, digest, lac, client = self.ledger_id, self._digest, self._lac, self._client
+
+        def apply(index: int, actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+            nonlocal remaining
+            for action in actions:
+                if isinstance(action, SendRead):
+                    send(index, action.bookie_id)
+                    continue
+                if isinstance(action, ReadDone):
+                    results[index] = action.data
+                else:
+                    errors[index] = action.error
+                remaining -= 1
+                if remaining == 0 and not all_done.done():
+                    all_done.set_result(None)
+
+        def send(index: int, bookie_id: str) -> None:
+            try:
+                client.bookie(bookie_id).send_with_callback(
+                    ReadRequest(ledger_id, first + index), on_answer, (index, bookie_id)
+                )
+            except QuorumLogError as e:
+                on_error(index, bookie_id, e)
+
+        def on_error(index: int, bookie_id: str, error: QuorumLogError) -> None:
+            if not isinstance(error, _EMPTY_ERRORS):
+                self._failures.record_failure(bookie_id, self._now())
+            apply(index, readers[index].on_error(bookie_id, error, self._now()))
+
+        def on_answer(context: tuple[int, str], resp: Response | None, exc: QuorumLogError | None) -> None:
+            index, bookie_id = context
+            if exc is not None:
+                on_error(index, bookie_id, exc)
+                return
+            assert isinstance(resp, ReadResponse)
+            entry_id = first + index
+            if resp.body is None:
+                on_error(
+                    index,
+                    bookie_id,
+                    NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}"),
+                )
+                return
+            try:
+                entry = digest.decode_entry(resp.body, entry_id)
+            except (DigestMismatchError, ProtocolError) as e:
+                log.error(
+                    "ledger %d entry %d from bookie %s is corrupt: %s", ledger_id, entry_id, bookie_id, e
+                )
+                on_error(index, bookie_id, DigestMismatchError(str(e)))
+                return
+            self._failures.record_success(bookie_id)
+            if resp.max_lac is not None:
+                lac.observe(resp.max_lac)
+            lac.observe(entry.lac)
+            apply(index, readers[index].on_success(bookie_id, entry))
+
+        def arm() -> None:
+            nonlocal timer
+            deadlines = [d for r in readers if not r.done and (d := r.next_deadline_s()) is not None]
+            if deadlines and not all_done.done():
+                timer = loop.call_later(max(0.0, min(deadlines) - self._now()), on_timer)
+
+        def on_timer() -> None:
+            nonlocal timer
+            timer = None
+            t = self._now()
+            for index, reader in enumerate(readers):
+                if not reader.done:
+                    apply(index, reader.check_timeouts(t))
+            arm()
+
+        for entry_id in range(first, last + 1):
+            _, ensemble = ensemble_for(ensembles, entry_id)
+            readers.append(
+                EntryRead(
+                    self.quorum, entry_id, ensemble, failures=failures, speculative_timeout_s=speculative_s
+                )
+            )
+        for index, reader in enumerate(readers):
+            apply(index, reader.start(now))
+        arm()
         try:
-            return await self._read_entry(entry_id)
-        except (NoSuchEntryError, BookieUnavailableError, OperationTimeoutError):
-            # A writer may have moved this entry to a new ensemble we have not seen: look once more.
-            if self.is_closed or not await self._refresh_metadata():
-                raise
-            return await self._read_entry(entry_id)
+            await all_done
+        finally:
+            if timer is not None:
+                timer.cancel()
+        out: list[Entry] = []
+        for index, entry in enumerate(results):
+            if entry is None:
+                error = errors[index]
+                assert error is not None
+                if not isinstance(error, NoSuchEntryError | BookieUnavailableError | OperationTimeoutError):
+                    raise error
+                # A writer may have moved this entry to a new ensemble we have not seen: look once more.
+                if self.is_closed or not await self._refresh_metadata():
+                    raise error
+                entry = await self._read_entry(first + index)
+            out.append(entry)
+        return out
 
     async def _read_entry(self, entry_id: int) -> Entry:
         _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
