@@ -15,6 +15,10 @@ Rules it keeps:
 - `usage` counts live bytes per entry log per ledger (compaction.py explains the accounting): rebuilt from
   the index at start, grown after each checkpoint's index commit, shrunk when GC drops a ledger.
 - Corrupt stored bytes raise `CorruptEntryError` (EIO); only a missing index entry is `None` (ENOENTRY).
+- Read-ahead grows with a sequential scan: a miss just past what the last read-ahead of the same ledger
+  brought in doubles that ledger's read-ahead (from `read_ahead_bytes` up to `SCAN_READ_AHEAD_MAX_BYTES`, and
+  never more than a quarter of the read cache), so a catch-up reader costs one index lookup and one pread per
+  window instead of per few entries; any other miss resets it. Random reads keep the small read-ahead.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
+SCAN_READ_AHEAD_MAX_BYTES = 4 << 20  # largest read-ahead of a sequential scan (one pread, parsed in memory)
+_SCAN_GAP_ENTRIES = 8  # a miss this close after the last read-ahead entry continues a scan
+_SCANS_TRACKED_MAX = 1024  # ledgers whose scan state is kept (least recently missed out first)
 
 
 @dataclass
@@ -94,6 +101,11 @@ class LedgerStorage:
         self.active = WriteCache()
         self.flushing = WriteCache()
         self.read_cache = ReadAheadCache(read_cache_bytes)
+        self.scan_read_ahead_max_bytes = max(
+            read_ahead_bytes, min(SCAN_READ_AHEAD_MAX_BYTES, read_cache_bytes // 4)
+        )
+        # ledger -> (last entry id the previous read-ahead brought in, read-ahead bytes to use next)
+        self._scans: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.flush_running = False
         self.usage = LogUsage(index.log_usage())
 
@@ -125,12 +137,26 @@ class LedgerStorage:
         location = self.index.location(ledger_id, entry_id)
         if location is None:
             return None
-        entries = self.entry_logs.read(ledger_id, entry_id, location, self.read_ahead_bytes)
+        read_ahead = self.read_ahead_bytes
+        scan = self._scans.pop(ledger_id, None)
+        if scan is not None and read_ahead > 0:
+            last_cached, window = scan
+            # "Just past": with striping (E > W) a bookie holds only some ids, so allow a small gap.
+            if last_cached < entry_id <= last_cached + _SCAN_GAP_ENTRIES:
+                # The reader ran past the previous read-ahead: a scan. Read further ahead this time.
+                read_ahead = min(window * 2, self.scan_read_ahead_max_bytes)
+        entries = self.entry_logs.read(ledger_id, entry_id, location, read_ahead)
+        last_cached = entry_id
         for body in entries[1:]:
             lid, eid = _IDS.unpack_from(body)
             if lid != ledger_id:
                 break  # checkpoints write ledgers contiguously: the rest belongs to other readers
             self.read_cache.put((lid, eid), body)
+            last_cached = eid
+        if read_ahead > 0:
+            self._scans[ledger_id] = (last_cached, read_ahead)
+            if len(self._scans) > _SCANS_TRACKED_MAX:
+                self._scans.popitem(last=False)
         return entries[0]
 
     def entries(self, ledger_id: int) -> list[int]:
@@ -150,6 +176,7 @@ class LedgerStorage:
                 cache.size_bytes -= len(header) + len(body)
         for key in [k for k in list(self.read_cache._entries) if k[0] == ledger_id]:
             self.read_cache.invalidate(key)
+        self._scans.pop(ledger_id, None)
         self.usage.drop_ledger(ledger_id)
 
     def begin_flush(self) -> WriteCache:

@@ -367,3 +367,38 @@ async def test_a_second_bookie_on_the_same_directories_is_refused(start_bookie: 
     c = await client(svc)
     assert await add(c, 1, 0) == OK  # the first one is unaffected
     await c.close()
+
+
+async def test_sequential_scan_grows_read_ahead_and_random_reads_do_not(start_bookie: StartBookie) -> None:
+    svc = await start_bookie("scan", write_cache_bytes=1 << 20)
+    c = await client(svc)
+    bodies = {e: entry(72, e, os.urandom(3000)) for e in range(600)}
+    results = await asyncio.gather(*(c.call(m.AddRequest(72, e, KEY, b)) for e, b in bodies.items()))
+    assert {r.status for r in results} == {OK}
+    await c.close()
+    await svc.stop()
+    svc2 = await start_bookie("scan", write_cache_bytes=1 << 20)
+    storage = svc2.bookie.storage  # type: ignore[union-attr]
+    sizes: list[int] = []
+    log_read = storage.entry_logs.read
+
+    def counting_read(lid: int, eid: int, location: bytes, read_ahead_bytes: int = 0) -> list[bytes]:
+        sizes.append(read_ahead_bytes)
+        return log_read(lid, eid, location, read_ahead_bytes)
+
+    storage.entry_logs.read = counting_read  # type: ignore[method-assign]
+    c = await client(svc2)
+    for e in range(600):  # a catch-up reader: in order, from the start
+        r = await c.call(m.ReadRequest(72, e))
+        assert (r.status, r.body) == (OK, bodies[e])
+    # 1.8 MB: with a fixed 64 KiB read-ahead that is ~28 log reads; doubling windows need a handful.
+    assert (
+        len(sizes) <= 8 and sizes[0] == storage.read_ahead_bytes and max(sizes) > 8 * storage.read_ahead_bytes
+    )
+    sizes.clear()
+    storage.read_cache = type(storage.read_cache)(storage.read_cache.max_bytes)  # cold again
+    for e in (500, 20, 300, 41, 590):  # random reads: no scan, so no growth
+        r = await c.call(m.ReadRequest(72, e))
+        assert (r.status, r.body) == (OK, bodies[e])
+    assert sizes == [storage.read_ahead_bytes] * 5
+    await c.close()
