@@ -1,13 +1,13 @@
 """Bookie CPU per add: one real bookie (journal fdatasync on) in this process, fed 1 KiB adds without sockets.
 
 What it isolates: the bookie's own CPU per add (decode, journal, write cache, index, response encoding, the
-journal's sync thread), independent of how loaded the machine is: the figure to compare before/after a
-change to the bookie's write path. A real `Bookie` and its `BookieConnection` run in this process, as
-shipped (fsync on); only the socket is replaced: a feeder keeps `--outstanding` adds in flight, hands them
-to the connection in one `data_received` per batch, and sends replacements on the next loop turn for each
-batch of responses. The feeder's CPU (encoding entries, reading responses) is timed and subtracted; what is
-left is the process's CPU, including the journal's sync thread. End-to-end numbers (sockets, a separate
-process) come from `bookie_add`.
+journal's sync thread), much less moved by the machine's load than throughput: the figure to compare
+before/after a change to the bookie's write path. A real `Bookie` and its `BookieConnection` run in this
+process, as shipped (fsync on); only the socket is replaced: a feeder keeps `--outstanding` adds in flight,
+hands them to the connection in one `data_received` per batch, and sends replacements on the next loop turn
+for each batch of responses. The feeder's CPU (encoding entries, reading responses) is timed and subtracted;
+what is left is the process's CPU, including the journal's sync thread. End-to-end numbers (sockets, a
+separate process) come from `bookie_add`.
 
 Reports, per protocol version, the median and every round's CPU µs per add, the share Python's cyclic GC
 took (by `gc.callbacks`), and adds/s (wall). `--gc bookie` applies the bookie process's GC policy
@@ -283,7 +283,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cli() -> None:
-    p = c.parser(__doc__)
+    # Not `c.parser`: no bookie processes and nothing to plot, so no --bookies or --plot.
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a small run (a few seconds) to check that it works")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--adds", type=int, default=50_000, help="adds per round (a quarter of it warms up)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=0.0, help="one timed run with RSS samples instead")

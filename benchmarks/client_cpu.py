@@ -1,12 +1,12 @@
 """Client CPU per entry: the real Client and LedgerHandle against instant in-process fake bookies.
 
 What it isolates: the ledger client's own CPU per add (building and digesting the entry, encoding, fanning it
-out to the write quorum, matching acknowledgements, completing in order), independent of how loaded the
-machine is, which makes it the figure to compare before/after a change to the client's write path. The
-bookies are fakes, on purpose: the client's sockets are replaced by in-memory transports whose peer decodes
-every request with the bookie's codec and answers each add (and explicit LAC) with EOK on the next loop turn. The fakes run in
-the same process; their CPU is timed and subtracted, so what is left is the client's. No disk, no network:
-end-to-end numbers come from `ledger_write` and `throughput_latency`.
+out to the write quorum, matching acknowledgements, completing in order), much less moved by the machine's
+load than throughput, which makes it the figure to compare before/after a change to the client's write path.
+The bookies are fakes, on purpose: the client's sockets are replaced by in-memory transports whose peer
+decodes every request with the bookie's codec and answers each add (and explicit LAC) with EOK on the next
+loop turn. The fakes run in the same process; their CPU is timed and subtracted, so what is left is the
+client's. No disk, no network: end-to-end numbers come from `ledger_write` and `throughput_latency`.
 
 For each protocol (v3, v2) and ensemble case (E3W2A2, E1W1A1): one ledger, `--outstanding` appends in flight,
 a warm-up of `--entries` appends, then `--rounds` measured rounds of `--entries` appends each. Reports the
@@ -254,7 +254,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cli() -> None:
-    p = c.parser(__doc__)
+    # Not `c.parser`: no bookie processes and nothing to plot, so no --bookies or --plot.
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a small run (a few seconds) to check that it works")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--entries", type=int, default=30_000, help="appends per round (and for the warm-up)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--outstanding", type=int, default=1000)
