@@ -42,7 +42,7 @@ from quorumlog.client.add_tracker import (
     EnsembleChangeNeeded,
     SendAdd,
 )
-from quorumlog.client.distribution import Quorum, ensemble_for
+from quorumlog.client.distribution import Quorum, ensemble_for, order_read_replicas
 from quorumlog.client.ensemble_change import (
     AlreadyApplied,
     Retry,
@@ -331,12 +331,23 @@ class LedgerHandle:
                     apply(index, reader.check_timeouts(t))
             arm()
 
+        # Replica order depends only on the ensemble and entry_id % E: computed once per rotation while the
+        # window stays in one ensemble (the common case), not per entry.
+        quorum = self.quorum
+        orders: dict[int, Sequence[str]] = {}
+        ensemble_start, ensemble = ensemble_for(ensembles, first)
+        ensemble_end = min((s for s in ensembles if s > ensemble_start), default=last + 1)
         for entry_id in range(first, last + 1):
-            _, ensemble = ensemble_for(ensembles, entry_id)
+            if entry_id >= ensemble_end:
+                ensemble_start, ensemble = ensemble_for(ensembles, entry_id)
+                ensemble_end = min((s for s in ensembles if s > ensemble_start), default=last + 1)
+                orders.clear()
+            rotation = entry_id % quorum.ensemble_size
+            replicas = orders.get(rotation)
+            if replicas is None:
+                replicas = orders[rotation] = order_read_replicas(quorum, entry_id, ensemble, failures)
             readers.append(
-                EntryRead(
-                    self.quorum, entry_id, ensemble, failures=failures, speculative_timeout_s=speculative_s
-                )
+                EntryRead(quorum, entry_id, ensemble, speculative_timeout_s=speculative_s, replicas=replicas)
             )
         for index, reader in enumerate(readers):
             apply(index, reader.start(now))

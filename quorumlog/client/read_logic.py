@@ -76,11 +76,16 @@ class EntryRead:
         *,
         failures: Mapping[str, int] | None = None,
         speculative_timeout_s: float = 0.0,
+        replicas: Sequence[str] | None = None,
     ) -> None:
+        """`replicas`: the `order_read_replicas` result when the caller already has it (a range read
+        computes it once per write-set rotation, not per entry); never modified."""
         if speculative_timeout_s < 0:
             raise InvalidArgumentError(f"speculative_timeout_s={speculative_timeout_s}: must be >= 0")
         self.entry_id = entry_id
-        self.replicas = order_read_replicas(quorum, entry_id, ensemble, failures)
+        self.replicas = (
+            order_read_replicas(quorum, entry_id, ensemble, failures) if replicas is None else replicas
+        )
         self.speculative_timeout_s = speculative_timeout_s
         self._next = 0  # index into replicas of the next bookie to ask
         self._last_sent_s: float | None = None
