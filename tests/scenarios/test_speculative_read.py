@@ -50,3 +50,28 @@ async def test_reads_complete_with_a_dead_bookie() -> None:
         async with await connect(cluster) as reader:
             r = await reader.open_ledger(w.ledger_id, password=PW)
             assert [e.payload for e in await r.read(0, 11)] == [b"t%d" % i for i in range(12)]
+
+
+async def test_without_speculation_a_silent_replica_costs_one_read_timeout() -> None:
+    """TestSpeculativeRead.testSpeculativeReadDisabled-like (speculativeReadTimeout = 0).
+
+    Expected: with speculative reads off, a read whose first replica is silent (SIGSTOP) is answered by the
+    next replica once the first's read timeout expires: it succeeds, no sooner than about that timeout.
+    """
+    async with fresh_cluster(3) as cluster, await connect(cluster) as writer:
+        w = await writer.create_ledger(3, 3, 2, password=PW)
+        await asyncio.gather(*(w.append(b"n%d" % i) for i in range(3)))
+        await w.close()
+        async with await connect(cluster, read_timeout_s=1.5, speculative_read_timeout_s=0) as reader:
+            r = await reader.open_ledger(w.ledger_id, password=PW)
+            assert [e.payload for e in await r.read(0, 0)] == [b"n0"]
+            node = cluster.node(w.metadata.ensembles[0][0])
+            node.pause()
+            try:
+                t0 = time.monotonic()
+                [e] = await asyncio.wait_for(r.read(0, 0), 30)
+                elapsed = time.monotonic() - t0
+                assert e.payload == b"n0"
+                assert elapsed >= 1.0, elapsed
+            finally:
+                node.resume()
