@@ -54,6 +54,7 @@ from quorumlog.proto.messages import (
     ReadRequest,
     Request,
     Response,
+    WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
 
@@ -503,7 +504,8 @@ _TXN_IDS = itertools.count(1)
 class _FrameCache:
     """The last ADD frame encoded, reused when the same request object (same txn id, same protocol version)
     goes to the next bookie of its write set: one encode of the 1 KiB entry per entry instead of one per
-    bookie. Requests are frozen except for the txn id, which is part of the check."""
+    bookie. Requests are frozen except for the txn id, which is part of the check. WRITE_LAC too: an
+    explicit LAC is one request object sent to the whole ensemble."""
 
     __slots__ = ("encoded", "request", "txn_id", "version")
 
@@ -514,7 +516,8 @@ class _FrameCache:
         self.encoded = b""
 
     def get(self, request: Request, version: ProtocolVersion, codec: ClientConnection) -> bytes:
-        if type(request) is not AddRequest:
+        kind = type(request)
+        if kind is not AddRequest and kind is not WriteLacRequest:
             return codec.send(request)
         if request is self.request and request.txn_id == self.txn_id and version is self.version:
             return self.encoded

@@ -1016,16 +1016,15 @@ class WriteHandle(LedgerHandle):
         # To the whole current ensemble, not only the LAC entry's write set: with striping (E > W) a reader
         # waiting for an earlier entry long-polls *that* entry's write set, and a bookie holding it but not
         # the last entry would otherwise never learn it is confirmed until the writer writes again.
-        body = self._digest.encode_lac(lac)
+        # One request object for all of them: encoded once (bookie_client._FrameCache), and answered by a
+        # callback rather than a future per bookie -- at 10,000 open ledgers this runs thousands of times a tick.
+        req = WriteLacRequest(self.ledger_id, lac, self._master_key, self._digest.encode_lac(lac))
         for bookie_id in self._tracker.current_ensemble:
             try:
-                fut = self._client.bookie(bookie_id).send(
-                    WriteLacRequest(self.ledger_id, lac, self._master_key, body)
-                )
+                # Best effort: a missed explicit LAC only delays readers until the next one.
+                self._client.bookie(bookie_id).send_with_callback(req, _ignore_answer, None)
             except QuorumLogError:
                 continue
-            # Best effort: a missed explicit LAC only delays readers until the next one.
-            fut.add_done_callback(_ignore_result)
 
     # --- ensemble change ---------------------------------------------------------------------------------
 
@@ -1229,9 +1228,8 @@ def _chain_future(src: asyncio.Future[int], dst: asyncio.Future[int]) -> None:
     src.add_done_callback(done)
 
 
-def _ignore_result(fut: asyncio.Future[Any]) -> None:
-    if not fut.cancelled():
-        fut.exception()  # mark retrieved: a failed explicit LAC is not worth a warning per request
+def _ignore_answer(context: object, response: Response | None, error: QuorumLogError | None) -> None:
+    """The answer to an explicit LAC: nothing to do either way (a failed one is not worth a warning)."""
 
 
 # --- recovery ---------------------------------------------------------------------------------------------
