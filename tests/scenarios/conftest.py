@@ -2,8 +2,10 @@
 
 Each module ports scenarios from one BookKeeper test class, written anew against quorumlog's public API
 (API.md) with real `quorumlog bookie` processes (fsync on) and the embedded `file://` metadata store.
-Scenarios that do not hurt the cluster share one per module (`cluster`); scenarios that kill, pause or
-restart bookies take their own (`fresh_cluster`), so no scenario sees another's damage.
+Scenarios that do not hurt the cluster share one for this package (`cluster`: one start-up instead of one
+per module, stopped when the package is done); scenarios that kill, pause or restart bookies take their own
+(`fresh_cluster`), so no scenario sees another's damage. The shared fixtures live on the package's event
+loop, so every module runs its tests there (`pytest.mark.asyncio(loop_scope="package")`).
 """
 
 from __future__ import annotations
@@ -37,14 +39,14 @@ async def fresh_cluster(bookies: int, **settings: object) -> AsyncIterator[Local
         yield c
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def cluster() -> AsyncIterator[LocalCluster]:
-    """Four bookie processes shared by a module's scenarios that leave every bookie running."""
+    """Four bookie processes shared by every scenario that leaves every bookie running (one start-up)."""
     async with LocalCluster(4, processes=True) as c:
         yield c
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
 async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
     async with await connect(cluster) as c:
         yield c

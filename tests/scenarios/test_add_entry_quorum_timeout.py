@@ -10,7 +10,7 @@ import pytest
 from quorumlog.errors import AddQuorumTimeoutError, OperationTimeoutError
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_slow_replica_does_not_hold_adds_below_the_ack_quorum() -> None:

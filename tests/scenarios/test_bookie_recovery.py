@@ -18,7 +18,7 @@ from quorumlog import LedgerState
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:

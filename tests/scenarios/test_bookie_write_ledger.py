@@ -11,7 +11,7 @@ from quorumlog.errors import IllegalOperationError, LedgerExistsError, QuorumLog
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_adds_continue_after_a_bookie_failure_with_an_ensemble_change() -> None:

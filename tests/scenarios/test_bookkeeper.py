@@ -17,7 +17,7 @@ from quorumlog.errors import (
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_open_without_recovery_while_the_writer_writes(client: Client, cluster: LocalCluster) -> None:

@@ -11,7 +11,7 @@ from quorumlog.errors import ClientClosedError, QuorumLogError
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_operations_after_client_close_fail_typed(cluster: LocalCluster) -> None:

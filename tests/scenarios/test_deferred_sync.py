@@ -11,7 +11,7 @@ from quorumlog.errors import LedgerClosedError, QuorumLogError
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_force_on_a_closed_ledger_fails(client: Client) -> None:

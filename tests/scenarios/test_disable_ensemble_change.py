@@ -8,7 +8,7 @@ import pytest
 
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_disabled_ensemble_change_writes_on_while_the_ack_quorum_holds() -> None:

@@ -10,7 +10,7 @@ from quorumlog import Client
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_reader_sees_the_last_entry_through_explicit_lac(cluster: LocalCluster) -> None:

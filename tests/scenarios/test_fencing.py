@@ -11,7 +11,7 @@ from quorumlog.errors import LedgerFencedError, UnauthorizedError
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_old_writer_is_fenced_after_recovery(client: Client, cluster: LocalCluster) -> None:

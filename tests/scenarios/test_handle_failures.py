@@ -9,7 +9,7 @@ import pytest
 from quorumlog.errors import NotEnoughBookiesError
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_one_failure_makes_one_ensemble_change_for_many_pending_adds() -> None:

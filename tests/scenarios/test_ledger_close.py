@@ -11,7 +11,7 @@ from quorumlog.errors import LedgerClosedError, NoSuchEntryError, ReadBeyondLast
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_closing_an_empty_ledger(client: Client, cluster: LocalCluster) -> None:

@@ -8,7 +8,7 @@ from quorumlog import Client
 from quorumlog.errors import InvalidArgumentError, NoSuchLedgerError, NotEnoughBookiesError
 from tests.scenarios.conftest import PW
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_delete_then_open_is_no_such_ledger(client: Client) -> None:

@@ -11,7 +11,7 @@ from quorumlog.errors import UnauthorizedError
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_recovery_closes_at_the_writers_last_entry(client: Client, cluster: LocalCluster) -> None:

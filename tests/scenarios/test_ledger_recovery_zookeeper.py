@@ -21,7 +21,7 @@ from tests.scenarios.conftest import PW, connect
 
 pytestmark = [
     pytest.mark.zookeeper,
-    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.asyncio(loop_scope="package"),
     pytest.mark.skipif(not zookeeper_available(), reason="ZooKeeper is not installed (./dev setup)"),
 ]
 _roots = itertools.count()

@@ -10,7 +10,7 @@ from quorumlog import Client
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_long_poll_returns_when_the_entry_is_written(client: Client, cluster: LocalCluster) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_speculative_read_goes_around_a_paused_bookie() -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_striped_ledger_survives_an_ensemble_change_and_non_adjacent_losses() -> None:

@@ -16,7 +16,7 @@ from quorumlog.sync import Client as SyncClient
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import CLIENT_SETTINGS, PW
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 def write_fence_read(uri: str) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_lac_reads_with_bookies_down() -> None:

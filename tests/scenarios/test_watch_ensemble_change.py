@@ -9,7 +9,7 @@ import pytest
 from quorumlog import LedgerState
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = pytest.mark.asyncio(loop_scope="package")
 
 
 async def test_tailing_reader_follows_an_ensemble_change_to_the_close() -> None:
