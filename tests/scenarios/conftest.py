@@ -10,7 +10,9 @@ loop, so every module runs its tests there (`pytest.mark.asyncio(loop_scope="pac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 
 import pytest_asyncio
@@ -30,6 +32,24 @@ CLIENT_SETTINGS: dict[str, object] = {
 
 async def connect(cluster: LocalCluster, **options: object) -> Client:
     return await Client.connect(cluster.uri, **{**CLIENT_SETTINGS, **options})  # type: ignore[arg-type]
+
+
+async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:
+    """Run `quorumlog shell --metadata URI ARGS...` as a user would; (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "quorumlog",
+        "shell",
+        "--metadata",
+        cluster.uri,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 @contextlib.asynccontextmanager

@@ -9,33 +9,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import tempfile
 
 import pytest
 
 from quorumlog import LedgerState
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.conftest import PW, connect
+from tests.scenarios.conftest import PW, connect, shell
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
-
-
-async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quorumlog",
-        "shell",
-        "--metadata",
-        cluster.uri,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_recover_a_dead_bookie_then_lose_another() -> None:

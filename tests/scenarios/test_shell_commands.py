@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from typing import Any
 
 import pytest
@@ -16,26 +15,9 @@ import pytest
 from quorumlog import Client
 from quorumlog.errors import NoSuchLedgerError
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.conftest import PW
+from tests.scenarios.conftest import PW, shell
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
-
-
-async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quorumlog",
-        "shell",
-        "--metadata",
-        cluster.uri,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def shell_json(cluster: LocalCluster, *args: str) -> Any:
