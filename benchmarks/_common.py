@@ -261,6 +261,66 @@ async def connect(uri: str, **options: Any) -> Client:
     return await Client.connect(uri, **options)
 
 
+# --- CPU-per-operation benchmarks (client_cpu, bookie_cpu) ------------------------------------------------
+
+
+def cpu_parser(doc: str | None) -> argparse.ArgumentParser:
+    """Options shared by the in-process CPU benchmarks. Not `parser`: no bookie processes and nothing to plot,
+    so no --bookies or --plot."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a small run (a few seconds) to check that it works")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--outstanding", type=int, default=1000)
+    p.add_argument("--payload-bytes", type=int, default=1024)
+    p.add_argument(
+        "--gc",
+        choices=("default", "bookie", "off"),
+        default="default",
+        help="this process's cyclic GC: as Python sets it, the bookie process's policy, or off",
+    )
+    return p
+
+
+def check_versions(p: argparse.ArgumentParser, option: str, text: str) -> None:
+    for v in text.split(","):
+        if v not in ("v3", "v2"):
+            p.error(f"{option}: {v!r} is not v3 or v2")
+
+
+class GcMeter:
+    """CPU seconds Python's cyclic GC took, by `gc.callbacks` (append the meter itself)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._started
+            self.collections += 1
+
+    def reset(self) -> None:
+        self.seconds, self.collections = 0.0, 0
+
+
+def set_gc(mode: str) -> dict[str, Any]:
+    """This benchmark process's GC (never the library's business), recorded in the JSON: 'default' leaves it
+    as Python has it, 'bookie' applies the `quorumlog bookie` process's policy, 'off' disables it."""
+    import gc
+
+    if mode == "off":
+        gc.disable()
+    elif mode == "bookie":
+        from quorumlog.bookie.service import apply_bookie_gc_policy
+
+        apply_bookie_gc_policy()
+    return {"mode": mode, "enabled": gc.isenabled(), "thresholds": list(gc.get_threshold())}
+
+
 # --- progress, output, plot ----------------------------------------------------------------------------
 
 

@@ -53,22 +53,6 @@ def rss_mib() -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
-class GcMeter:
-    """CPU seconds Python's cyclic GC took, by `gc.callbacks`."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.collections = 0
-        self._started = 0.0
-
-    def __call__(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._started = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._started
-            self.collections += 1
-
-
 class Feeder(asyncio.Transport):
     """The transport under the bookie's connection, and the client at its other end: keeps `outstanding`
     adds in flight until `total` are answered (or until `stop` is set), counting its own CPU in `cpu_s`."""
@@ -170,23 +154,12 @@ class Feeder(asyncio.Transport):
         pass
 
 
-def set_gc(mode: str) -> dict[str, Any]:
-    """This benchmark process's GC, recorded in the JSON."""
-    if mode == "off":
-        gc.disable()
-    elif mode == "bookie":
-        from quorumlog.bookie.service import apply_bookie_gc_policy
-
-        apply_bookie_gc_policy()
-    return {"mode": mode, "enabled": gc.isenabled(), "thresholds": list(gc.get_threshold())}
-
-
 async def measure(
     server: BookieServer, version: str, args: argparse.Namespace, first_entry: int, bar: Any
 ) -> tuple[dict[str, Any], int]:
     v = m.ProtocolVersion.V3 if version == "v3" else m.ProtocolVersion.V2
     payload = os.urandom(args.payload_bytes)
-    meter = GcMeter()
+    meter = c.GcMeter()
 
     def connect() -> tuple[Feeder, BookieConnection]:
         feeder = Feeder(v, payload, first_entry)
@@ -219,7 +192,7 @@ async def measure(
             for _ in range(args.rounds):
                 feeder.prepare(args.adds)
                 feeder.cpu_s = 0.0
-                meter.seconds, meter.collections = 0.0, 0
+                meter.reset()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 await feeder.run(conn, args.adds, args.outstanding)
                 rounds.append(_round(feeder, time.process_time() - cpu0, time.perf_counter() - wall0, meter))
@@ -239,7 +212,7 @@ async def measure(
     return out, feeder.next_entry
 
 
-def _round(feeder: Feeder, cpu_s: float, wall_s: float, meter: GcMeter) -> dict[str, Any]:
+def _round(feeder: Feeder, cpu_s: float, wall_s: float, meter: c.GcMeter) -> dict[str, Any]:
     n = feeder.answered
     per = 1e6 / max(1, n)
     return {
@@ -268,7 +241,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": args.seconds,
                 "outstanding": args.outstanding,
                 "payload_bytes": args.payload_bytes,
-                "gc": set_gc(args.gc),  # after start-up, as `quorumlog bookie` does
+                "gc": c.set_gc(args.gc),  # after start-up, as `quorumlog bookie` does
             }
             results = []
             next_entry = 0
@@ -283,29 +256,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cli() -> None:
-    # Not `c.parser`: no bookie processes and nothing to plot, so no --bookies or --plot.
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a small run (a few seconds) to check that it works")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p = c.cpu_parser(__doc__)
     p.add_argument("--adds", type=int, default=50_000, help="adds per round (a quarter of it warms up)")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=0.0, help="one timed run with RSS samples instead")
-    p.add_argument("--outstanding", type=int, default=1000)
-    p.add_argument("--payload-bytes", type=int, default=1024)
     p.add_argument("--versions", default="v3,v2")
-    p.add_argument(
-        "--gc",
-        choices=("default", "bookie", "off"),
-        default="default",
-        help="this process's cyclic GC: as Python sets it, the bookie process's policy, or off",
-    )
     args = p.parse_args()
     c.quick(args, p, adds=3000, rounds=1)
     if args.adds < 1 or args.rounds < 1 or args.outstanding < 1 or args.seconds < 0:
         p.error("--adds, --rounds and --outstanding must be >= 1, --seconds >= 0")
-    for v in args.versions.split(","):
-        if v not in ("v3", "v2"):
-            p.error(f"--versions: {v!r} is not v3 or v2")
+    c.check_versions(p, "--versions", args.versions)
     result = run(main(args))
     print(f"bookie_cpu: {len(result['results'])} points", file=sys.stderr)
     c.emit(result)

@@ -39,25 +39,16 @@ from quorumlog.proto.status import StatusCode
 from quorumlog.testing.cluster import LocalCluster
 
 
-class CpuMeter:
-    """Process CPU seconds spent inside `timed` blocks (the fakes' share), and in Python's cyclic GC."""
+class CpuMeter(c.GcMeter):
+    """Process CPU seconds spent inside the fakes (`fake_s`), and in Python's cyclic GC (`seconds`)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.fake_s = 0.0
-        self.gc_s = 0.0
-        self.gc_collections = 0
-        self._gc_started = 0.0
-
-    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._gc_started = time.process_time()
-        else:
-            self.gc_s += time.process_time() - self._gc_started
-            self.gc_collections += 1
 
     def reset(self) -> None:
-        self.fake_s = self.gc_s = 0.0
-        self.gc_collections = 0
+        super().reset()
+        self.fake_s = 0.0
 
 
 class FakeBookieTransport(asyncio.Transport):
@@ -197,8 +188,8 @@ async def measure_case(
                 {
                     "client_cpu_us_per_entry": round((cpu - meter.fake_s) * per, 2),
                     "fake_bookies_cpu_us_per_entry": round(meter.fake_s * per, 2),
-                    "gc_cpu_us_per_entry": round(meter.gc_s * per, 2),
-                    "gc_collections": meter.gc_collections,
+                    "gc_cpu_us_per_entry": round(meter.seconds * per, 2),
+                    "gc_collections": meter.collections,
                     "entries_per_s": round(args.entries / wall),
                     "loadavg_1m": c.loadavg()[0],
                 }
@@ -214,17 +205,6 @@ async def measure_case(
     }
 
 
-def set_gc(mode: str) -> dict[str, Any]:
-    """This benchmark process's GC (never the library's business): 'default' leaves it as Python has it."""
-    if mode == "off":
-        gc.disable()
-    elif mode == "bookie":
-        from quorumlog.bookie.service import apply_bookie_gc_policy
-
-        apply_bookie_gc_policy()
-    return {"mode": mode, "enabled": gc.isenabled(), "thresholds": list(gc.get_threshold())}
-
-
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     meter = CpuMeter()
     with tempfile.TemporaryDirectory(prefix="qlbench-client-cpu-") as tmp:
@@ -238,9 +218,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "rounds": args.rounds,
                 "outstanding": args.outstanding,
                 "payload_bytes": args.payload_bytes,
-                "gc": set_gc(args.gc),
+                "gc": c.set_gc(args.gc),
             }
-            gc.callbacks.append(meter.on_gc)
+            gc.callbacks.append(meter)
             results = []
             points = [(p, k) for p in args.protocols.split(",") for k in args.cases.split(",")]
             with c.progress(not args.no_progress) as bar:
@@ -248,35 +228,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 for protocol, case in points:
                     results.append(await measure_case(cluster.uri, protocol, case, args, meter))
                     bar.advance(task)
-            gc.callbacks.remove(meter.on_gc)
+            gc.callbacks.remove(meter)
         result["results"] = results
         return result
 
 
 def cli() -> None:
-    # Not `c.parser`: no bookie processes and nothing to plot, so no --bookies or --plot.
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a small run (a few seconds) to check that it works")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p = c.cpu_parser(__doc__)
     p.add_argument("--entries", type=int, default=30_000, help="appends per round (and for the warm-up)")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--outstanding", type=int, default=1000)
-    p.add_argument("--payload-bytes", type=int, default=1024)
     p.add_argument("--cases", default="E3W2A2,E1W1A1", help="comma-separated E<n>W<n>A<n>")
     p.add_argument("--protocols", default="v3,v2")
-    p.add_argument(
-        "--gc",
-        choices=("default", "off", "bookie"),
-        default="default",
-        help="this process's cyclic GC: as Python sets it, off, or the bookie process's policy",
-    )
     args = p.parse_args()
     c.quick(args, p, entries=2000, rounds=1)
     if args.entries < 1 or args.rounds < 1 or args.outstanding < 1:
         p.error("--entries, --rounds and --outstanding must be >= 1")
-    for proto in args.protocols.split(","):
-        if proto not in ("v3", "v2"):
-            p.error(f"--protocols: {proto!r} is not v3 or v2")
+    c.check_versions(p, "--protocols", args.protocols)
     args.max_ensemble = max(parse_case(k)[0] for k in args.cases.split(","))
     result = run(main(args))
     print(f"client_cpu: {len(result['results'])} points", file=sys.stderr)
