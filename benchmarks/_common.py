@@ -88,7 +88,7 @@ def _memory_gib() -> float:
     return 0.0
 
 
-def _commit() -> str:
+def git_commit() -> str:
     done = subprocess.run(
         ["git", "-C", os.path.dirname(os.path.dirname(quorumlog.__file__)), "rev-parse", "--short", "HEAD"],
         capture_output=True,
@@ -126,7 +126,7 @@ def machine(data_dir: str) -> dict[str, Any]:
         "memory_gib": _memory_gib(),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "commit": _commit(),
+        "commit": git_commit(),
         "quorumlog_path": os.path.dirname(quorumlog.__file__),
         "bookie_quorumlog_path": bookie_code_path(),
         "loadavg_start": loadavg(),

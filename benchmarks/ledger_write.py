@@ -13,16 +13,14 @@ outstanding, E1 W1 A1, over v3 (and v2 with `--protocols v3,v2`). Prints one JSO
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import json
 import os
 import platform
-import resource
-import subprocess
 import sys
-import time
 from typing import Any
+
+import _common as common
 
 from quorumlog.client.client import Client
 from quorumlog.env import run
@@ -34,90 +32,22 @@ def _quorum(spec: str) -> tuple[int, int, int]:
     return int(e), int(w), int(a)
 
 
-def _cpu_s(pids: list[int]) -> tuple[float, float]:
-    """CPU seconds used so far by this process and by the bookie processes (user + system)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    tick = os.sysconf("SC_CLK_TCK")
-    bookies = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        bookies += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return own.ru_utime + own.ru_stime, bookies
-
-
 async def _one_case(
     client: Client, spec: str, outstanding: int, args: argparse.Namespace, pids: list[int]
 ) -> dict[str, Any]:
     e, w, a = _quorum(spec)
     handle = await client.create_ledger(e, w, a, password=b"bench")
-    payload = os.urandom(args.entry_bytes)
-    loop = asyncio.get_running_loop()
-    latencies: list[float] = []
-    state = {"measuring": False, "stop": False, "in_flight": 0, "acked": 0}
-    finished = loop.create_future()
-    perf = time.perf_counter
-
-    def issue() -> None:
-        t0 = perf()
-        fut = handle.append(payload)
-        state["in_flight"] += 1
-        fut.add_done_callback(lambda f: done(f, t0))
-
-    def done(fut: asyncio.Future[int], t0: float) -> None:
-        state["in_flight"] -= 1
-        if fut.exception() is not None:
-            if not finished.done():
-                finished.set_exception(fut.exception())  # type: ignore[arg-type]
-            return
-        if state["measuring"]:
-            latencies.append(perf() - t0)
-            state["acked"] += 1
-        if not state["stop"]:
-            issue()
-        elif state["in_flight"] == 0 and not finished.done():
-            finished.set_result(None)
-
-    for _ in range(outstanding):
-        issue()
-    await asyncio.sleep(args.warmup_s)
-    state["measuring"] = True
-    started = perf()
-    cpu_before = _cpu_s(pids)
-    await asyncio.sleep(args.seconds)
-    state["measuring"] = False
-    elapsed = perf() - started
-    cpu_after = _cpu_s(pids)
-    state["stop"] = True
-    await finished
+    point = await common.closed_loop(
+        [handle], outstanding, os.urandom(args.entry_bytes), args.warmup_s, args.seconds, pids
+    )
     await handle.close()
-    latencies.sort()
-
-    def pct(p: float) -> float:
-        return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000, 2)
-
     return {
         "case": f"E{e} W{w} A{a}",
         "protocol": client.config.protocol,
         "outstanding": outstanding,
         "entry_bytes": args.entry_bytes,
-        "entries": state["acked"],
-        "seconds": round(elapsed, 2),
-        "entries_per_s": round(state["acked"] / elapsed),
-        "p50_ms": pct(0.50),
-        "p99_ms": pct(0.99),
-        "max_ms": pct(1.0),
-        # Where the two cores went: CPU seconds per second of the measured interval.
-        "client_cpu": round((cpu_after[0] - cpu_before[0]) / elapsed, 2),
-        "bookies_cpu": round((cpu_after[1] - cpu_before[1]) / elapsed, 2),
+        **point,
     }
-
-
-def _commit() -> str:
-    done = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip()
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +65,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "ledger_write",
         "bookies": 3,
         "journal_sync": not args.no_sync,
-        "commit": _commit(),
+        "commit": common.git_commit(),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
