@@ -1,9 +1,11 @@
 """Manual auto-recovery operations (the shell's recover, decommission, triggeraudit, lostbookierecoverydelay).
 
 What it owns: doing now, in the calling process, what the auditor and the workers would do eventually.
-- `recover(client, bookie)`: every ledger with a fragment on `bookie` is re-replicated at once (the bookie is
-  presumed lost; positions on it that a live bookie still fully holds are left alone). Open ledgers whose
-  last fragment is on it are fenced and closed right away -- an operator asked for it now.
+- `recover(client, bookie)`: every ledger with a fragment on `bookie` is re-replicated at once. The operator's
+  word is taken that the bookie is lost (BookKeeper's `recoverBookieData`): every position on it is copied
+  from the other replicas and replaced, whether or not it is still registered -- a bookie killed less than a
+  session timeout ago still is, and asking it what it stores would only fail. Open ledgers whose last
+  fragment is on it are fenced and closed right away -- an operator asked for it now.
 - `decommission(client, bookie)`: every position on `bookie` moves elsewhere whether the bookie is alive or
   dead (a live one is also read from), then its cookie is deleted, so the bookie cannot start again on its
   old data and its id can be reused. Ledgers created on it while this runs are caught by further passes.
@@ -102,7 +104,6 @@ async def _move_off(
     client: Client,
     bookie_id: str,
     *,
-    force: bool,
     settings: WorkerSettings | None,
     progress: Progress | None,
 ) -> RecoveryReport:
@@ -120,7 +121,7 @@ async def _move_off(
         nonlocal done_count
         async with parallel:
             try:
-                await _with_lock(urm, lid, lambda: _replicate(replicator, urm, lid, bookie_id, force))
+                await _with_lock(urm, lid, lambda: _replicate(replicator, urm, lid, bookie_id))
                 report.failed.pop(lid, None)
             except QuorumLogError as e:
                 report.failed[lid] = str(e)
@@ -157,11 +158,12 @@ async def _with_lock(urm: UnderReplicationManager, lid: int, fn: Callable[[], An
             await urm.release(lid)
 
 
-async def _replicate(
-    replicator: Replicator, urm: UnderReplicationManager, lid: int, bookie_id: str, force: bool
-) -> None:
+async def _replicate(replicator: Replicator, urm: UnderReplicationManager, lid: int, bookie_id: str) -> None:
     mark = await urm.read_mark(lid)
-    outcome = await replicator.replicate(lid, {bookie_id}, force=force, fence_now=True)
+    # force: the named bookie is a source to move away from, never asked what it stores (it may be dead
+    # although still registered). Other replicas that do not answer are skipped as copy sources; a ledger
+    # left with no replica of some entry, or whose new bookie refuses the copy, fails and is reported.
+    outcome = await replicator.replicate(lid, {bookie_id}, force=True, fence_now=True)
     if outcome is not Outcome.DEFERRED and mark is not None and set(mark.value) <= {bookie_id}:
         await urm.mark_replicated(lid, version=mark.version)
 
@@ -173,8 +175,8 @@ async def recover(
     settings: WorkerSettings | None = None,
     progress: Progress | None = None,
 ) -> RecoveryReport:
-    """Re-replicate now everything that was on `bookie_id` (presumed lost); see the module docstring."""
-    return await _move_off(client, bookie_id, force=False, settings=settings, progress=progress)
+    """Re-replicate now everything that was on `bookie_id` (lost, registered or not); see the module docstring."""
+    return await _move_off(client, bookie_id, settings=settings, progress=progress)
 
 
 async def decommission(
@@ -185,7 +187,7 @@ async def decommission(
     progress: Progress | None = None,
 ) -> RecoveryReport:
     """Move every fragment position off `bookie_id` (live or dead), then delete its cookie."""
-    report = await _move_off(client, bookie_id, force=True, settings=settings, progress=progress)
+    report = await _move_off(client, bookie_id, settings=settings, progress=progress)
     if report.failed:
         return report  # keep the cookie: the bookie still holds the only copy of something
     try:

@@ -38,6 +38,7 @@ __all__ = [
     "Fragment",
     "Repair",
     "bookie_ledger_index",
+    "bookies_to_list",
     "count_stored",
     "decode_availability",
     "fragments",
@@ -246,18 +247,36 @@ class Repair:
         return self.fragment.first_entry_id
 
 
+def bookies_to_list(
+    md: LedgerMetadata,
+    suspects: Collection[str],
+    available: Collection[str],
+    moving_off: Collection[str] = (),
+) -> list[str]:
+    """The suspects of `md` whose entry lists must be asked for before `repairs_for` can decide.
+
+    Only a suspect that is registered (it may have come back, so the mark may be stale) and that nobody is
+    moving off: a bookie an operator names in `recover` or `decommission` is replaced whatever it stores, and
+    may be dead although still registered (killed less than a session timeout ago), so asking it would only
+    fail. An unregistered suspect is lost by definition and is not asked either.
+    """
+    return sorted(b for b in md.bookies() if b in suspects and b in available and b not in moving_off)
+
+
 def repairs_for(
     md: LedgerMetadata,
     suspects: Collection[str],
     available: Collection[str],
     stored: Mapping[str, EntrySet | None] | None = None,
+    moving_off: Collection[str] = (),
 ) -> tuple[list[Repair], list[Repair]]:
     """What to repair in one marked ledger: (repairs of closed fragments, repairs of its open last fragment).
 
-    A position is repaired when its bookie is a suspect (named in the mark, or being decommissioned) and
-    either is not available, or `stored` says it lacks an entry it should hold, or `stored` is None for it
-    (nothing known: replace it -- decommission passes None for every suspect). A suspect that is available
-    and whose `stored` shows every entry is left alone (the mark was stale, e.g. the bookie came back).
+    A position is repaired when its bookie is a suspect (named in the mark, or named by an operator) and
+    either is in `moving_off` (an operator's `recover`/`decommission`: replaced whether it is up or not),
+    or is not available, or `stored` says it lacks an entry it should hold, or `stored` has None or nothing
+    for it (nothing known: replace it). A suspect that is available and whose `stored` shows every entry is
+    left alone (the mark was stale, e.g. the bookie came back).
     Open fragments are returned separately: they may be repaired only after the ledger is fenced and closed.
     """
     quorum = Quorum(md.ensemble_size, md.write_quorum, md.ack_quorum)
@@ -268,7 +287,7 @@ def repairs_for(
         for index, b in enumerate(f.ensemble):
             if b not in suspects:
                 continue
-            if b in available and b in known:
+            if b in available and b in known and b not in moving_off:
                 have = known[b]
                 if have is not None:
                     if not f.closed:

@@ -51,7 +51,14 @@ from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.proto.entry import DigestManager
 from quorumlog.proto.messages import AddRequest, ReadRequest
 from quorumlog.replication import metrics
-from quorumlog.replication.fragments import EntrySet, Repair, repairs_for, replace_in_fragment, stored_entries
+from quorumlog.replication.fragments import (
+    EntrySet,
+    Repair,
+    bookies_to_list,
+    repairs_for,
+    replace_in_fragment,
+    stored_entries,
+)
 from quorumlog.replication.probe import entries_on_bookie
 
 if TYPE_CHECKING:
@@ -142,7 +149,8 @@ class Replicator:
     ) -> Outcome:
         """Repair every fragment position of `ledger_id` held by a suspect that needs it.
 
-        `force`: replace the suspects' positions even when they are alive and complete (decommission).
+        `force`: replace the suspects' positions without asking them what they store, registered or not
+        (manual recover and decommission: the operator names a bookie to move away from).
         `fence_now`: fence an open ledger at once instead of after the grace period (manual recovery).
         """
         lm = self.client.ledger_manager
@@ -190,20 +198,21 @@ class Replicator:
         self, md: LedgerMetadata, suspects: frozenset[str], force: bool
     ) -> tuple[list[Repair], list[Repair]]:
         available = self.available()
+        moving_off = suspects if force else frozenset()
         stored: dict[str, EntrySet | None] = {}
-        for b in sorted(suspects & md.bookies()):
-            if force:
-                stored[b] = None
-            elif b in available:
-                try:
-                    stored[b] = await entries_on_bookie(
-                        self.client, b, md, timeout_s=self.settings.request_timeout_s
-                    )
-                except QuorumLogError as e:
-                    raise ReplicationError(
-                        f"ledger {md.ledger_id}: cannot tell what live bookie {b} stores ({e}); will retry"
-                    ) from e
-        return repairs_for(md, suspects, available, stored)
+        for b in bookies_to_list(md, suspects, available, moving_off):
+            try:
+                stored[b] = await entries_on_bookie(
+                    self.client, b, md, timeout_s=self.settings.request_timeout_s
+                )
+            except QuorumLogError as e:
+                # A marked bookie that is registered but does not answer is either coming back (the mark is
+                # stale) or dead with its session not yet expired (then the auditor marks it again once its
+                # registration goes). Neither is known now: leave the mark and retry later.
+                raise ReplicationError(
+                    f"ledger {md.ledger_id}: cannot tell what registered bookie {b} stores ({e}); will retry"
+                ) from e
+        return repairs_for(md, suspects, available, stored, moving_off)
 
     async def _repair(
         self, vmd: Versioned[LedgerMetadata], repairs: list[Repair], suspects: frozenset[str]

@@ -21,6 +21,7 @@ from quorumlog.replication.fragments import (
     EntrySet,
     Fragment,
     bookie_ledger_index,
+    bookies_to_list,
     count_stored,
     decode_availability,
     fragments,
@@ -215,6 +216,29 @@ def test_a_live_suspect_with_unknown_contents_is_replaced_decommission() -> None
 def test_a_live_suspects_open_fragment_is_never_judged_by_its_entries() -> None:
     m = md({0: ABC}, state=LedgerState.OPEN)
     assert repairs_for(m, {"b"}, available=set(ABC), stored={"b": EntrySet()}) == ([], [])
+
+
+def test_only_registered_suspects_nobody_is_moving_off_are_asked_what_they_store() -> None:
+    m = md({0: ABC, 5: ABD})
+    # Auto-recovery: a marked bookie that is registered again may have come back, so it is asked; a gone one
+    # is lost by definition; a bookie the mark does not name is never asked.
+    assert bookies_to_list(m, {"a", "d", "x"}, available={"a", "b", "c"}) == ["a"]
+    # Manual recover/decommission: the named bookie is moved off and never asked, registered or not (it may
+    # have been killed less than a session timeout ago).
+    assert bookies_to_list(m, {"a"}, available=set(ABD), moving_off={"a"}) == []
+
+
+def test_a_bookie_moved_off_is_replaced_everywhere_whatever_it_stores_or_whether_registered() -> None:
+    m = md({0: ABC, 5: ABD}, state=LedgerState.OPEN)
+    q = Quorum(3, 2, 2)
+    full = EntrySet.of(stored_entries(q, Fragment(7, 0, 4, ABC), 1))
+    for available in ({"a", "b", "c", "d"}, {"a", "c", "d"}):
+        for stored in ({}, {"b": full}, {"b": None}):
+            closed, open_ = repairs_for(m, {"b"}, available, stored, moving_off={"b"})
+            assert [(r.first_entry_id, r.index) for r in closed] == [(0, 1)]
+            assert [(r.first_entry_id, r.index) for r in open_] == [(5, 1)]
+    # Without moving it off, the same registered complete bookie needs nothing in its closed fragment.
+    assert repairs_for(m, {"b"}, {"a", "b", "c", "d"}, {"b": full})[0] == []
 
 
 def test_swap_replaces_one_position_of_one_fragment_even_on_a_closed_ledger() -> None:

@@ -1,0 +1,73 @@
+"""BookieRecoveryTest with the lost bookie still registered: `shell recover` right after a `kill -9`.
+
+An operator who knows a bookie is gone runs `quorumlog shell --metadata URI recover BOOKIE` at once, before
+its metadata session expires (default 10 s), so the bookie is still listed as available. BookKeeper's
+`recoverBookieData` takes the operator's word: the named bookie is a source to move away from, never asked
+what it stores. The automatic worker, in contrast, must not act on a registered bookie it cannot reach (it
+may be coming back): it leaves the mark and retries; the auditor marks the bookie once its registration goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from quorumlog import LedgerState
+from quorumlog.replication.worker import ReplicationError, Replicator, WorkerSettings
+from tests.scenarios.conftest import PW, connect, fresh_cluster, shell
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+
+async def test_recover_a_just_killed_still_registered_bookie() -> None:
+    """BookieRecoveryTest.testSyncBookieRecoveryToRandomBookies, recover run within the session timeout.
+
+    Expected: the automatic worker refuses to guess (retriable error, nothing changed); `recover` exits 0,
+    no ledger's metadata names the bookie any more, the open ledger is closed at its last entry, and the
+    copies are real: with a second original bookie then dead too, every entry of every ledger (W2) reads back.
+    """
+    async with fresh_cluster(5) as cluster, await connect(cluster) as client:
+        payloads = {}
+        for n in range(3):
+            w = await client.create_ledger(3, 2, 2, password=PW)
+            payloads[w.ledger_id] = [b"L%d-%d" % (n, i) for i in range(30)]
+            await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
+            await w.close()
+        open_w = await client.create_ledger(3, 2, 2, password=PW)
+        payloads[open_w.ledger_id] = [b"open-%d" % i for i in range(20)]
+        for p in payloads[open_w.ledger_id]:
+            await open_w.append(p)
+        ensembles = {lid: (await client.get_ledger_metadata(lid)).ensembles[0] for lid in payloads}
+        lost = max(sorted(ensembles[open_w.ledger_id]), key=lambda b: sum(b in e for e in ensembles.values()))
+        await cluster.node(lost).kill()
+
+        # The automatic worker, given a mark naming the still-registered dead bookie, leaves it for later.
+        closed_on_lost = min(lid for lid in payloads if lid != open_w.ledger_id and lost in ensembles[lid])
+        auto = Replicator(client, WorkerSettings(request_timeout_s=2.0))
+        assert lost in auto.available()
+        with pytest.raises(ReplicationError, match="will retry"):
+            await auto.replicate(closed_on_lost, {lost})
+        assert lost in (await client.get_ledger_metadata(closed_on_lost)).ensembles[0]
+
+        assert lost in client.registry.writable_bookies()  # the scenario: its session has not expired yet
+        code, out, err = await shell(cluster, "recover", lost, "--json")
+        assert code == 0, out + err
+        report = json.loads(out)
+        assert not report["failed"]
+        assert report["ledgers"] == sum(lost in e for e in ensembles.values())
+        assert report["ledgers_fenced"] == 1
+
+        async with await connect(cluster) as other:
+            for lid in payloads:
+                md = await other.get_ledger_metadata(lid)
+                assert all(lost not in ens for ens in md.ensembles.values()), (lid, md.ensembles)
+                if lost in ensembles[lid]:
+                    assert md.state is LedgerState.CLOSED
+            second = next(b for b in ensembles[min(ensembles)] if b != lost)
+            await cluster.node(second).kill()
+            for lid, expected in payloads.items():
+                r = await other.open_ledger(lid, password=PW)
+                assert r.last_add_confirmed == len(expected) - 1
+                assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
