@@ -20,6 +20,12 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 - Fencing (`LedgerFencedError`), a wrong password and an add-quorum timeout are fatal: every pending add fails
   and the tracker refuses further appends. The driver then closes the ledger at the LAC.
 - Timeouts are decided from times passed in (`now_s`, from `env.clock.monotonic_s()`); 0 turns one off.
+- Deferred sync (BookKeeper's WriteFlag.DEFERRED_SYNC): an acknowledged add is not durable yet, so completions
+  move `last_add_completed` but not the LAC. The LAC -- what entries piggyback, what explicit LAC sends, what
+  a close records -- only moves through `forced`, once FORCE_LEDGER reached every bookie of the ensemble for
+  the entries completed when the force started (`force_point`). Such a ledger never changes ensemble: a
+  replacement would not hold the unforced entries of the failed bookie, and a later force could not notice
+  they were lost, so a bookie failure fails the writer instead.
 """
 
 from __future__ import annotations
@@ -82,7 +88,8 @@ class EnsembleChangeNeeded:
 
 @dataclass(frozen=True, slots=True)
 class AddCompleted:
-    """`entry_id` is acknowledged; it is the new LAC. `length` is the ledger length through this entry."""
+    """`entry_id` is acknowledged; it is the new LAC unless the ledger is deferred-sync (then only a force
+    moves the LAC). `length` is the ledger length through this entry."""
 
     entry_id: int
     length: int
@@ -131,6 +138,7 @@ class AddTracker:
         add_timeout_s: float = 0.0,
         add_quorum_timeout_s: float = 0.0,
         ensemble_change: EnsembleChangeMode = "immediate",
+        deferred_sync: bool = False,
     ) -> None:
         if outstanding_adds_max < 1:
             raise InvalidArgumentError(f"outstanding_adds_max={outstanding_adds_max}: must be >= 1")
@@ -147,8 +155,13 @@ class AddTracker:
         self.quorum = quorum
         self.ensembles: dict[int, list[str]] = {k: list(v) for k, v in sorted(ensembles.items())}
         last_ensemble(self.ensembles)  # refuses empty metadata
+        self.deferred_sync = deferred_sync
         self.last_add_confirmed = last_add_confirmed
         self.last_add_pushed = last_add_confirmed
+        # The last entry acknowledged in order (BookKeeper's pendingAddsSequenceHead) and the length through
+        # it: the LAC too, unless the ledger is deferred-sync (then the LAC waits for a force).
+        self.last_add_completed = last_add_confirmed
+        self.length_completed = length
         self.length_confirmed = length
         self.length_pushed = length
         self.outstanding_adds_max = outstanding_adds_max
@@ -259,6 +272,32 @@ class AddTracker:
             )
         self._closed = True
         return self.last_add_confirmed, self.length_confirmed
+
+    # --- force (deferred sync) --------------------------------------------------------------------------
+
+    def force_point(self) -> tuple[int, int]:
+        """(entry id, length) a force started now makes durable: the last entry acknowledged in order.
+
+        Captured when FORCE_LEDGER is sent, as BookKeeper's ForceLedgerOp does: an add acknowledged while the
+        force is in flight may not be covered by the bookies' sync, so it waits for the next force.
+        """
+        return self.last_add_completed, self.length_completed
+
+    def forced(self, entry_id: int, length: int) -> bool:
+        """Every bookie of the ensemble confirmed the force taken at `force_point` (entry_id, length).
+
+        Moves the LAC there (never backwards: forces may complete out of order); True if it moved.
+        """
+        if entry_id > self.last_add_completed:
+            raise IllegalOperationError(
+                f"force through entry {entry_id}, but only entries through {self.last_add_completed} "
+                "were acknowledged"
+            )
+        if entry_id <= self.last_add_confirmed:
+            return False
+        self.last_add_confirmed = entry_id
+        self.length_confirmed = length
+        return True
 
     # --- responses --------------------------------------------------------------------------------------
 
@@ -431,14 +470,27 @@ class AddTracker:
             if not pending.acks.complete:
                 break
             del self._pending[entry_id]
-            self.last_add_confirmed = entry_id
-            self.length_confirmed = pending.length
+            self.last_add_completed = entry_id
+            self.length_completed = pending.length
+            if not self.deferred_sync:
+                self.last_add_confirmed = entry_id
+                self.length_confirmed = pending.length
             done.append(AddCompleted(entry_id, pending.length))
         return done
 
     def _bookie_failed(self, bookie_id: str) -> list[AddAction]:
         if self._error is not None or bookie_id not in self.current_ensemble:
             return []
+        if self.deferred_sync:
+            # BookKeeper refuses too (WriteException): the bookie may have lost acknowledged, unforced
+            # entries, and a replacement would only hold what is resent to it -- not the entries already
+            # completed -- so a later force would "succeed" over a hole.
+            return self._fail_all(
+                IllegalOperationError(
+                    f"bookie {bookie_id} failed and a deferred-sync ledger cannot change ensemble "
+                    "(its unforced entries there could be lost); the writer stops"
+                )
+            )
         self._failed_bookies.add(bookie_id)
         return self._maybe_change()
 
@@ -476,7 +528,7 @@ class AddTracker:
                     f"{sorted(self._failed_bookies)} failed and ensemble changes are disabled"
                 )
             )
-        change = EnsembleChangeNeeded(self.last_add_confirmed + 1, self._failed_indices())
+        change = EnsembleChangeNeeded(self.last_add_completed + 1, self._failed_indices())
         self._changing = change
         return [change]
 

@@ -23,6 +23,8 @@ Rules the handles keep:
   entry". Reads go to one replica at a time in recent-failure order, with a speculative read after
   `speculative_read_timeout_s`.
 - A reader never reads past its LAC unless asked (`read_unconfirmed`); its LAC only grows.
+- Deferred sync: a write handle's LAC moves only when `force()` completed on every bookie of the ensemble,
+  and a bookie failure fails the writer instead of changing ensemble (add_tracker); close forces first.
 """
 
 from __future__ import annotations
@@ -717,6 +719,7 @@ class WriteHandle(LedgerHandle):
             add_timeout_s=cfg.add_timeout_s,
             add_quorum_timeout_s=cfg.add_quorum_timeout_s,
             ensemble_change=cfg.ensemble_change,
+            deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
         self._bodies: dict[int, bytes] = {}
@@ -923,7 +926,8 @@ class WriteHandle(LedgerHandle):
                 completed = True
                 self._bodies.pop(action.entry_id, None)
                 fut = self._futures.pop(action.entry_id, None)
-                self._lac.observe(action.entry_id)
+                if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+                    self._lac.observe(action.entry_id)
                 if fut is not None and not fut.done():
                     fut.set_result(action.entry_id)
             elif isinstance(action, SendAdd):
@@ -935,9 +939,8 @@ class WriteHandle(LedgerHandle):
                     fut.set_exception(action.error)
             elif isinstance(action, EnsembleChangeNeeded):
                 self._start_ensemble_change(action)
-        if completed and not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
-            self._lac_dirty = True
-            self._lac_flusher.mark(self, self._loop)
+        if completed and not self.deferred_sync:
+            self._lac_moved()
         if sends:
             self._send_adds(sends)
         if self._tracker.error is not None:
@@ -948,6 +951,12 @@ class WriteHandle(LedgerHandle):
             self._capacity.set()
         if not self._futures and not self._adv_waiting:
             self._drained.set()
+
+    def _lac_moved(self) -> None:
+        """The LAC moved past what bookies saw: queue this handle for the client's next explicit LAC."""
+        if not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
+            self._lac_dirty = True
+            self._lac_flusher.mark(self, self._loop)
 
     def _fail_waiting(self, error: QuorumLogError) -> None:
         for _, fut in self._adv_waiting.values():
@@ -1115,25 +1124,46 @@ class WriteHandle(LedgerHandle):
     # --- force, close ------------------------------------------------------------------------------------
 
     async def force(self) -> int:
-        """Make every entry acknowledged so far durable on its bookies (FORCE_LEDGER); returns that entry id.
+        """Make every entry appended so far durable on its bookies (FORCE_LEDGER); returns the new LAC.
 
-        For ledgers created with deferred_sync=True; on others it only waits for pending adds (they are
-        durable when acknowledged).
+        Waits for the adds pending at call time, then (deferred_sync=True) sends FORCE_LEDGER to every bookie
+        of the ensemble; once all confirmed, the LAC becomes the last entry acknowledged when the force was
+        sent (BookKeeper's ForceLedgerOp), so readers only ever see durable entries. Any bookie failing the
+        force fails it and leaves the LAC where it was. On a ledger without deferred sync adds are durable
+        when acknowledged: this only waits for them.
         """
         self._check_writable()
         target = self._tracker.last_add_pushed
         waiting = [f for e, f in self._futures.items() if e <= target]
         if waiting:
             await asyncio.gather(*waiting)
-        if self.deferred_sync and target >= 0:
-            bookies = sorted({b for ens in self._tracker.ensembles.values() for b in ens})
-            await asyncio.gather(
-                *(self._client.bookie(b).send(ForceLedgerRequest(self.ledger_id)) for b in bookies)
+        if not self.deferred_sync:
+            return target
+        return await self._force_ensemble()
+
+    async def _force_ensemble(self) -> int:
+        last, length = self._tracker.force_point()
+        if last < 0 or last <= self._tracker.last_add_confirmed:
+            return self._tracker.last_add_confirmed  # nothing acknowledged since the last force
+        # A deferred-sync ledger never changes ensemble, so the current one holds every entry.
+        ensemble = self._tracker.current_ensemble
+        await asyncio.gather(
+            *(
+                self._client.bookie(b).send(ForceLedgerRequest(self.ledger_id))
+                for b in dict.fromkeys(ensemble)
             )
-        return target
+        )
+        if self._tracker.forced(last, length):
+            self._lac.observe(last)
+            self._lac_moved()  # readers learn the new LAC by explicit LAC (or the next entry's piggyback)
+        return self._tracker.last_add_confirmed
 
     async def close(self) -> None:
         """Wait for pending adds, then close the ledger in metadata with its last entry id and length.
+
+        A deferred-sync ledger is forced first, so an orderly close keeps every acknowledged entry. If that
+        force fails, the ledger closes at its LAC -- the last entry known durable -- as BookKeeper's close
+        always does (it does not force: unforced entries are left out of a closed deferred-sync ledger).
 
         If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
         last entry is accepted; anything else raises `LedgerFencedError`.
@@ -1151,6 +1181,16 @@ class WriteHandle(LedgerHandle):
             if self._change_task is not None and not self._change_task.done():
                 with contextlib.suppress(Exception):
                     await self._change_task
+            if self.deferred_sync and self._tracker.error is None:
+                try:
+                    await self._force_ensemble()
+                except QuorumLogError as e:
+                    log.warning(
+                        "ledger %d: force before close failed (%s); closing at the last forced entry %d",
+                        self.ledger_id,
+                        e,
+                        self._tracker.last_add_confirmed,
+                    )
             error = self._tracker.error
             last, length = self._tracker.close()
             await self._close_metadata(last, length, error)

@@ -315,3 +315,84 @@ def test_recovery_adds_keep_the_ids_and_lengths_recovery_read() -> None:
         t.append_recovery(7, 60, 0.0)  # not consecutive
     t.on_ack(5, "b2", 0)
     assert t.on_ack(5, "b0", 0) == [AddCompleted(5, 47)]
+
+
+# --- deferred sync (BookKeeper DeferredSyncTest; WriteFlag.DEFERRED_SYNC) -----------------------------------
+
+
+def _acked_deferred(n: int, quorum: Quorum | None = None) -> AddTracker:
+    t = AddTracker(quorum or Quorum(3, 3, 2), {0: B}, deferred_sync=True)
+    for i in range(n):
+        t.append(10, 0.0)
+        t.on_ack(i, "b0", 0.0)
+        assert completed(t.on_ack(i, "b1", 0.0)) == [i]
+    return t
+
+
+def test_deferred_sync_acks_complete_adds_but_do_not_move_the_lac() -> None:
+    t = _acked_deferred(3)
+    assert (t.last_add_pushed, t.last_add_completed, t.length_completed) == (2, 2, 30)
+    assert (t.last_add_confirmed, t.length_confirmed) == (-1, 0)
+    # Readers must not learn of unforced entries: the piggyback and explicit LAC stay at the durable LAC.
+    assert t.append(10, 0.0).last_add_confirmed == -1
+    assert t.explicit_lac_due(1.0, 0.1) is None
+
+
+def test_force_moves_the_lac_to_the_entry_completed_when_it_started() -> None:
+    t = _acked_deferred(3)
+    point = t.force_point()
+    assert point == (2, 30)
+    # Entry 3 is acknowledged while the force is in flight: the bookies' sync may not cover it.
+    t.append(10, 0.0)
+    t.on_ack(3, "b0", 0.0)
+    assert completed(t.on_ack(3, "b2", 0.0)) == [3]
+    assert t.forced(*point)
+    assert (t.last_add_confirmed, t.length_confirmed) == (2, 30)
+    assert t.append(10, 0.0).last_add_confirmed == 2
+    assert t.explicit_lac_due(1.0, 0.1) is None  # entry 4 already carries LAC 2
+    assert t.forced(*t.force_point())
+    assert t.last_add_confirmed == 3
+    assert t.explicit_lac_due(1.0, 0.1) == 3
+    t.on_ack(4, "b1", 0.0)
+    assert completed(t.on_ack(4, "b2", 0.0)) == [4]
+    assert t.close() == (3, 40)  # entry 4 acknowledged but never forced: not part of the closed ledger
+
+
+def test_forces_completing_out_of_order_never_move_the_lac_back() -> None:
+    t = _acked_deferred(2)
+    early = t.force_point()
+    t.append(10, 0.0)
+    t.on_ack(2, "b0", 0.0)
+    t.on_ack(2, "b1", 0.0)
+    assert t.forced(*t.force_point())
+    assert not t.forced(*early)
+    assert (t.last_add_confirmed, t.length_confirmed) == (2, 30)
+
+
+def test_force_beyond_the_acknowledged_entries_is_refused() -> None:
+    t = _acked_deferred(2)
+    with pytest.raises(IllegalOperationError, match="only entries through 1"):
+        t.forced(5, 60)
+
+
+def test_closing_a_deferred_sync_tracker_records_the_durable_lac() -> None:
+    t = _acked_deferred(3)
+    t.forced(1, 20)
+    assert t.close() == (1, 20)
+
+
+@pytest.mark.parametrize("mode", ["immediate", "delayed", "disabled"])
+def test_deferred_sync_ledger_fails_instead_of_changing_ensemble(mode: str) -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B}, deferred_sync=True, ensemble_change=mode)  # type: ignore[arg-type]
+    t.append(1, 0.0)
+    t.append(1, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    # Entry 0 could still reach A=2 through b1, but b2 may have lost acknowledged, unforced entries.
+    actions = t.on_error(0, "b2", BookieUnavailableError("gone"), 0.0)
+    assert not any(isinstance(a, EnsembleChangeNeeded) for a in actions)
+    assert [a.entry_id for a in actions if isinstance(a, AddFailed)] == [0, 1]
+    assert isinstance(t.error, IllegalOperationError)
+    assert "cannot change ensemble" in str(t.error)
+    with pytest.raises(IllegalOperationError):
+        t.append(1, 0.0)
+    assert t.ensembles == {0: B}
