@@ -69,12 +69,22 @@ __all__ = ["Outcome", "ReplicationError", "ReplicationWorker", "Replicator", "Wo
 log = logging.getLogger("quorumlog.replication.worker")
 
 METADATA_CAS_ATTEMPTS_MAX = 32
+REPLACEMENT_ATTEMPTS_MAX = 3
+"""Replacements tried per ledger repair before it fails (each refused one is excluded from the next choice)."""
 
 
 class ReplicationError(QuorumLogError):
     """A ledger could not be re-replicated this time (it stays marked and is retried)."""
 
     retriable = True
+
+
+class _TargetFailed(ReplicationError):
+    """The replacement bookie did not take a copy: the ledger may still be repaired with another one."""
+
+    def __init__(self, target: str, message: str) -> None:
+        super().__init__(message)
+        self.target = target
 
 
 @dataclass(frozen=True)
@@ -221,22 +231,25 @@ class Replicator:
         lid = md.ledger_id
         quorum = Quorum(md.ensemble_size, md.write_quorum, md.ack_quorum)
         available = self.available()
-        infos = self.client.bookie_infos()
-        rng = self.client.env.rng
-        # Replacements per fragment, chosen against the ensemble as already changed by earlier choices so
-        # two lost bookies of one ensemble never get the same replacement.
-        plans: list[tuple[Repair, str]] = []
-        working: dict[int, list[str]] = {}
-        for r in repairs:
-            ens = working.setdefault(r.first_entry_id, list(r.fragment.ensemble))
-            new = self.client.placement.replace_bookie(
-                ens, r.index, md.write_quorum, infos, rng, exclude={*suspects, r.bookie_id}
-            )
-            ens[r.index] = new
-            plans.append((r, new))
         dm = DigestManager(lid, md.digest, md.password)
         t0 = time.monotonic()
-        copied = await self._copy_all(md, quorum, dm, plans, available)
+        # A replacement may be registered yet dead (killed less than a session timeout ago): when one refuses
+        # or cannot take the copies, it is excluded and only the positions it was chosen for get another one.
+        # Entries already on a replacement that is kept are not copied again.
+        refused: set[str] = set()
+        done: set[tuple[int, int, str, int]] = set()
+        copied = [0, 0]  # entries, bytes (over every attempt)
+        plans: list[tuple[Repair, str]] = []
+        for attempt in range(1, REPLACEMENT_ATTEMPTS_MAX + 1):
+            plans = self._choose(md, repairs, suspects, refused, plans)
+            try:
+                await self._copy_all(md, quorum, dm, plans, available, done, copied)
+                break
+            except _TargetFailed as e:
+                if attempt == REPLACEMENT_ATTEMPTS_MAX:
+                    raise
+                refused.add(e.target)
+                log.warning("ledger %d: %s; choosing another replacement", lid, e)
         for r, new in plans:
             log.info(
                 "ledger %d fragment from entry %d: copied position %d (%s -> %s)",
@@ -258,6 +271,38 @@ class Replicator:
             time.monotonic() - t0,
         )
 
+    def _choose(
+        self,
+        md: LedgerMetadata,
+        repairs: list[Repair],
+        suspects: frozenset[str],
+        refused: Collection[str],
+        previous: list[tuple[Repair, str]],
+    ) -> list[tuple[Repair, str]]:
+        """A replacement per repair: kept from `previous` unless it is in `refused`, else a new choice."""
+        infos = self.client.bookie_infos()
+        rng = self.client.env.rng
+        kept = {(r.first_entry_id, r.index): new for r, new in previous if new not in refused}
+        # Choices are made against the ensemble as already changed by the other choices, so two lost bookies
+        # of one ensemble never get the same replacement.
+        working: dict[int, list[str]] = {}
+        for r in repairs:
+            ens = working.setdefault(r.first_entry_id, list(r.fragment.ensemble))
+            new = kept.get((r.first_entry_id, r.index))
+            if new is not None:
+                ens[r.index] = new
+        plans: list[tuple[Repair, str]] = []
+        for r in repairs:
+            ens = working[r.first_entry_id]
+            new = kept.get((r.first_entry_id, r.index))
+            if new is None:
+                new = self.client.placement.replace_bookie(
+                    ens, r.index, md.write_quorum, infos, rng, exclude={*suspects, *refused, r.bookie_id}
+                )
+                ens[r.index] = new
+            plans.append((r, new))
+        return plans
+
     async def _copy_all(
         self,
         md: LedgerMetadata,
@@ -265,19 +310,31 @@ class Replicator:
         dm: DigestManager,
         plans: list[tuple[Repair, str]],
         available: Collection[str],
-    ) -> tuple[int, int]:
+        done: set[tuple[int, int, str, int]],
+        totals: list[int],
+    ) -> None:
+        """Copy every entry of every plan not yet in `done` (first entry, index, target, entry id).
+
+        Adds each copied entry to `done` and counts it in `totals` (entries, bytes) as it goes, so a failed
+        attempt's progress is kept for the next one.
+        """
         # A fixed pool of copiers pulling from one iterator: `entries_in_flight_max` copies in flight, and no
         # task per entry (creating one cost more than the copy's own bookkeeping).
         jobs = (
-            (entry_id, r, new) for r, new in plans for entry_id in stored_entries(quorum, r.fragment, r.index)
+            (entry_id, r, new)
+            for r, new in plans
+            for entry_id in stored_entries(quorum, r.fragment, r.index)
+            if (r.first_entry_id, r.index, new, entry_id) not in done
         )
-        totals = [0, 0]
 
         async def copier() -> None:
             for entry_id, r, new in jobs:
                 sources = self._sources(quorum, r, entry_id, available)
-                totals[1] += await self._copy_one(md, dm, entry_id, sources, new)
+                # Not `totals[1] += await ...`: that reads totals[1] before awaiting, losing other copiers' adds.
+                nbytes = await self._copy_one(md, dm, entry_id, sources, new)
                 totals[0] += 1
+                totals[1] += nbytes
+                done.add((r.first_entry_id, r.index, new, entry_id))
 
         try:
             async with asyncio.TaskGroup() as tg:  # the first failure cancels the other copiers
@@ -285,7 +342,6 @@ class Replicator:
                     tg.create_task(copier())
         except ExceptionGroup as eg:
             raise eg.exceptions[0] from None  # callers handle one typed error (ReplicationError, ...)
-        return totals[0], totals[1]
 
     @staticmethod
     def _sources(quorum: Quorum, r: Repair, entry_id: int, available: Collection[str]) -> list[str]:
@@ -328,7 +384,7 @@ class Replicator:
                 AddRequest(lid, entry_id, dm.master_key, body, recovery=True), timeout_s=timeout
             )
         except QuorumLogError as e:
-            raise ReplicationError(f"ledger {lid} entry {entry_id}: add to {target} failed: {e}") from e
+            raise _TargetFailed(target, f"ledger {lid} entry {entry_id}: add to {target} failed: {e}") from e
         self.stats.entries_copied += 1
         self.stats.bytes_copied += len(body)
         metrics.ENTRIES_COPIED.inc()

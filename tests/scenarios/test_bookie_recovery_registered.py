@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
+from collections.abc import Collection, Sequence
 
 import pytest
 
 from quorumlog import LedgerState
+from quorumlog.client.placement import BookieInfo, RandomPlacement
+from quorumlog.replication import admin
 from quorumlog.replication.worker import ReplicationError, Replicator, WorkerSettings
 from tests.scenarios.conftest import PW, connect, fresh_cluster, shell
 
@@ -71,3 +76,65 @@ async def test_recover_a_just_killed_still_registered_bookie() -> None:
                 r = await other.open_ledger(lid, password=PW)
                 assert r.last_add_confirmed == len(expected) - 1
                 assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
+
+
+class PreferPlacement(RandomPlacement):
+    """Random placement, except that `preferred` is chosen as a replacement whenever it is allowed."""
+
+    def __init__(self, preferred: str) -> None:
+        self.preferred = preferred
+
+    def replace_bookie(
+        self,
+        ensemble: Sequence[str],
+        index: int,
+        write_quorum: int,
+        bookies: Sequence[BookieInfo],
+        rng: random.Random,
+        exclude: Collection[str] = (),
+    ) -> str:
+        if self.preferred not in {*ensemble, *exclude} and any(
+            b.bookie_id == self.preferred for b in bookies
+        ):
+            return self.preferred
+        return super().replace_bookie(ensemble, index, write_quorum, bookies, rng, exclude)
+
+
+async def test_recover_with_another_registered_dead_bookie_chosen_as_replacement(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two bookies killed, both still registered; the one recovered first gets the other as a replacement.
+
+    Expected: the dead replacement's refusal costs only another choice -- every ledger is repaired, none
+    names either dead bookie, every entry reads back. (Placement is steered to the dead bookie so the case
+    happens every time; the copies and bookies are real.)
+    """
+    async with fresh_cluster(5) as cluster, await connect(cluster) as client:
+        payloads = {}
+        for n in range(2):
+            w = await client.create_ledger(2, 2, 2, password=PW)
+            payloads[w.ledger_id] = [b"R%d-%d" % (n, i) for i in range(25)]
+            await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
+            await w.close()
+        ensembles = {lid: (await client.get_ledger_metadata(lid)).ensembles[0] for lid in payloads}
+        lost = ensembles[min(ensembles)][0]
+        partners = {b for e in ensembles.values() if lost in e for b in e}
+        # E2 W2: the other dead bookie must share no ensemble with `lost`, or some entries have no replica.
+        other_dead = sorted({b.bookie_id for b in cluster.bookies} - partners)[0]
+        await cluster.node(lost).kill()
+        await cluster.node(other_dead).kill()
+        assert {lost, other_dead} <= client.registry.writable_bookies()
+
+        caplog.set_level(logging.WARNING, logger="quorumlog.replication.worker")
+        async with await connect(cluster, placement=PreferPlacement(other_dead)) as operator:
+            report = await admin.recover(operator, lost, settings=WorkerSettings(request_timeout_s=2.0))
+        assert report.failed == {}
+        assert sorted(report.ledgers) == sorted(lid for lid, e in ensembles.items() if lost in e)
+        assert f"add to {other_dead} failed" in caplog.text
+
+        for lid, expected in payloads.items():
+            if lost in ensembles[lid]:
+                md = await client.get_ledger_metadata(lid)
+                assert all(not {lost, other_dead} & set(e) for e in md.ensembles.values()), md.ensembles
+            r = await client.open_ledger(lid, password=PW)
+            assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
