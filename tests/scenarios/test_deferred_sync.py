@@ -37,6 +37,32 @@ async def test_lac_does_not_advance_until_force(client: Client, cluster: LocalCl
     assert (await client.get_ledger_metadata(w.ledger_id)).last_entry_id == 9
 
 
+async def test_force_on_an_adv_ledger_covers_only_entries_appended_in_order(client: Client) -> None:
+    """DeferredSyncTest.testForceOnWriteAdvHandle.
+
+    Expected: entries appended ahead of a gap are not pushed yet, so a force stops below the gap; once the
+    gap is filled, the next force moves the LAC past it.
+    """
+    w = await client.create_ledger(3, 3, 2, password=PW, deferred_sync=True, adv=True)
+    w0 = w.append(b"a0", entry_id=0)
+    w2 = w.append(b"a2", entry_id=2)
+    w3 = w.append(b"a3", entry_id=3)
+    assert await w0 == 0
+    assert await w.force() == 0
+    assert w.last_add_confirmed == 0
+    w1 = w.append(b"a1", entry_id=1)
+    assert await w3 == 3
+    assert w1.done() and w2.done()
+    w5 = w.append(b"a5", entry_id=5)
+    assert await w.force() == 3
+    assert w.last_add_confirmed == 3
+    w.append(b"a4", entry_id=4)
+    assert await w5 == 5
+    assert await w.force() == 5
+    assert w.last_add_confirmed == 5
+    await w.close()
+
+
 async def test_force_on_a_closed_ledger_fails(client: Client) -> None:
     """DeferredSyncTest.testForceOnClosedLedger.
 
