@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import pytest_asyncio
 
 from quorumlog import Client
+from quorumlog.client.ledger_handle import WriteHandle
 from quorumlog.testing.cluster import LocalCluster
 
 PW = b"scenario"
@@ -50,6 +51,27 @@ async def shell(cluster: LocalCluster, *args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+async def ledgers_for_bookie_recovery(
+    client: Client,
+) -> tuple[dict[int, list[bytes]], WriteHandle, dict[int, tuple[str, ...]], str]:
+    """BookieRecoveryTest's data: three closed E3 W2 A2 ledgers and one still open. Returns (payloads by
+    ledger, the open writer, first ensembles, the bookie to lose): a bookie of the open ledger (so recovery
+    must fence and close it), the one in most ledgers."""
+    payloads: dict[int, list[bytes]] = {}
+    for n in range(3):
+        w = await client.create_ledger(3, 2, 2, password=PW)
+        payloads[w.ledger_id] = [b"L%d-%d" % (n, i) for i in range(30)]
+        await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
+        await w.close()
+    open_w = await client.create_ledger(3, 2, 2, password=PW)
+    payloads[open_w.ledger_id] = [b"open-%d" % i for i in range(20)]
+    for p in payloads[open_w.ledger_id]:
+        await open_w.append(p)
+    ensembles = {lid: tuple((await client.get_ledger_metadata(lid)).ensembles[0]) for lid in payloads}
+    lost = max(sorted(ensembles[open_w.ledger_id]), key=lambda b: sum(b in e for e in ensembles.values()))
+    return payloads, open_w, ensembles, lost
 
 
 @contextlib.asynccontextmanager

@@ -6,7 +6,6 @@ The recovery is run the way an operator runs it: `quorumlog shell --metadata URI
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -15,7 +14,7 @@ import pytest
 
 from quorumlog import LedgerState
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.conftest import PW, connect, shell
+from tests.scenarios.conftest import PW, connect, ledgers_for_bookie_recovery, shell
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -36,22 +35,10 @@ async def test_recover_a_dead_bookie_then_lose_another() -> None:
 
 async def recover_and_check(cluster: LocalCluster) -> None:
     async with await connect(cluster) as client:
-        payloads = {}
-        for n in range(3):
-            w = await client.create_ledger(3, 2, 2, password=PW)
-            payloads[w.ledger_id] = [b"L%d-%d" % (n, i) for i in range(30)]
-            await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
-            await w.close()
-        open_w = await client.create_ledger(3, 2, 2, password=PW)
-        payloads[open_w.ledger_id] = [b"open-%d" % i for i in range(20)]
-        for p in payloads[open_w.ledger_id]:
-            await open_w.append(p)
-        # Lose a bookie of the open ledger (so recover must fence and close it), the one in most ledgers.
-        ensembles = {lid: (await client.get_ledger_metadata(lid)).ensembles[0] for lid in payloads}
-        lost = max(sorted(ensembles[open_w.ledger_id]), key=lambda b: sum(b in e for e in ensembles.values()))
+        payloads, _open, ensembles, lost = await ledgers_for_bookie_recovery(client)
         await cluster.node(lost).kill()
-        # quorumlog's `recover` asks a still-registered bookie what it stores (and gives up if it cannot):
-        # run it once the lost bookie is gone from the registry, as an operator would after a crash.
+        # This variant runs `recover` once the lost bookie's registration is gone (the usual order after a
+        # crash); test_bookie_recovery_registered.py runs it while the dead bookie is still registered.
         await cluster.wait_registered({lost}, False, timeout_s=30)
 
         code, out, err = await shell(cluster, "recover", lost, "--json")

@@ -21,7 +21,7 @@ from quorumlog import LedgerState
 from quorumlog.client.placement import BookieInfo, RandomPlacement
 from quorumlog.replication import admin
 from quorumlog.replication.worker import ReplicationError, Replicator, WorkerSettings
-from tests.scenarios.conftest import PW, connect, fresh_cluster, shell
+from tests.scenarios.conftest import PW, connect, fresh_cluster, ledgers_for_bookie_recovery, shell
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -34,18 +34,7 @@ async def test_recover_a_just_killed_still_registered_bookie() -> None:
     copies are real: with a second original bookie then dead too, every entry of every ledger (W2) reads back.
     """
     async with fresh_cluster(5) as cluster, await connect(cluster) as client:
-        payloads = {}
-        for n in range(3):
-            w = await client.create_ledger(3, 2, 2, password=PW)
-            payloads[w.ledger_id] = [b"L%d-%d" % (n, i) for i in range(30)]
-            await asyncio.gather(*(w.append(p) for p in payloads[w.ledger_id]))
-            await w.close()
-        open_w = await client.create_ledger(3, 2, 2, password=PW)
-        payloads[open_w.ledger_id] = [b"open-%d" % i for i in range(20)]
-        for p in payloads[open_w.ledger_id]:
-            await open_w.append(p)
-        ensembles = {lid: (await client.get_ledger_metadata(lid)).ensembles[0] for lid in payloads}
-        lost = max(sorted(ensembles[open_w.ledger_id]), key=lambda b: sum(b in e for e in ensembles.values()))
+        payloads, open_w, ensembles, lost = await ledgers_for_bookie_recovery(client)
         await cluster.node(lost).kill()
 
         # The automatic worker, given a mark naming the still-registered dead bookie, leaves it for later.
