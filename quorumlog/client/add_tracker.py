@@ -175,7 +175,6 @@ class AddTracker:
         self._closed = False
         # Highest LAC any bookie has seen (piggybacked or explicit): decides when explicit LAC is due.
         self.lac_sent_to_bookies = last_add_confirmed
-        self._lac_sent_s: float | None = None
         # Per-entry lookups on the hot path, precomputed: the write set of entry e is _write_sets[e % E]
         # (the same tuple `quorum.write_set` builds), and the last ensemble -- where every new entry goes --
         # is kept with its first entry id, valid while `self.ensembles` is the dict it was taken from.
@@ -423,23 +422,19 @@ class AddTracker:
 
     # --- explicit LAC -----------------------------------------------------------------------------------
 
-    def explicit_lac_due(self, now_s: float, interval_s: float, *, rate_limited: bool = True) -> int | None:
+    def explicit_lac_due(self) -> int | None:
         """The LAC to send with WRITE_LAC now, or None.
 
-        Due when the LAC moved past what the bookies last saw (piggybacked on an entry or sent explicitly)
-        and `interval_s` passed since the last explicit send: an idle writer's last entries then become
-        visible to readers without another write. 0 turns explicit LAC off. `rate_limited=False` skips the
-        interval check for a caller that already runs at most once per interval (the client's one timer).
+        Due when the LAC moved past what the bookies last saw (piggybacked on an entry or sent explicitly):
+        an idle writer's last entries then become visible to readers without another write. How often this
+        is asked is the caller's (the client's one explicit-LAC timer, `lac_flush.py`).
         """
-        if interval_s <= 0 or self.last_add_confirmed <= self.lac_sent_to_bookies:
-            return None
-        if rate_limited and self._lac_sent_s is not None and now_s - self._lac_sent_s < interval_s:
+        if self.last_add_confirmed <= self.lac_sent_to_bookies:
             return None
         return self.last_add_confirmed
 
-    def explicit_lac_sent(self, lac: int, now_s: float) -> None:
+    def explicit_lac_sent(self, lac: int) -> None:
         self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
-        self._lac_sent_s = now_s
 
     # --- internals --------------------------------------------------------------------------------------
 

@@ -139,7 +139,7 @@ class Client:
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         # One timer for the explicit LAC of every write handle, armed only while some handle's LAC is
         # ahead of what its bookies saw (lac_flush.py): idle open ledgers cost nothing.
-        self._lac_flusher = ExplicitLacFlusher(config.explicit_lac_interval_s, env.clock.monotonic_s)
+        self._lac_flusher = ExplicitLacFlusher(config.explicit_lac_interval_s)
         self._closed = False
 
     @classmethod

@@ -12,20 +12,18 @@ itself bounds the rate: a handle sends at most one explicit LAC per tick.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Protocol
 
 
 class LacFlushable(Protocol):
-    def _flush_explicit_lac(self, now_s: float) -> bool:
+    def _flush_explicit_lac(self) -> bool:
         """Send the explicit LAC if it is still ahead of what the bookies saw; True to be visited again."""
         ...
 
 
 class ExplicitLacFlusher:
-    def __init__(self, interval_s: float, monotonic_s: Callable[[], float]) -> None:
+    def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self._monotonic_s = monotonic_s
         # Insertion-ordered set of handles whose LAC moved since the bookies last saw it.
         self._dirty: dict[LacFlushable, None] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -57,9 +55,8 @@ class ExplicitLacFlusher:
     def _tick(self) -> None:
         self._timer = None
         dirty, self._dirty = self._dirty, {}
-        now = self._monotonic_s()
         for handle in dirty:
-            if handle._flush_explicit_lac(now):
+            if handle._flush_explicit_lac():
                 self._dirty[handle] = None
         if self._dirty and self._loop is not None and not self._loop.is_closed():
             self._timer = self._loop.call_later(self.interval_s, self._tick)

@@ -1006,7 +1006,7 @@ class WriteHandle(LedgerHandle):
                     self._apply(self._tracker.on_bookie_lost(bookie_id))
         self._schedule_timeouts()
 
-    def _flush_explicit_lac(self, now_s: float) -> bool:
+    def _flush_explicit_lac(self) -> bool:
         """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
         if self._closed or self._tracker.error is not None:
             self._lac_dirty = False
@@ -1014,10 +1014,10 @@ class WriteHandle(LedgerHandle):
         if self._tracker.changing_ensemble:
             return True  # the new ensemble gets it once the change is committed
         # The tick (one per interval) bounds the rate, so only "is the LAC ahead" is checked here.
-        lac = self._tracker.explicit_lac_due(now_s, self._lac_flusher.interval_s, rate_limited=False)
+        lac = self._tracker.explicit_lac_due()
         if lac is not None and lac >= 0:
             self._send_explicit_lac(lac)
-            self._tracker.explicit_lac_sent(lac, now_s)
+            self._tracker.explicit_lac_sent(lac)
         self._lac_dirty = False
         return False
 

@@ -220,19 +220,17 @@ def test_zero_timeouts_are_off() -> None:
 
 def test_explicit_lac_is_sent_when_the_lac_moved_past_what_bookies_saw() -> None:
     t = AddTracker(Quorum(1, 1, 1), {0: ["b0"]})
-    assert t.explicit_lac_due(0.0, 0.1) is None
+    assert t.explicit_lac_due() is None
     t.append(1, 0.0)
     t.on_ack(0, "b0", 0.0)
-    assert t.explicit_lac_due(0.0, 0.0) is None  # interval 0: off
-    assert t.explicit_lac_due(0.0, 0.1) == 0
-    t.explicit_lac_sent(0, 1.0)
-    assert t.explicit_lac_due(2.0, 0.1) is None  # the bookies know LAC 0
+    assert t.explicit_lac_due() == 0
+    t.explicit_lac_sent(0)
+    assert t.explicit_lac_due() is None  # the bookies know LAC 0
     t.append(1, 1.02)  # piggybacks LAC 0 -- nothing new
     t.on_ack(1, "b0", 1.02)
-    assert t.explicit_lac_due(1.05, 0.1) is None  # within the interval since the last explicit send
-    assert t.explicit_lac_due(1.1, 0.1) == 1
+    assert t.explicit_lac_due() == 1
     t.append(1, 1.2)  # piggybacks LAC 1: bookies know it now
-    assert t.explicit_lac_due(5.0, 0.1) is None
+    assert t.explicit_lac_due() is None
 
 
 def test_close_needs_no_pending_adds_and_returns_last_entry_and_length() -> None:
@@ -335,7 +333,7 @@ def test_deferred_sync_acks_complete_adds_but_do_not_move_the_lac() -> None:
     assert (t.last_add_confirmed, t.length_confirmed) == (-1, 0)
     # Readers must not learn of unforced entries: the piggyback and explicit LAC stay at the durable LAC.
     assert t.append(10, 0.0).last_add_confirmed == -1
-    assert t.explicit_lac_due(1.0, 0.1) is None
+    assert t.explicit_lac_due() is None
 
 
 def test_force_moves_the_lac_to_the_entry_completed_when_it_started() -> None:
@@ -349,10 +347,10 @@ def test_force_moves_the_lac_to_the_entry_completed_when_it_started() -> None:
     assert t.forced(*point)
     assert (t.last_add_confirmed, t.length_confirmed) == (2, 30)
     assert t.append(10, 0.0).last_add_confirmed == 2
-    assert t.explicit_lac_due(1.0, 0.1) is None  # entry 4 already carries LAC 2
+    assert t.explicit_lac_due() is None  # entry 4 already carries LAC 2
     assert t.forced(*t.force_point())
     assert t.last_add_confirmed == 3
-    assert t.explicit_lac_due(1.0, 0.1) == 3
+    assert t.explicit_lac_due() == 3
     t.on_ack(4, "b1", 0.0)
     assert completed(t.on_ack(4, "b2", 0.0)) == [4]
     assert t.close() == (3, 40)  # entry 4 acknowledged but never forced: not part of the closed ledger
