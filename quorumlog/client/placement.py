@@ -89,6 +89,16 @@ def _ensemble_candidates(
     return cands
 
 
+def _replacement_candidates(
+    ensemble: Sequence[str], index: int, bookies: Sequence[BookieInfo], exclude: Collection[str]
+) -> list[BookieInfo]:
+    """The bookies that may replace `ensemble[index]` (none of the ensemble's); refuses when there are none."""
+    cands = _candidates(bookies, {*ensemble, *exclude})
+    if not cands:
+        raise _not_enough(1, 0, f"replacement for {ensemble[index]}")
+    return cands
+
+
 class RandomPlacement:
     """Uniformly random choice among eligible writable bookies (BookKeeper's default policy, minus racks)."""
 
@@ -112,9 +122,7 @@ class RandomPlacement:
         rng: random.Random,
         exclude: Collection[str] = (),
     ) -> str:
-        cands = _candidates(bookies, {*ensemble, *exclude})
-        if not cands:
-            raise _not_enough(1, 0, f"replacement for {ensemble[index]}")
+        cands = _replacement_candidates(ensemble, index, bookies, exclude)
         return rng.choice(cands).bookie_id
 
 
@@ -165,9 +173,7 @@ class RackAwarePlacement:
         rng: random.Random,
         exclude: Collection[str] = (),
     ) -> str:
-        cands = _candidates(bookies, {*ensemble, *exclude})
-        if not cands:
-            raise _not_enough(1, 0, f"replacement for {ensemble[index]}")
+        cands = _replacement_candidates(ensemble, index, bookies, exclude)
         racks = {b.bookie_id: self.rack_of(b) for b in bookies}
         size = len(ensemble)
         # Positions sharing a write set with `index`: up to W-1 on either side, cyclically.
