@@ -267,6 +267,9 @@ async def test_all_bookies_down_is_not_enough_bookies_and_nothing_phantom_after_
         # The add fails at every bookie, the ensemble change finds no replacement: the writer stops.
         with pytest.raises(NotEnoughBookiesError):
             await w.append(b"lost")
+        # Placement reads the client's own view of the registry, which follows the store by a watch: wait
+        # until it too has seen the bookies go (the store's view was awaited above).
+        await client.registry.wait_for(lambda reg: not reg.writable_bookies(), 30)
         with pytest.raises(NotEnoughBookiesError):
             await client.create_ledger(3, 2, 2)
         await asyncio.gather(*(b.start() for b in cluster3.bookies))
