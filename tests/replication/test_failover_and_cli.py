@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -45,10 +46,10 @@ async def test_auditor_killed_mid_recovery_the_other_process_takes_over_and_fini
         try:
             ledgers, _ = await write_ledgers(client, 50, 60, ENTRY_BYTES)
             urm = UnderReplicationManager(client.store, owner="test")
-            # Throttled workers (0.3 MB/s each) so the kill lands mid-run.
+            # Throttled workers (0.15 MB/s each: about 4 s for the ~1.2 MB to copy) so the kill lands mid-run.
             flags = (
                 "--rate-mb-s",
-                "0.3",
+                "0.15",
                 "--open-ledger-rereplication-grace-s",
                 "1",
                 "--audit-interval-s",
@@ -62,9 +63,11 @@ async def test_auditor_killed_mid_recovery_the_other_process_takes_over_and_fini
             assert await urm.auditor() == "ar-first"  # the first vote stays the auditor
 
             victim = cluster.bookie(2).bookie_id
+            on_victim = [
+                lid for lid in ledgers if victim in (await client.get_ledger_metadata(lid)).bookies()
+            ]
             await cluster.bookie(2).kill()
-            await wait_until(lambda: _some_progress(client, urm), 60, "marks and a first ledger replicated")
-            assert await urm.list_marked(), "recovery finished before the kill: throttle harder"
+            await _wait_mid_recovery(client, urm, on_victim, victim)
             first.kill()
             await wait_until(lambda: _auditor_is(urm, "ar-second"), 30, "ar-second elected")
             await wait_until(
@@ -100,9 +103,26 @@ async def _status_elected(client: Client, owner: str) -> bool:
     )
 
 
-async def _some_progress(client: Client, urm: UnderReplicationManager) -> bool:
-    done = sum((s.get("worker") or {}).get("ledgers_replicated", 0) for s in await read_status(client.store))
-    return done >= 1 and bool(await urm.list_marked())
+async def _wait_mid_recovery(
+    client: Client, urm: UnderReplicationManager, on_victim: list[int], victim: str, timeout_s: float = 60
+) -> None:
+    """Until at least one ledger no longer names the victim while marks remain. Read from the ledger metadata
+    itself, not the status nodes (refreshed every 2 s, long enough for a whole run to finish unseen). Fails at
+    once, saying so, if the run finished before it was seen."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        marked = len(await urm.list_marked())
+        moved = 0
+        for lid in on_victim:
+            if victim not in (await client.get_ledger_metadata(lid)).bookies():
+                moved += 1
+        if marked and moved:
+            return
+        assert marked or moved < len(on_victim), "recovery finished before it was seen: throttle harder"
+        assert time.monotonic() < deadline, (
+            f"after {timeout_s} s: {marked} marks, {moved} of {len(on_victim)} ledgers moved off {victim}"
+        )
+        await asyncio.sleep(0.1)
 
 
 def _shell(uri: str, *args: str) -> subprocess.CompletedProcess[str]:
