@@ -10,13 +10,13 @@ what is left is the process's CPU, including the journal's sync thread. End-to-e
 separate process) come from `bookie_add`.
 
 Reports, per protocol version, the median and every round's CPU µs per add, the share Python's cyclic GC
-took (by `gc.callbacks`), and adds/s (wall). `--gc bookie` applies the bookie process's GC policy
-(`quorumlog.bookie.service.apply_bookie_gc_policy`, what `quorumlog bookie` runs) to this process, `--gc
+took (by `gc.callbacks`), and adds/s (wall). `--gc tuned` applies the bookie process's GC policy
+(`quorumlog.gc_policy.apply`, what `quorumlog bookie` runs) to this process, `--gc
 default` leaves Python's. `--seconds S` instead runs adds for S seconds and samples RSS every second: the
 check that a GC policy does not let memory grow.
 
-    ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|bookie|off]
-    ./dev bench bookie_cpu --versions v3 --gc bookie --seconds 60     # RSS over a long run
+    ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|tuned|off]
+    ./dev bench bookie_cpu --versions v3 --gc tuned --seconds 60     # RSS over a long run
 """
 
 from __future__ import annotations

@@ -86,6 +86,7 @@ async def _read(client: Any, ledger_id: int, args: Any, bar: Any) -> dict[str, A
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     count = max(1, args.bytes // args.entry_bytes)
     payload = os.urandom(args.entry_bytes)
     async with common.cluster(args.bookies) as cluster:
@@ -102,6 +103,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "catchup",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": "E3 W2 A2",
             "bytes": count * args.entry_bytes,

@@ -107,6 +107,7 @@ async def _round(client: Any, uri: str, args: Any) -> dict[str, Any]:
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     rounds = []
     async with common.cluster(args.bookies) as cluster:
         info = common.machine(cluster.base_dir)
@@ -121,6 +122,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "ledger_recovery",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": "E3 W2 A2",
             "entry_bytes": args.entry_bytes,

@@ -26,6 +26,7 @@ CREATE_CONCURRENCY = 64  # ledger creations in flight (metadata writes); keeps c
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     counts = [int(x) for x in args.ledgers.split(",")]
     payload = os.urandom(args.entry_bytes)
     results = []
@@ -63,6 +64,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "ledgers",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": "E3 W2 A2",
             "entry_bytes": args.entry_bytes,

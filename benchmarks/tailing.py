@@ -25,6 +25,7 @@ TICK_S = 0.01
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     payload = os.urandom(args.entry_bytes)
     perf = time.perf_counter
     acked_at: dict[int, float] = {}
@@ -87,6 +88,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "tailing",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": "E3 W2 A2",
             "entry_bytes": args.entry_bytes,

@@ -20,6 +20,7 @@ from quorumlog.env import run
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     points = [int(x) for x in args.outstanding.split(",")]
     e, w, a = (int(x) for x in args.quorum.split(","))
     payload = os.urandom(args.entry_bytes)
@@ -51,6 +52,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "throughput_latency",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": f"E{e} W{w} A{a}",
             "entry_bytes": args.entry_bytes,

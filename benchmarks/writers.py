@@ -94,6 +94,7 @@ async def _in_process(client: Any, writers: int, size: int, args: Any) -> list[d
 
 
 async def main(args: Any) -> dict[str, Any]:
+    gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     counts = [int(x) for x in args.writers.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     results = []
@@ -127,6 +128,7 @@ async def main(args: Any) -> dict[str, Any]:
         "benchmark": "writers",
         "machine": info,
         "config": {
+            "gc": gc_info,
             "bookies": args.bookies,
             "quorum": "E3 W2 A2",
             "outstanding_per_writer": args.outstanding,

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
 from typing import Any
 
+from quorumlog import gc_policy
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.server import BookieServer
@@ -35,22 +35,6 @@ from quorumlog.errors import ConfigError
 log = logging.getLogger(__name__)
 
 GIL_SWITCH_INTERVAL_S = 0.0005
-BOOKIE_GC_GEN0_THRESHOLD = 50_000
-
-
-def apply_bookie_gc_policy() -> None:
-    """The bookie process's cyclic-GC policy; call once start-up is done (see `run_until_signalled`)."""
-    # The add path allocates requests, responses, closures and buffers that reference counting frees on its
-    # own: they form almost no cycles, so the cyclic GC's work is nearly all wasted: 1.5-2.7 us of a bookie's
-    # 11-21 us of CPU per add at Python's default 700-allocation threshold (`benchmarks/bookie_cpu.py`, by
-    # gc.callbacks), ~0 with this policy. Fewer generation-0 passes cut that; freezing moves what start-up
-    # built (modules, config, the index, metadata clients) out of every later full collection. Cycles are
-    # still collected, only later (at most ~50,000 tracked objects wait): `bookie_cpu --gc bookie --seconds
-    # 60` shows RSS staying flat (docs/PERFORMANCE.md, "Bookie").
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(BOOKIE_GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 class BookieService:
@@ -255,8 +239,8 @@ async def run_until_signalled(config: BookieConfig, *, ready: Any = None) -> Non
     service = BookieService(config)
     await service.start()
     # Like the switch interval, a process-wide choice: made here for the bookie process only, never in
-    # BookieService (an embedding application's GC is its own business).
-    apply_bookie_gc_policy()
+    # BookieService (an embedding application's GC is its own business). Why: quorumlog/gc_policy.py.
+    gc_policy.apply()
     if ready is not None:
         ready(service)
     loop = asyncio.get_running_loop()

@@ -427,7 +427,7 @@ class AddTracker:
 
         Due when the LAC moved past what the bookies last saw (piggybacked on an entry or sent explicitly):
         an idle writer's last entries then become visible to readers without another write. How often this
-        is asked is the caller's (the client's one explicit-LAC timer, `lac_flush.py`).
+        is asked is the caller's (the client's one explicit-LAC timer, `ticker.py`).
         """
         if self.last_add_confirmed <= self.lac_sent_to_bookies:
             return None

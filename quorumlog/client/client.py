@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 from quorumlog.client.add_tracker import OUTSTANDING_ADDS_MAX_DEFAULT, EnsembleChangeMode
 from quorumlog.client.bookie_client import BookieClient
 from quorumlog.client.distribution import Quorum
-from quorumlog.client.lac_flush import ExplicitLacFlusher
 from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledger
 from quorumlog.client.placement import BookieInfo, PlacementPolicy, placement_by_name
+from quorumlog.client.ticker import Ticker
 from quorumlog.env import Env, default_env
 from quorumlog.errors import (
     ClientClosedError,
@@ -138,8 +138,15 @@ class Client:
         # Write handles still open: close() stops their timers and fails their pending adds.
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
         # One timer for the explicit LAC of every write handle, armed only while some handle's LAC is
-        # ahead of what its bookies saw (lac_flush.py): idle open ledgers cost nothing.
-        self._lac_flusher = ExplicitLacFlusher(config.explicit_lac_interval_s)
+        # ahead of what its bookies saw, and one for add timeouts, armed only while some handle has adds in
+        # flight (ticker.py): the periodic cost follows the traffic, not the number of open ledgers.
+        self._lac_flusher: Ticker[WriteHandle] = Ticker(
+            config.explicit_lac_interval_s, lambda h: h._flush_explicit_lac()
+        )
+        timeouts = [t / 4 for t in (config.add_timeout_s, config.add_quorum_timeout_s) if t > 0]
+        self._add_timeouts: Ticker[WriteHandle] = Ticker(
+            max(0.005, min(timeouts)) if timeouts else 0.0, lambda h: h._check_timeouts()
+        )
         self._closed = False
 
     @classmethod
@@ -339,6 +346,7 @@ class Client:
             return
         self._closed = True
         self._lac_flusher.close()
+        self._add_timeouts.close()
         for writer in list(self._writers):
             writer._abandon(
                 ClientClosedError("the client was closed with this ledger still open for writing")

@@ -735,8 +735,9 @@ class WriteHandle(LedgerHandle):
         self._drained = asyncio.Event()
         self._drained.set()
         self._loop = asyncio.get_running_loop()
-        self._timeout_timer: asyncio.TimerHandle | None = None
-        # In the client's explicit-LAC dirty set (lac_flush.py): an ack moved the LAC past what bookies saw.
+        # The client's add-timeout ticker (ticker.py) visits this handle while it has adds in flight.
+        self._timeouts = client._add_timeouts
+        # In the client's explicit-LAC dirty set (ticker.py): an ack moved the LAC past what bookies saw.
         self._lac_dirty = False
         self._lac_flusher = client._lac_flusher
         self._closing = False
@@ -956,7 +957,7 @@ class WriteHandle(LedgerHandle):
         """The LAC moved past what bookies saw: queue this handle for the client's next explicit LAC."""
         if not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
             self._lac_dirty = True
-            self._lac_flusher.mark(self, self._loop)
+            self._lac_flusher.add(self, self._loop)
 
     def _fail_waiting(self, error: QuorumLogError) -> None:
         for _, fut in self._adv_waiting.values():
@@ -968,21 +969,13 @@ class WriteHandle(LedgerHandle):
     # --- timers ------------------------------------------------------------------------------------------
 
     def _schedule_timeouts(self) -> None:
-        if self._timeout_timer is not None:
-            return
-        if self._tracker.pending_count == 0 and not any(self._unanswered.values()):
-            return
-        cfg = self._client.config
-        periods = [t / 4 for t in (cfg.add_timeout_s, cfg.add_quorum_timeout_s) if t > 0]
-        if not periods:
-            return
-        # A coarse periodic check (not a timer per add): a timeout fires at most a quarter late.
-        self._timeout_timer = self._loop.call_later(max(0.005, min(periods)), self._on_timeout_timer)
+        self._timeouts.add(self, self._loop)
 
-    def _on_timeout_timer(self) -> None:
-        self._timeout_timer = None
+    def _check_timeouts(self) -> bool:
+        """Called by the client's add-timeout tick (a coarse periodic check, not a timer per add: a timeout
+        fires at most one tick, a quarter of the timeout, late). True keeps this handle visited."""
         if self._closed:
-            return
+            return False
         now = self._now()
         actions = self._tracker.check_timeouts(now)
         if actions:
@@ -1004,7 +997,7 @@ class WriteHandle(LedgerHandle):
                     )
                     self._excluded.add(bookie_id)
                     self._apply(self._tracker.on_bookie_lost(bookie_id))
-        self._schedule_timeouts()
+        return self._tracker.pending_count > 0 or any(self._unanswered.values())
 
     def _flush_explicit_lac(self) -> bool:
         """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
@@ -1217,9 +1210,7 @@ class WriteHandle(LedgerHandle):
         self._drained.set()
 
     def _cancel_timers(self) -> None:
-        if self._timeout_timer is not None:
-            self._timeout_timer.cancel()
-        self._timeout_timer = None
+        self._timeouts.discard(self)
         if self._lac_dirty:
             self._lac_flusher.discard(self)
             self._lac_dirty = False

@@ -131,10 +131,10 @@ def test_client_cpu_refuses_a_bad_case() -> None:
 
 
 def test_bookie_cpu_quick_run_and_the_bookie_gc_policy() -> None:
-    from quorumlog.bookie.service import BOOKIE_GC_GEN0_THRESHOLD
+    from quorumlog.gc_policy import GEN0_THRESHOLD
 
     default = _bench_json("bookie_cpu", "--versions", "v3,v2", "--gc", "default")
-    tuned = _bench_json("bookie_cpu", "--versions", "v3", "--gc", "bookie")
+    tuned = _bench_json("bookie_cpu", "--versions", "v3", "--gc", "tuned")
     for out in (default, tuned):
         assert out["benchmark"] == "bookie_cpu" and out["config"]["journal_sync"] is True
         for p in out["results"]:
@@ -144,7 +144,7 @@ def test_bookie_cpu_quick_run_and_the_bookie_gc_policy() -> None:
     assert [p["protocol"] for p in default["results"]] == ["v3", "v2"]
     # The bookie process's policy (what `quorumlog bookie` applies at start): a higher generation-0
     # threshold, hence far fewer collections for the same adds.
-    assert tuned["config"]["gc"]["thresholds"][0] == BOOKIE_GC_GEN0_THRESHOLD
-    assert default["config"]["gc"]["thresholds"][0] < BOOKIE_GC_GEN0_THRESHOLD
+    assert tuned["config"]["gc"]["thresholds"][0] == GEN0_THRESHOLD
+    assert default["config"]["gc"]["thresholds"][0] < GEN0_THRESHOLD
     v3_default, v3_tuned = default["results"][0]["rounds"][0], tuned["results"][0]["rounds"][0]
     assert v3_tuned["gc_collections"] < v3_default["gc_collections"]

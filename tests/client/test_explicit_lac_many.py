@@ -42,12 +42,14 @@ async def test_ten_thousand_idle_write_handles_schedule_no_periodic_work(cluster
         # timers of the metadata store's last creations (group commit, request timeouts), not per handle.
         assert _scheduled_timers(loop) < baseline + IDLE_HANDLES // 20
         assert not client._lac_flusher.armed and len(client._lac_flusher) == 0
+        assert not client._add_timeouts.armed and len(client._add_timeouts) == 0
 
         # One handle writes: only it joins the dirty set, and one client-wide timer is armed for it.
         w = handles[-1]
         for i in range(3):
             await w.append(b"%d" % i)
         assert client._lac_flusher.armed and len(client._lac_flusher) == 1
+        assert len(client._add_timeouts) <= 1  # the writer alone, until a tick sees nothing in flight
 
         # The reader sees the last entry without a further write: only the explicit LAC carries LAC 2.
         r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
