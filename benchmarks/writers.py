@@ -53,6 +53,8 @@ async def _processes(uri: str, writers: int, size: int, args: Any) -> list[dict[
             str(args.seconds),
             "--warmup-s",
             str(args.warmup_s),
+            "--gc",
+            args.gc,  # each writer process is a client too
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
@@ -168,6 +170,7 @@ if __name__ == "__main__":
     p.add_argument("--child", default="", metavar="URI", help="internal: run one writer against URI")
     ns = p.parse_args()
     if ns.child:
+        common.set_gc(ns.gc)
         run(_child(ns.child, int(ns.sizes), ns.outstanding, ns.warmup_s, ns.seconds))
         sys.exit(0)
     common.quick(ns, p, writers="1,4", sizes="128,4096", seconds=1.5, warmup_s=0.5)
