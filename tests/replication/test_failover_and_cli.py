@@ -75,7 +75,7 @@ async def test_auditor_killed_mid_recovery_the_other_process_takes_over_and_fini
             )
             # The survivor's status node (refreshed every 2 s) shows it elected; the dead one's went with its
             # session.
-            await wait_until(lambda: _status_elected(client, "ar-second"), 10, "ar-second's status: elected")
+            await wait_until(lambda: _status_elected(client, "ar-second"), 30, "ar-second's status: elected")
             assert "ar-first" not in {s["owner"] for s in await read_status(client.store)}
             shown = await asyncio.to_thread(_shell, cluster.uri, "autorecoverystatus", "--json")
             assert shown.returncode == 0, shown.stderr
