@@ -1,0 +1,49 @@
+"""Scenarios from BookKeeper's TestMaxEnsembleChangeNum (our `max_ensemble_changes`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from quorumlog.errors import NotEnoughBookiesError
+from tests.scenarios.conftest import PW, connect, fresh_cluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="package")
+
+
+async def test_the_writer_fails_once_ensemble_changes_run_out() -> None:
+    """TestMaxEnsembleChangeNum.testChangeEnsembleMaxNumWithWriter.
+
+    Expected (E3 W3 A3, max_ensemble_changes=2, spare bookies enough for a third change): each of the
+    first two deaths of a current-ensemble bookie is survived with one more ensemble in the metadata; the
+    third fails the next add (BookKeeper: WriteException; here NotEnoughBookiesError, the error every
+    failed ensemble change gives) though a spare bookie is there, and the metadata keeps three ensembles;
+    every acknowledged entry is recovered by a reader.
+    """
+    async with fresh_cluster(7) as cluster, await connect(cluster, max_ensemble_changes=2) as client:
+        w = await client.create_ledger(3, 3, 3, password=PW)
+        written = 0
+        for _ in range(5):
+            await w.append(b"m%d" % written)
+            written += 1
+        assert len(w.metadata.ensembles) == 1
+        for change in range(2):
+            await cluster.node(w.metadata.last_ensemble[0]).kill()
+            for _ in range(5):
+                assert await asyncio.wait_for(w.append(b"m%d" % written), 60) == written
+                written += 1
+            assert len(w.metadata.ensembles) == change + 2
+        await cluster.node(w.metadata.last_ensemble[0]).kill()
+        with pytest.raises(NotEnoughBookiesError, match="max_ensemble_changes"):
+            await asyncio.wait_for(w.append(b"too many"), 60)
+        md = await client.get_ledger_metadata(w.ledger_id)
+        assert len(md.ensembles) == 3
+        r = await client.open_ledger(w.ledger_id, password=PW)
+        # The refused add reached the two live bookies of its write set, so recovery may keep it (an entry
+        # on some bookie is re-added: docs/CLIENT.md, "What readers are promised").
+        assert r.last_add_confirmed in (written - 1, written)
+        expected = [b"m%d" % i for i in range(written)] + [b"too many"]
+        assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected[
+            : r.last_add_confirmed + 1
+        ]
