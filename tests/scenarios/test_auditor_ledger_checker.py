@@ -1,0 +1,204 @@
+"""Scenarios from BookKeeper's AuditorLedgerCheckerTest: which bookie changes make the auditor mark ledgers.
+
+Bookies are `BookieService`s in this process that register themselves (real servers, real disks), so a
+scenario can turn one read-only the way its disk checker does (`apply_disk_usage`) and the registration moves
+to `available/readonly` as it would in production. The auditor is an in-process `AutoRecovery` with the
+worker off (only marking is under test) and lostBookieRecoveryDelay 0 (BookKeeper's default: mark at once).
+A "no mark" check is made only after an audit that saw the change has completed (the auditor's own audit
+counter), never after a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.service import BookieService
+from quorumlog.client.client import Client
+from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.replication.auditor import Auditor, AuditorSettings
+from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
+from quorumlog.testing.cluster import LocalCluster
+from quorumlog.testing.servers import free_port
+from tests.scenarios.conftest import PW, connect
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+
+WAIT_S = 60.0  # for something that must happen; generous for a loaded 2-core machine
+FULL = 0.99  # a disk usage over the 0.95 read-only threshold
+
+
+@contextlib.asynccontextmanager
+async def self_registering(n: int) -> AsyncIterator[tuple[LocalCluster, list[BookieService]]]:
+    """Metadata from a bookie-less LocalCluster and n bookie services that register themselves in it."""
+    async with LocalCluster(0) as cluster:
+        services: list[BookieService] = []
+        try:
+            for i in range(n):
+                svc = BookieService(
+                    BookieConfig(
+                        host="127.0.0.1",
+                        port=free_port(),
+                        data_dir=os.path.join(cluster.base_dir, f"bookie-{i}"),
+                        metadata=cluster.uri,
+                        journal_file_size_bytes=16 << 20,
+                        disk_check_interval_s=3600.0,  # the scenario, not the real disk, says how full
+                    )
+                )
+                await svc.start()
+                services.append(svc)
+            await cluster.wait_registered({s.bookie_id for s in services}, True)
+            yield cluster, services
+        finally:
+            for svc in services:
+                with contextlib.suppress(Exception):
+                    await svc.stop()
+
+
+@contextlib.asynccontextmanager
+async def marking_auditor(cluster: LocalCluster) -> AsyncIterator[Auditor]:
+    settings = AutoRecoverySettings(
+        auditor=AuditorSettings(lost_bookie_recovery_delay_s=0, audit_interval_s=0),
+        run_worker=False,
+        owner="scenario-auditor",
+    )
+    async with AutoRecovery(cluster.uri, settings) as ar:
+        assert ar.auditor is not None
+        await asyncio.wait_for(ar.auditor.elected.wait(), WAIT_S)
+        yield ar.auditor
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Poll state read directly (marks, counters) with a deadline: re-checked, never a fixed sleep."""
+    deadline = time.monotonic() + WAIT_S
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def audit_now(auditor: Auditor) -> None:
+    """Run a lost-bookie audit and wait until it has completed."""
+    before = auditor.stats.bookie_audits
+    auditor.trigger()
+
+    async def done() -> bool:
+        return auditor.stats.bookie_audits > before
+
+    await wait_for(done, "a completed lost-bookie audit")
+
+
+async def closed_ledgers(client: Client, count: int) -> dict[int, frozenset[str]]:
+    """`count` closed E2 W2 A2 ledgers of a few entries; ledger id -> its bookies."""
+    out: dict[int, frozenset[str]] = {}
+    for n in range(count):
+        w = await client.create_ledger(2, 2, 2, password=PW)
+        await asyncio.gather(*(w.append(b"a%d-%d" % (n, i)) for i in range(5)))
+        await w.close()
+        out[w.ledger_id] = frozenset(w.metadata.bookies())
+    return out
+
+
+def holding(services: list[BookieService], ledgers: dict[int, frozenset[str]]) -> BookieService:
+    """A bookie of the first ledger (placement is random: a fixed index may hold none of them)."""
+    first = ledgers[min(ledgers)]
+    return next(s for s in services if s.bookie_id in first)
+
+
+def in_some_not_all(
+    services: list[BookieService], ledgers: dict[int, frozenset[str]]
+) -> BookieService | None:
+    """A bookie holding some of the ledgers but not all, so that both "marked" and "not marked" are seen."""
+    for s in services:
+        n = sum(s.bookie_id in bks for bks in ledgers.values())
+        if 0 < n < len(ledgers):
+            return s
+    return None
+
+
+async def test_a_stopped_bookies_ledgers_are_marked_and_no_others() -> None:
+    """AuditorLedgerCheckerTest.testSimpleLedger / testRestartBookie.
+
+    Expected: once a bookie is shut down, exactly the ledgers with a fragment on it are marked
+    under-replicated, each listing that bookie as the missing replica; ledgers elsewhere are not marked.
+    """
+    async with self_registering(4) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 8)
+        victim = in_some_not_all(services, ledgers)
+        while victim is None:  # placement is random: rarely, every ledger has the same ensemble
+            ledgers |= await closed_ledgers(client, 1)
+            victim = in_some_not_all(services, ledgers)
+        expected = sorted(lid for lid, bks in ledgers.items() if victim.bookie_id in bks)
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        async with marking_auditor(cluster) as auditor:
+            await audit_now(auditor)
+            assert await urm.list_marked() == []  # everything healthy: nothing marked
+            await victim.stop()
+
+            async def marked() -> bool:
+                return sorted(await urm.list_marked()) == expected
+
+            await wait_for(marked, f"marks on {expected}")
+            for lid in expected:
+                assert await urm.missing_replicas(lid) == [victim.bookie_id]
+            await audit_now(auditor)  # a later audit marks nothing more
+            assert sorted(await urm.list_marked()) == expected
+
+
+async def test_a_read_only_bookie_is_not_lost() -> None:
+    """AuditorLedgerCheckerTest.testReadOnlyBookieExclusionFromURLedgersCheck.
+
+    Expected: a bookie that turns read-only (its registration moves to available/readonly) still serves its
+    replicas, so the auditor marks none of its ledgers.
+    """
+    async with self_registering(3) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 4)
+        ro = holding(services, ledgers)
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        async with marking_auditor(cluster) as auditor:
+            await ro.apply_disk_usage(FULL)
+            assert ro.bookie.read_only
+
+            async def seen_read_only() -> bool:
+                return ro.bookie_id in auditor.client.registry.readonly_bookies()
+
+            await wait_for(seen_read_only, "the auditor seeing the bookie read-only")
+            await audit_now(auditor)
+            assert await urm.list_marked() == []
+            assert auditor.pending_lost_bookies() == {}
+
+
+async def test_a_read_only_bookie_that_shuts_down_is_lost() -> None:
+    """AuditorLedgerCheckerTest.testReadOnlyBookieShutdown.
+
+    Expected: no marks while the bookie is read-only; once it shuts down, every ledger on it is marked with
+    it as the missing replica.
+    """
+    async with self_registering(3) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 4)
+        ro = holding(services, ledgers)
+        expected = sorted(lid for lid, bks in ledgers.items() if ro.bookie_id in bks)
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        async with marking_auditor(cluster) as auditor:
+            await ro.apply_disk_usage(FULL)
+
+            async def seen_read_only() -> bool:
+                return ro.bookie_id in auditor.client.registry.readonly_bookies()
+
+            await wait_for(seen_read_only, "the auditor seeing the bookie read-only")
+            await audit_now(auditor)
+            assert await urm.list_marked() == []
+            await ro.stop()
+
+            async def marked() -> bool:
+                return sorted(await urm.list_marked()) == expected
+
+            await wait_for(marked, f"marks on {expected}")
+            for lid in expected:
+                assert await urm.missing_replicas(lid) == [ro.bookie_id]
