@@ -289,6 +289,8 @@ class LedgerHandle:
             if not isinstance(error, _EMPTY_ERRORS):
                 self._failures.record_failure(bookie_id, self._now())
             apply(index, readers[index].on_error(bookie_id, error, self._now()))
+            if timer is None:
+                arm()  # an error may give the reader a deadline again (stop waiting for slow replicas)
 
         def on_answer(context: tuple[int, str], resp: Response | None, exc: QuorumLogError | None) -> None:
             index, bookie_id = context
@@ -353,7 +355,8 @@ class LedgerHandle:
             )
         for index, reader in enumerate(readers):
             apply(index, reader.start(now))
-        arm()
+        if timer is None:  # an immediate send error may have armed it already
+            arm()
         try:
             await all_done
         finally:

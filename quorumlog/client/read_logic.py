@@ -7,9 +7,13 @@ Rules it keeps:
 - An entry is read from one replica at a time, in `order_read_replicas` order (write set, recently failing
   bookies last). The next replica is asked after an error, or -- without giving up on the first -- once
   `speculative_timeout_s` passed since the last request (0 turns speculation off). The first good answer wins.
-- "No such entry" is reported only when *every* replica said so. A digest mismatch is corruption: it is
-  reported as `DigestMismatchError` if no replica had a good copy, never as a missing entry. Anything else
-  (unreachable, I/O error) gives the last such error, which is retriable.
+- "No such entry" is reported when *every* replica said so, or -- without waiting for the slow ones -- once
+  every replica has been asked and more than W - A of them said so: then fewer than A can hold the entry, so
+  it was never acknowledged (BookKeeper's maxMissedReadsAllowed; a read of a missing entry must not wait a
+  read timeout for a sleeping bookie). A replica not yet asked is asked first, and a corrupt copy (the entry
+  exists) turns this off. A digest mismatch is corruption: it is reported as `DigestMismatchError` if no
+  replica had a good copy, never as a missing entry. Anything else (unreachable, I/O error) gives the last
+  such error, which is retriable.
 - LAC from READ_LAC answers is the maximum over a covering set of bookies (`Quorum.covers`): any entry that
   was acknowledged reached an ack quorum, which intersects that set, so its LAC is seen. In "first answer"
   mode (`try_read_last_add_confirmed`) the first answer wins. A reader's LAC only grows (`LacView`).
@@ -91,6 +95,8 @@ class EntryRead:
         self._last_sent_s: float | None = None
         self._outstanding: set[str] = set()
         self._errors: dict[str, QuorumLogError] = {}
+        # More "missing" answers than this: fewer than A replicas can hold the entry (never acknowledged).
+        self._missing_max = len(self.replicas) - quorum.ack_quorum
         self.done = False
 
     def start(self, now_s: float) -> list[ReadAction]:
@@ -114,22 +120,53 @@ class EntryRead:
         if not actions and not self._outstanding:
             self.done = True
             return [ReadFailed(self.entry_id, self._final_error())]
+        if not actions and self._never_acknowledged():
+            # Only slow replicas (asked speculatively earlier) are left; they cannot change the answer.
+            return self._fail_missing()
         return actions
+
+    def _never_acknowledged(self) -> bool:
+        """Every replica asked, more than W - A said "missing" and none had a corrupt copy."""
+        if self._next < len(self.replicas):
+            return False
+        missing = 0
+        for e in self._errors.values():
+            if isinstance(e, DigestMismatchError):
+                return False
+            if isinstance(e, NoSuchEntryError | NoSuchLedgerError):
+                missing += 1
+        return missing > self._missing_max
+
+    def _fail_missing(self) -> list[ReadAction]:
+        self.done = True
+        missing = sorted(
+            b for b, e in self._errors.items() if isinstance(e, NoSuchEntryError | NoSuchLedgerError)
+        )
+        return [
+            ReadFailed(
+                self.entry_id,
+                NoSuchEntryError(
+                    f"entry {self.entry_id}: {missing} do not have it, more than write quorum - ack quorum "
+                    f"({self._missing_max}); not waiting for {sorted(self._outstanding)}"
+                ),
+            )
+        ]
 
     def check_timeouts(self, now_s: float) -> list[ReadAction]:
         """A speculative read to the next replica, if the last request has been unanswered long enough."""
         deadline = self.next_deadline_s()
         if deadline is None or now_s < deadline:
             return []
+        if self._next >= len(self.replicas):
+            return self._fail_missing()  # the deadline exists only when _never_acknowledged()
         return self._send_next(now_s, speculative=True)
 
     def next_deadline_s(self) -> float | None:
-        if (
-            self.done
-            or self.speculative_timeout_s <= 0
-            or self._last_sent_s is None
-            or self._next >= len(self.replicas)
-        ):
+        """When to ask the next replica speculatively -- or, once every replica was asked and enough said
+        "missing", when to stop waiting for the rest (the last one asked gets one speculative timeout)."""
+        if self.done or self.speculative_timeout_s <= 0 or self._last_sent_s is None:
+            return None
+        if self._next >= len(self.replicas) and not (self._outstanding and self._never_acknowledged()):
             return None
         return self._last_sent_s + self.speculative_timeout_s
 

@@ -76,8 +76,10 @@ async def test_a_slow_bookie_is_replaced_after_the_add_timeout() -> None:
         finally:
             cluster.node(sleeper).resume()
         ensembles = w.metadata.ensembles
-        assert len(ensembles) == 2, ensembles
-        assert sleeper not in ensembles[max(ensembles)]
+        # The first change replaced the sleeper. (Under a heavy load a live bookie may also be slow past the
+        # 2 s add timeout and be replaced later: not this scenario's question.)
+        assert len(ensembles) >= 2, ensembles
+        assert sleeper not in ensembles[sorted(ensembles)[1]]
         await w.close()
         async with await connect(cluster) as reader_client:
             r = await reader_client.open_ledger(w.ledger_id, password=PW)
