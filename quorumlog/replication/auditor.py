@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.placement import RackAwarePlacement
 from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, QuorumLogError
+from quorumlog.meta import layout
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication import metrics
@@ -323,9 +324,26 @@ class Auditor:
 
         return [md for md in await asyncio.gather(*(one(i) for i in ids)) if md is not None]
 
-    def _lost_due(self, now: float, ignore_delay: bool) -> tuple[frozenset[str], float | None]:
+    async def _registered_now(self) -> frozenset[str]:
+        """The registry's view joined with membership read from the store now, for the decision to mark.
+
+        The registry's view is fed by two watches, one per list, that catch up separately: a bookie moving
+        between available/ and available/readonly/ (it creates the new node, then deletes the old) can be in
+        neither view for a moment, and an audit run then would mark every ledger of a bookie that is only
+        read-only (BookKeeper's auditor reads both lists when it audits). Reading available, readonly,
+        available again sees a moving bookie in one of them whichever way it moves: a bookie absent from a
+        read of one list was already created in the other before the next read."""
+        root = self.client.registry.root
+        seen = set(self._current_available())
+        for path in (layout.available_path(root), layout.readonly_path(root), layout.available_path(root)):
+            with contextlib.suppress(MetadataNotFoundError):
+                seen.update(n for n in await self.store.children(path) if n != layout.READONLY)
+        return frozenset(seen)
+
+    def _lost_due(
+        self, now: float, ignore_delay: bool, available: frozenset[str]
+    ) -> tuple[frozenset[str], float | None]:
         """Unavailable bookies whose delay has passed, and when the next one's will."""
-        available = self._current_available()
         due: set[str] = set()
         next_at: float | None = None
         for b, since in self._missing_since.items():
@@ -347,7 +365,7 @@ class Auditor:
             self.stats.audits_skipped_disabled += 1
             return 0
         mds = await self._all_metadata()
-        available = self._current_available()
+        available = await self._registered_now()
         now = time.monotonic()
         # Bookies named in metadata that were already gone when this auditor took over count as missing
         # from then on (their delay runs from our election).
@@ -355,7 +373,7 @@ class Auditor:
             for b in md.bookies():
                 if b not in available and b not in self._missing_since:
                     self._missing_since[b] = self._elected_at
-        due, next_at = self._lost_due(now, ignore_delay)
+        due, next_at = self._lost_due(now, ignore_delay, available)
         if next_at is not None:
             self._schedule_bookie_audit(next_at)
         self.stats.bookie_audits += 1
@@ -376,8 +394,8 @@ class Auditor:
             return 0
         t0 = time.monotonic()
         mds = await self._all_metadata()
-        available = self._current_available()
-        due, _ = self._lost_due(time.monotonic(), False)
+        available = await self._registered_now()
+        due, _ = self._lost_due(time.monotonic(), False, available)
         lost_recently = {b for b in self._missing_since if b not in due and b not in available}
         marks: dict[int, list[str]] = {}
         sem = asyncio.Semaphore(METADATA_READS_IN_FLIGHT_MAX)

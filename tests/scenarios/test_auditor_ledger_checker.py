@@ -202,3 +202,30 @@ async def test_a_read_only_bookie_that_shuts_down_is_lost() -> None:
             await wait_for(marked, f"marks on {expected}")
             for lid in expected:
                 assert await urm.missing_replicas(lid) == [ro.bookie_id]
+
+
+async def test_a_bookie_moving_to_read_only_is_not_lost_while_the_view_catches_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """AuditorLedgerCheckerTest.testReadOnlyBookieExclusionFromURLedgersCheck, the moment of the move.
+
+    A bookie turning read-only creates its available/readonly node, then deletes its available one; the
+    auditor's watch-fed view of the two lists catches up one list at a time, so for a moment it can show
+    the bookie in neither. Here the auditor's view is held in that moment while an audit runs.
+
+    Expected: the audit confirms membership in the store and marks nothing (it marked every ledger of the
+    read-only bookie before it did).
+    """
+    async with self_registering(3) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 4)
+        ro = holding(services, ledgers)
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        async with marking_auditor(cluster) as auditor:
+            registry = auditor.client.registry
+            writable_then = registry.writable_bookies() - {ro.bookie_id}
+            readonly_then = registry.readonly_bookies() - {ro.bookie_id}
+            monkeypatch.setattr(registry, "writable_bookies", lambda: writable_then)
+            monkeypatch.setattr(registry, "readonly_bookies", lambda: readonly_then)
+            await ro.apply_disk_usage(FULL)
+            await audit_now(auditor)
+            assert await urm.list_marked() == []
