@@ -229,3 +229,30 @@ async def test_a_bookie_moving_to_read_only_is_not_lost_while_the_view_catches_u
             await ro.apply_disk_usage(FULL)
             await audit_now(auditor)
             assert await urm.list_marked() == []
+
+
+async def test_two_stopped_bookies_are_both_listed() -> None:
+    """AuditorLedgerCheckerTest.testMultipleBookieFailures.
+
+    Expected: with two bookies shut down, every ledger with a fragment on either is marked, and each mark
+    lists exactly the stopped bookies that ledger had (both, for a ledger on the two of them).
+    """
+    async with self_registering(4) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 8)
+        first = sorted(ledgers[min(ledgers)])
+        gone = {s.bookie_id for s in services if s.bookie_id in first}  # one ledger loses both replicas
+        expected = {lid: sorted(bks & gone) for lid, bks in ledgers.items() if bks & gone}
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        async with marking_auditor(cluster):
+            for s in services:
+                if s.bookie_id in gone:
+                    await s.stop()
+
+            async def marked() -> bool:
+                if sorted(await urm.list_marked()) != sorted(expected):
+                    return False
+                return all(
+                    [sorted(await urm.missing_replicas(lid) or []) == m for lid, m in expected.items()]
+                )
+
+            await wait_for(marked, f"marks {expected}")
