@@ -198,3 +198,42 @@ async def test_empty_open_ledger_is_closed_and_unmarked() -> None:
         md = await client.get_ledger_metadata(w.ledger_id)
         assert md.is_closed
         assert md.last_entry_id == -1
+
+
+async def test_two_workers_share_the_marks_and_each_ledger_is_replicated_once() -> None:
+    """TestReplicationWorker.test2RWsShouldCompeteForReplicationOf2FragmentsAndCompleteReplication.
+
+    Expected: two workers started on the same marks both take part or not, but every marked ledger is
+    re-replicated exactly once in all (a ledger's lock keeps the other worker off it), every mark is
+    cleared, and no ledger names the lost bookie any more.
+    """
+    async with cluster_and_client(4) as (cluster, client, urm):
+        ledgers: dict[int, list[bytes]] = {}
+        for n in range(8):
+            w = await client.create_ledger(2, 2, 2, password=PW)
+            ledgers[w.ledger_id] = [b"two-%d-%d" % (n, i) for i in range(10)]
+            await asyncio.gather(*(w.append(p) for p in ledgers[w.ledger_id]))
+            await w.close()
+        first = (await client.get_ledger_metadata(min(ledgers))).ensembles[0]
+        lost = first[0]
+        expected = [lid for lid in ledgers if lost in (await client.get_ledger_metadata(lid)).bookies()]
+        await cluster.node(lost).stop()
+        s1 = settings(auditor=False)
+        s2 = AutoRecoverySettings(worker=s1.worker, run_auditor=False, owner="scenario-recovery-2")
+        async with AutoRecovery(cluster.uri, s1) as ar1, AutoRecovery(cluster.uri, s2) as ar2:
+            assert ar1.worker is not None and ar2.worker is not None
+            for lid in expected:
+                await urm.mark(lid, [lost])
+
+            async def cleared() -> bool:
+                # A worker counts a ledger just after clearing its mark (and before it leaves
+                # in_progress): once no mark is left, no new work starts, so wait for both to be idle too.
+                if await urm.list_marked():
+                    return False
+                return not ar1.worker.stats.in_progress and not ar2.worker.stats.in_progress  # type: ignore[union-attr]
+
+            await wait_for(cleared, "every mark cleared and both workers idle")
+            assert ar1.worker.stats.ledgers_replicated + ar2.worker.stats.ledgers_replicated == len(expected)
+        for lid, payloads in ledgers.items():
+            assert lost not in (await client.get_ledger_metadata(lid)).bookies()
+            await check_entries(client, lid, payloads)
