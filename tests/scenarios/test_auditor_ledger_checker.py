@@ -256,3 +256,34 @@ async def test_two_stopped_bookies_are_both_listed() -> None:
                 )
 
             await wait_for(marked, f"marks {expected}")
+
+
+async def test_a_shorter_delay_reschedules_the_pending_audit() -> None:
+    """AuditorLedgerCheckerTest.testRescheduleOfDelayedAuditOfLostBookiesToStartImmediately.
+
+    Expected: while a lost bookie's audit waits on a one-hour lostBookieRecoveryDelay, nothing is marked;
+    writing a delay of 1 s reschedules the pending audit, and the bookie's ledgers are marked then (not an
+    hour later).
+    """
+    async with self_registering(3) as (cluster, services), await connect(cluster) as client:
+        ledgers = await closed_ledgers(client, 4)
+        victim = holding(services, ledgers)
+        expected = sorted(lid for lid, bks in ledgers.items() if victim.bookie_id in bks)
+        urm = UnderReplicationManager(client.store, owner="scenario")
+        await urm.init()
+        await urm.set_lost_bookie_recovery_delay(3600)  # the znode wins over the auditor's setting
+        async with marking_auditor(cluster) as auditor:
+            await victim.stop()
+
+            async def pending() -> bool:
+                return victim.bookie_id in auditor.pending_lost_bookies()
+
+            await wait_for(pending, "the auditor noticing the loss")
+            assert auditor.pending_lost_bookies()[victim.bookie_id] > 3000
+            assert await urm.list_marked() == []
+            await urm.set_lost_bookie_recovery_delay(1)
+
+            async def marked() -> bool:
+                return sorted(await urm.list_marked()) == expected
+
+            await wait_for(marked, f"marks on {expected} after the delay was shortened")
