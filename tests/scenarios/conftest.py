@@ -12,16 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest_asyncio
 
 from quorumlog import Client
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.service import BookieService
 from quorumlog.client.ledger_handle import WriteHandle
-from quorumlog.testing.cluster import LocalCluster
+from quorumlog.testing.cluster import LocalCluster, free_port
 
 PW = b"scenario"
+WAIT_S = 60.0  # for something that must happen; generous for a loaded 2-core machine
 
 # Short timeouts so a dead bookie is noticed in a test's time, not a production's.
 CLIENT_SETTINGS: dict[str, object] = {
@@ -92,3 +97,39 @@ async def cluster() -> AsyncIterator[LocalCluster]:
 async def client(cluster: LocalCluster) -> AsyncIterator[Client]:
     async with await connect(cluster) as c:
         yield c
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str, timeout_s: float = WAIT_S) -> None:
+    """Poll state read directly (marks, metadata, counters) with a deadline: re-checked, never a fixed sleep."""
+    deadline = time.monotonic() + timeout_s
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def self_registering(n: int) -> AsyncIterator[tuple[LocalCluster, list[BookieService]]]:
+    """Metadata from a bookie-less LocalCluster, and n in-process bookie services that register themselves in
+    it (as `quorumlog bookie` does), so a scenario can turn one read-only or stop it."""
+    async with LocalCluster(0) as cluster:
+        services: list[BookieService] = []
+        try:
+            for i in range(n):
+                cfg = BookieConfig(
+                    host="127.0.0.1",
+                    port=free_port(),
+                    data_dir=os.path.join(cluster.base_dir, f"bookie-{i}"),
+                    metadata=cluster.uri,
+                    journal_file_size_bytes=16 << 20,
+                    disk_check_interval_s=3600.0,  # the scenario, not the real disk, says how full it is
+                )
+                svc = BookieService(cfg)
+                await svc.start()
+                services.append(svc)
+            await cluster.wait_registered({s.bookie_id for s in services}, True)
+            yield cluster, services
+        finally:
+            for svc in services:
+                with contextlib.suppress(Exception):
+                    await svc.stop()

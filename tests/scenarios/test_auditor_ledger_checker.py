@@ -12,53 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
-from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.service import BookieService
 from quorumlog.client.client import Client
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication.auditor import Auditor, AuditorSettings
 from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.testing.cluster import LocalCluster
-from quorumlog.testing.servers import free_port
-from tests.scenarios.conftest import PW, connect
+from tests.scenarios.conftest import PW, WAIT_S, connect, self_registering, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
-WAIT_S = 60.0  # for something that must happen; generous for a loaded 2-core machine
 FULL = 0.99  # a disk usage over the 0.95 read-only threshold
-
-
-@contextlib.asynccontextmanager
-async def self_registering(n: int) -> AsyncIterator[tuple[LocalCluster, list[BookieService]]]:
-    """Metadata from a bookie-less LocalCluster and n bookie services that register themselves in it."""
-    async with LocalCluster(0) as cluster:
-        services: list[BookieService] = []
-        try:
-            for i in range(n):
-                svc = BookieService(
-                    BookieConfig(
-                        host="127.0.0.1",
-                        port=free_port(),
-                        data_dir=os.path.join(cluster.base_dir, f"bookie-{i}"),
-                        metadata=cluster.uri,
-                        journal_file_size_bytes=16 << 20,
-                        disk_check_interval_s=3600.0,  # the scenario, not the real disk, says how full
-                    )
-                )
-                await svc.start()
-                services.append(svc)
-            await cluster.wait_registered({s.bookie_id for s in services}, True)
-            yield cluster, services
-        finally:
-            for svc in services:
-                with contextlib.suppress(Exception):
-                    await svc.stop()
 
 
 @contextlib.asynccontextmanager
@@ -72,15 +40,6 @@ async def marking_auditor(cluster: LocalCluster) -> AsyncIterator[Auditor]:
         assert ar.auditor is not None
         await asyncio.wait_for(ar.auditor.elected.wait(), WAIT_S)
         yield ar.auditor
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll state read directly (marks, counters) with a deadline: re-checked, never a fixed sleep."""
-    deadline = time.monotonic() + WAIT_S
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def audit_now(auditor: Auditor) -> None:

@@ -8,48 +8,15 @@ it a disk usage over `disk_usage_threshold` (and under `disk_usage_lwm` to come 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-from collections.abc import AsyncIterator
 
 import pytest
 
-from quorumlog.bookie.config import BookieConfig
-from quorumlog.bookie.service import BookieService
 from quorumlog.errors import NotEnoughBookiesError
-from quorumlog.testing.cluster import LocalCluster
-from quorumlog.testing.servers import free_port
-from tests.scenarios.conftest import PW, connect
+from tests.scenarios.conftest import PW, connect, self_registering
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
 FULL, ROOMY = 0.99, 0.10  # disk usage fractions: over the 0.95 threshold, under the 0.90 low-water mark
-
-
-@contextlib.asynccontextmanager
-async def self_registering(n: int) -> AsyncIterator[tuple[LocalCluster, list[BookieService]]]:
-    """Metadata from a bookie-less LocalCluster, and n bookie services that register themselves in it."""
-    async with LocalCluster(0) as cluster:
-        services: list[BookieService] = []
-        try:
-            for i in range(n):
-                cfg = BookieConfig(
-                    host="127.0.0.1",
-                    port=free_port(),
-                    data_dir=os.path.join(cluster.base_dir, f"bookie-{i}"),
-                    metadata=cluster.uri,
-                    journal_file_size_bytes=16 << 20,
-                    disk_check_interval_s=3600.0,  # the scenario, not the real disk, says how full it is
-                )
-                svc = BookieService(cfg)
-                await svc.start()
-                services.append(svc)
-            await cluster.wait_registered({s.bookie_id for s in services}, True)
-            yield cluster, services
-        finally:
-            for svc in services:
-                with contextlib.suppress(Exception):
-                    await svc.stop()
 
 
 async def test_new_ensembles_leave_out_a_read_only_bookie() -> None:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -25,11 +24,9 @@ from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.replication.verify import verify_ledger
 from quorumlog.replication.worker import WorkerSettings
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.conftest import PW, connect
+from tests.scenarios.conftest import PW, connect, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
-
-WAIT_S = 60.0  # for something that must happen; generous for a loaded 2-core machine
 
 
 def settings(*, auditor: bool, grace_s: float = 30.0) -> AutoRecoverySettings:
@@ -55,15 +52,6 @@ async def cluster_and_client(
         urm = UnderReplicationManager(client.store, owner="scenario")
         await urm.init()
         yield cluster, client, urm
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], what: str) -> None:
-    """Poll state read directly (marks, metadata, counters) with a deadline; never a fixed sleep."""
-    deadline = time.monotonic() + WAIT_S
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S} s waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def check_entries(client: Client, ledger_id: int, payloads: list[bytes]) -> None:

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
@@ -78,10 +79,7 @@ async def test_a_slow_bookie_is_replaced_after_the_add_timeout() -> None:
         finally:
             cluster.node(sleeper).resume()
         await w.close()
-        async with await connect(cluster) as reader_client:
-            r = await reader_client.open_ledger(w.ledger_id, password=PW)
-            assert r.last_add_confirmed == n - 1
-            assert [e.payload for e in await r.read(0, n - 1)] == [b"s%d" % i for i in range(n)]
+        await _reads_back(cluster, w.ledger_id, b"s", n)
 
 
 async def test_two_slow_bookies_with_ack_quorum_one_are_both_replaced() -> None:
@@ -116,7 +114,12 @@ async def test_two_slow_bookies_with_ack_quorum_one_are_both_replaced() -> None:
             for s in sleepers:
                 cluster.node(s).resume()
         await w.close()
-        async with await connect(cluster) as reader_client:
-            r = await reader_client.open_ledger(w.ledger_id, password=PW)
-            assert r.last_add_confirmed == n - 1
-            assert [e.payload for e in await r.read(0, n - 1)] == [b"m%d" % i for i in range(n)]
+        await _reads_back(cluster, w.ledger_id, b"m", n)
+
+
+async def _reads_back(cluster: LocalCluster, ledger_id: int, prefix: bytes, n: int) -> None:
+    """From a second client, once the sleepers are awake: the closed ledger holds exactly entries 0..n-1."""
+    async with await connect(cluster) as reader_client:
+        r = await reader_client.open_ledger(ledger_id, password=PW)
+        assert r.last_add_confirmed == n - 1
+        assert [e.payload for e in await r.read(0, n - 1)] == [prefix + b"%d" % i for i in range(n)]
