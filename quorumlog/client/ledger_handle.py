@@ -160,7 +160,7 @@ class LedgerHandle:
         self._lac = LacView(meta.last_entry_id if meta.is_closed else -1)
         self._failures = RecentFailures()
         self._closed = False
-        self._md_changed = asyncio.Event()
+        self._md_changed: asyncio.Event | None = None  # made by the first tail() that waits for metadata
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -192,7 +192,8 @@ class LedgerHandle:
         self._md = md
         if md.value.is_closed:
             self._lac.observe(md.value.last_entry_id)
-        self._md_changed.set()
+        if self._md_changed is not None:
+            self._md_changed.set()
 
     async def _refresh_metadata(self) -> bool:
         """Re-read the metadata; returns whether it changed (ensembles or state)."""
@@ -629,6 +630,8 @@ class LedgerHandle:
                     continue
                 if self.is_closed:
                     return
+                if self._md_changed is None:
+                    self._md_changed = asyncio.Event()
                 self._md_changed.clear()
                 poll = asyncio.ensure_future(self.wait_for_entry(next_id, poll_s))
                 changed = asyncio.ensure_future(self._md_changed.wait())
@@ -733,10 +736,9 @@ class WriteHandle(LedgerHandle):
         self._change_task: asyncio.Task[None] | None = None
         # Bookies that failed this writer: not chosen as replacements while others are available.
         self._excluded: set[str] = set()
-        self._capacity = asyncio.Event()
-        self._capacity.set()
-        self._drained = asyncio.Event()
-        self._drained.set()
+        # Made by the first wait_for_capacity (few handles ever wait): at 10,000 open ledgers every object a
+        # handle holds is one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
+        self._capacity: asyncio.Event | None = None
         self._loop = asyncio.get_running_loop()
         # The client's add-timeout ticker (ticker.py) visits this handle while it has adds in flight.
         self._timeouts = client._add_timeouts
@@ -798,6 +800,8 @@ class WriteHandle(LedgerHandle):
     async def wait_for_capacity(self) -> None:
         """Wait until `append` would not raise TooManyRequestsError (or the writer failed)."""
         while not self._tracker.has_capacity and self._tracker.error is None and not self._closed:
+            if self._capacity is None:
+                self._capacity = asyncio.Event()
             self._capacity.clear()
             await self._capacity.wait()
 
@@ -817,7 +821,6 @@ class WriteHandle(LedgerHandle):
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[eid] = body
         self._futures[eid] = fut
-        self._drained.clear()
         self._send_adds(appended.actions, now)
         self._schedule_timeouts()
         return fut
@@ -857,7 +860,6 @@ class WriteHandle(LedgerHandle):
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[entry_id] = body
         self._futures[entry_id] = fut
-        self._drained.clear()
         self._send_adds(appended.actions)
         self._schedule_timeouts()
         return fut
@@ -951,10 +953,8 @@ class WriteHandle(LedgerHandle):
             self._fail_waiting(self._tracker.error)
         elif self._adv_waiting and self._tracker.has_capacity:
             self._push_adv_waiting()
-        if self._tracker.has_capacity:
+        if self._capacity is not None and self._tracker.has_capacity:
             self._capacity.set()
-        if not self._futures and not self._adv_waiting:
-            self._drained.set()
 
     def _lac_moved(self) -> None:
         """The LAC moved past what bookies saw: queue this handle for the client's next explicit LAC."""
@@ -967,7 +967,8 @@ class WriteHandle(LedgerHandle):
             if not fut.done():
                 fut.set_exception(error)
         self._adv_waiting.clear()
-        self._capacity.set()
+        if self._capacity is not None:
+            self._capacity.set()
 
     # --- timers ------------------------------------------------------------------------------------------
 
@@ -1210,7 +1211,6 @@ class WriteHandle(LedgerHandle):
                 fut.set_exception(error)
         self._futures.clear()
         self._bodies.clear()
-        self._drained.set()
 
     def _cancel_timers(self) -> None:
         self._timeouts.discard(self)
