@@ -67,7 +67,9 @@ class Ticker(Generic[H]):
         for handle in members:
             if visit(handle):
                 self._members[handle] = None
-        if self._members and self._loop is not None and not self._loop.is_closed():
+        # A visit may have re-added a handle through `add`, which armed the timer already: never a second one
+        # (two chains of ticks would each re-arm, and `close` could cancel only one).
+        if self._members and self._timer is None and self._loop is not None and not self._loop.is_closed():
             self._timer = self._loop.call_later(self.interval_s, self._tick)
 
     def close(self) -> None:

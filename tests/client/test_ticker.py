@@ -68,3 +68,29 @@ async def test_interval_zero_turns_it_off() -> None:
     assert not ticker.enabled
     ticker.add(Member(1), asyncio.get_running_loop())
     assert not ticker.armed and len(ticker) == 0
+
+
+async def test_a_visit_that_re_adds_through_add_leaves_one_timer() -> None:
+    """`visit` may end in `add` for the same or another handle (an add timeout's actions can push a held adv
+    entry, which re-joins the ticker): that must not start a second chain of ticks."""
+    loop = asyncio.get_running_loop()
+    visits = 0
+    done = asyncio.Event()
+    ticker: Ticker[Member]
+
+    def visit(m: Member) -> bool:
+        nonlocal visits
+        visits += 1
+        if visits < 3:
+            ticker.add(m, loop)  # re-joins from inside the tick
+        else:
+            done.set()
+        return False
+
+    ticker = Ticker(0.01, visit)
+    ticker.add(Member(1), loop)
+    await asyncio.wait_for(done.wait(), 5)
+    scheduled: list[asyncio.TimerHandle] = loop._scheduled  # type: ignore[attr-defined]
+    live = [h for h in scheduled if not h.cancelled() and getattr(h, "_callback", None) == ticker._tick]
+    assert len(live) <= 1 and not ticker.armed
+    ticker.close()
