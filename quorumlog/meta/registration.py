@@ -290,6 +290,22 @@ class BookieRegistry:
             log.warning("bookie registration %s is unreadable: %s", path, e)
             return None
 
+    async def registered_now(self) -> frozenset[str]:
+        """Every registered bookie, writable or read-only: this view joined with the lists read from the store
+        now. For decisions that take "absent" to mean "gone" (the auditor's marks).
+
+        The view is fed by two watches, one per list, that catch up separately: a bookie moving between
+        available/ and available/readonly/ (it creates the new node, then deletes the old) can be in neither
+        for a moment. Reading available, readonly, available again sees a moving bookie in one of them
+        whichever way it moves: a bookie absent from one read was already created in the other list before
+        the next read."""
+        seen = set(self.writable_bookies() | self.readonly_bookies())
+        available = layout.available_path(self.root)
+        for path in (available, layout.readonly_path(self.root), available):
+            with contextlib.suppress(MetadataNotFoundError):
+                seen.update(n for n in await self.store.children(path) if n != layout.READONLY)
+        return frozenset(seen)
+
     def writable_bookies(self) -> frozenset[str]:
         return frozenset(self._writable)
 

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.placement import RackAwarePlacement
 from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, QuorumLogError
-from quorumlog.meta import layout
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication import metrics
@@ -324,22 +323,6 @@ class Auditor:
 
         return [md for md in await asyncio.gather(*(one(i) for i in ids)) if md is not None]
 
-    async def _registered_now(self) -> frozenset[str]:
-        """The registry's view joined with membership read from the store now, for the decision to mark.
-
-        The registry's view is fed by two watches, one per list, that catch up separately: a bookie moving
-        between available/ and available/readonly/ (it creates the new node, then deletes the old) can be in
-        neither view for a moment, and an audit run then would mark every ledger of a bookie that is only
-        read-only (BookKeeper's auditor reads both lists when it audits). Reading available, readonly,
-        available again sees a moving bookie in one of them whichever way it moves: a bookie absent from a
-        read of one list was already created in the other before the next read."""
-        root = self.client.registry.root
-        seen = set(self._current_available())
-        for path in (layout.available_path(root), layout.readonly_path(root), layout.available_path(root)):
-            with contextlib.suppress(MetadataNotFoundError):
-                seen.update(n for n in await self.store.children(path) if n != layout.READONLY)
-        return frozenset(seen)
-
     def _lost_due(
         self, now: float, ignore_delay: bool, available: frozenset[str]
     ) -> tuple[frozenset[str], float | None]:
@@ -365,7 +348,7 @@ class Auditor:
             self.stats.audits_skipped_disabled += 1
             return 0
         mds = await self._all_metadata()
-        available = await self._registered_now()
+        available = await self.client.registry.registered_now()
         now = time.monotonic()
         # Bookies named in metadata that were already gone when this auditor took over count as missing
         # from then on (their delay runs from our election).
@@ -394,7 +377,7 @@ class Auditor:
             return 0
         t0 = time.monotonic()
         mds = await self._all_metadata()
-        available = await self._registered_now()
+        available = await self.client.registry.registered_now()
         due, _ = self._lost_due(time.monotonic(), False, available)
         lost_recently = {b for b in self._missing_since if b not in due and b not in available}
         marks: dict[int, list[str]] = {}

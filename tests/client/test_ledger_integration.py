@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -41,16 +41,6 @@ pytestmark = [
 PW = b"integration"
 WRITER = os.path.join(os.path.dirname(__file__), "writer_process.py")
 _roots = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    zk = ZooKeeperServer()
-    try:
-        zk.start()
-        yield zk
-    finally:
-        zk.close()
 
 
 def _uri(zk: ZooKeeperServer) -> str:

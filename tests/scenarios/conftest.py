@@ -23,6 +23,7 @@ from quorumlog import Client
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.service import BookieService
 from quorumlog.client.ledger_handle import WriteHandle
+from quorumlog.meta.ledger_metadata import LedgerState
 from quorumlog.testing.cluster import LocalCluster, free_port
 
 PW = b"scenario"
@@ -77,6 +78,29 @@ async def ledgers_for_bookie_recovery(
     ensembles = {lid: tuple((await client.get_ledger_metadata(lid)).ensembles[0]) for lid in payloads}
     lost = max(sorted(ensembles[open_w.ledger_id]), key=lambda b: sum(b in e for e in ensembles.values()))
     return payloads, open_w, ensembles, lost
+
+
+async def check_recovered_off(
+    cluster: LocalCluster,
+    payloads: dict[int, list[bytes]],
+    ensembles: dict[int, tuple[str, ...]],
+    lost: str,
+) -> None:
+    """After recovering `lost` (data from `ledgers_for_bookie_recovery`): no ensemble names it, ledgers that had
+    it are closed, and with a second original bookie killed too (W2 leaves each entry one live replica) every
+    entry still reads back."""
+    async with await connect(cluster) as other:
+        for lid in payloads:
+            md = await other.get_ledger_metadata(lid)
+            assert all(lost not in ens for ens in md.ensembles.values()), (lid, md.ensembles)
+            if lost in ensembles[lid]:
+                assert md.state is LedgerState.CLOSED
+        second = next(b for b in ensembles[min(ensembles)] if b != lost)
+        await cluster.node(second).kill()
+        for lid, expected in payloads.items():
+            r = await other.open_ledger(lid, password=PW)
+            assert r.last_add_confirmed == len(expected) - 1
+            assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
 
 
 @contextlib.asynccontextmanager

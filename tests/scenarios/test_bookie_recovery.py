@@ -12,9 +12,8 @@ import tempfile
 
 import pytest
 
-from quorumlog import LedgerState
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.conftest import PW, connect, ledgers_for_bookie_recovery, shell
+from tests.scenarios.conftest import check_recovered_off, connect, ledgers_for_bookie_recovery, shell
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -46,16 +45,4 @@ async def recover_and_check(cluster: LocalCluster) -> None:
         report = json.loads(out)
         assert not report["failed"]
 
-        async with await connect(cluster) as other:
-            for lid in payloads:
-                md = await other.get_ledger_metadata(lid)
-                assert all(lost not in ens for ens in md.ensembles.values()), (lid, md.ensembles)
-                if lost in ensembles[lid]:
-                    assert md.state is LedgerState.CLOSED
-            # Lose a second bookie from the original ensembles: W2 leaves each entry one live replica.
-            second = next(b for b in ensembles[min(ensembles)] if b != lost)
-            await cluster.node(second).kill()
-            for lid, expected in payloads.items():
-                r = await other.open_ledger(lid, password=PW)
-                assert r.last_add_confirmed == len(expected) - 1
-                assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
+        await check_recovered_off(cluster, payloads, ensembles, lost)

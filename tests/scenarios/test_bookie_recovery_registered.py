@@ -17,11 +17,17 @@ from collections.abc import Collection, Sequence
 
 import pytest
 
-from quorumlog import LedgerState
 from quorumlog.client.placement import BookieInfo, RandomPlacement
 from quorumlog.replication import admin
 from quorumlog.replication.worker import ReplicationError, Replicator, WorkerSettings
-from tests.scenarios.conftest import PW, connect, fresh_cluster, ledgers_for_bookie_recovery, shell
+from tests.scenarios.conftest import (
+    PW,
+    check_recovered_off,
+    connect,
+    fresh_cluster,
+    ledgers_for_bookie_recovery,
+    shell,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -53,18 +59,7 @@ async def test_recover_a_just_killed_still_registered_bookie() -> None:
         assert report["ledgers"] == sum(lost in e for e in ensembles.values())
         assert report["ledgers_fenced"] == 1
 
-        async with await connect(cluster) as other:
-            for lid in payloads:
-                md = await other.get_ledger_metadata(lid)
-                assert all(lost not in ens for ens in md.ensembles.values()), (lid, md.ensembles)
-                if lost in ensembles[lid]:
-                    assert md.state is LedgerState.CLOSED
-            second = next(b for b in ensembles[min(ensembles)] if b != lost)
-            await cluster.node(second).kill()
-            for lid, expected in payloads.items():
-                r = await other.open_ledger(lid, password=PW)
-                assert r.last_add_confirmed == len(expected) - 1
-                assert [e.payload for e in await r.read(0, r.last_add_confirmed)] == expected
+        await check_recovered_off(cluster, payloads, ensembles, lost)
 
 
 class PreferPlacement(RandomPlacement):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Iterator
 
 import pytest
 
@@ -25,16 +24,6 @@ pytestmark = [
     pytest.mark.skipif(not zookeeper_available(), reason="ZooKeeper is not installed (./dev setup)"),
 ]
 _roots = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def zookeeper() -> Iterator[ZooKeeperServer]:
-    zk = ZooKeeperServer()
-    try:
-        zk.start()
-        yield zk
-    finally:
-        zk.close()
 
 
 def zk_cluster(zk: ZooKeeperServer, bookies: int) -> LocalCluster:
