@@ -289,3 +289,14 @@ def error_for_status(status: int, message: str = "") -> BookieError:
     if cls is None:
         return BookieError(message or f"bookie returned unknown status {status}", code=status)
     return cls(message) if message else cls()
+
+
+# --- bookie storage -----------------------------------------------------------------------------------------
+
+
+class JournalCorruptError(BookieIOError):
+    """The bookie's journal is damaged where valid data follows (not a torn tail): acknowledged entries may be
+    in the damaged part or after it. The bookie refuses to start; the message names the file, the offset, what
+    follows, and the option to skip the damage."""
+
+    retriable = False

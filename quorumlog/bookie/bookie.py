@@ -102,6 +102,7 @@ class Bookie:
                 max_batch_bytes=config.journal_max_batch_bytes,
                 max_wait_s=config.journal_max_wait_ms / 1000.0,
                 sync=config.journal_sync,
+                skip_corrupt=config.journal_skip_corrupt_records,
             )
             self.env.disk.makedirs(config.ledger_dir)
             self.index = LedgerIndex(os.path.join(config.ledger_dir, "index"))

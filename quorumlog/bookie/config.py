@@ -39,6 +39,13 @@ SETTINGS: tuple[Setting, ...] = (
         "journal_max_batch_bytes", int, 512 << 10, "journal batch size that triggers a sync", 4096, 64 << 20
     ),
     Setting("journal_file_size_bytes", int, 64 << 20, "journal file size (preallocated)", 1 << 20, 4 << 30),
+    Setting(
+        "journal_skip_corrupt_records",
+        bool,
+        False,
+        "at start, skip journal data damaged in the middle (valid data after it) and replay the rest, "
+        "instead of refusing to start; what the damaged data held is lost on this bookie",
+    ),
     Setting("write_cache_bytes", int, 64 << 20, "write cache, both halves together", 1 << 20, 64 << 30),
     Setting(
         "read_ahead_bytes", int, 64 << 10, "bytes read ahead from an entry log on a cache miss", 0, 64 << 20
@@ -132,6 +139,7 @@ class BookieConfig:
     journal_max_wait_ms: float = 1.0
     journal_max_batch_bytes: int = 512 << 10
     journal_file_size_bytes: int = 64 << 20
+    journal_skip_corrupt_records: bool = False
     write_cache_bytes: int = 64 << 20
     read_ahead_bytes: int = 64 << 10
     read_cache_bytes: int = 16 << 20

@@ -18,13 +18,20 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
 - Checksums are paired: each record carries a CRC32C of its type, length and payload (computed on the loop
   when it is appended), and each batch -- the unit of one write and one sync -- carries a CRC32C of its bytes
   salted with its file's sequence number (computed by the sync thread, one C call per batch). A torn write,
-  zeros, and stale batches in a recycled file fail the batch check and mark the end of the log; a record
-  whose own check fails inside a good batch is corruption. A batch is acknowledged only as a whole, so
-  cutting a torn batch never cuts an acknowledged record.
+  zeros, and stale batches in a recycled file fail the batch check. A batch is acknowledged only as a whole,
+  so cutting a torn batch never cuts an acknowledged record.
+- Torn tail or corruption: each batch is written and synced before the next one is written, so bytes that
+  fail their check are the end of the log only if no valid batch follows them -- in the rest of their file
+  (replay looks: a bounded pass over the file) or in a later file. Damage with valid batches after it (a
+  flipped byte, a damaged file header, a file without ROLL followed by a file with records), and a record
+  whose own check fails inside a good batch, are corruption: what was written after it was synced, so it
+  may be acknowledged. Replay refuses it (JournalCorruptError: file, offset, what follows, the option)
+  rather than cut the log there -- unless made with `skip_corrupt` (the bookie's
+  journal_skip_corrupt_records, BookKeeper's skipReplayJournalInvalidRecord): then it logs and skips the
+  damaged bytes and replays everything after them.
 - Every file but the last ends with a ROLL record, synced before anything is written to the next file. On
-  replay a file that ends without ROLL is the torn tail: it is truncated to its last valid batch and sealed
-  with ROLL. A file without ROLL followed by a file with valid records is corruption, and replay refuses it
-  (something acknowledged may be missing), rather than silently skipping it.
+  replay the tail file (no ROLL) is truncated after its last valid batch -- never before batches that
+  follow skipped damage -- and sealed with ROLL, so new writes start in a new file.
 - If a write or sync fails, the journal is failed for good: every waiting and later record gets the error
   (fdatasync errors cannot be retried safely on Linux: the dirty pages may already be dropped).
 """
@@ -45,6 +52,9 @@ from itertools import chain
 import crc32c
 
 from quorumlog.env import Env, File
+from quorumlog.errors import JournalCorruptError
+
+__all__ = ["Journal", "JournalCorruptError", "JournalError", "JournalPosition", "RecordType"]
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +83,6 @@ class RecordType(IntEnum):
 
 class JournalError(Exception):
     """The journal cannot be written or read back safely."""
-
-
-class JournalCorruptError(JournalError):
-    """Replay found damage that is not a torn tail: acknowledged records may be missing."""
 
 
 @dataclass(frozen=True, order=True)
@@ -142,6 +148,7 @@ class _Segment:
     valid_end: int
     sealed: bool  # ends with a ROLL record
     size: int
+    header_ok: bool = True
 
 
 Record = tuple[bytes, bytes]  # (header, payload): kept apart so the payload is never copied on the loop
@@ -172,6 +179,7 @@ class Journal:
         sync: bool = True,
         max_pending_bytes: int = 64 << 20,
         spare_files_max: int = 4,
+        skip_corrupt: bool = False,
     ) -> None:
         if file_size_bytes < HEADER_SIZE + 2 * max_batch_bytes:
             raise ValueError("journal file_size_bytes must hold at least two batches plus the header")
@@ -186,6 +194,7 @@ class Journal:
         self.sync = sync
         self.max_pending_bytes = max_pending_bytes
         self.spare_files_max = spare_files_max
+        self.skip_corrupt = skip_corrupt  # replay skips damage followed by valid data instead of refusing
         self._segments: list[_Segment] = []
         self._next_seq = 1
         # shared with the sync thread, guarded by _cond
@@ -241,48 +250,111 @@ class Journal:
     def replay(self, start: JournalPosition | None) -> Iterator[ReplayedRecord]:
         """Yield every valid record from `start` to the end, then seal the tail so new writes start clean.
 
-        Raises JournalCorruptError for damage that is not at the tail (see the module rules).
+        Raises JournalCorruptError for damage that is not at the tail (see the module rules), unless the
+        journal was made with `skip_corrupt=True`: then the damage is logged and skipped.
         """
         seqs = self._list()
         first = start.seq if start is not None else (seqs[0] if seqs else 1)
-        unsealed: _Segment | None = None
+        live = []
         for seq in seqs:
             if seq < first:
                 # Released by a checkpoint, but the release did not finish (or was not durable).
                 self._recycle(self._path(seq))
-                continue
+            else:
+                live.append(seq)
+        # Damage not yet known to be followed by anything valid: if nothing valid follows, it is the torn tail.
+        pending: _Damage | None = None
+        for i, seq in enumerate(live):
             f = self.env.disk.open(self._path(seq))
             try:
                 size = f.size()
-                head = f.pread(HEADER_SIZE, 0)
-                if not self._header_ok(head, seq):
-                    # A file whose header never became durable was being prepared when the bookie stopped.
-                    seg = _Segment(seq, 0, False, size)
-                    self._segments.append(seg)
-                    unsealed = unsealed or seg
-                    continue
+                header_ok = self._header_ok(f.pread(HEADER_SIZE, 0), seq)
                 begin = start.offset if (start is not None and seq == start.seq) else HEADER_SIZE
-                seg = _Segment(seq, begin, False, size)
-                for rec in self._scan(f, seq, begin, size):
-                    if unsealed is not None:
-                        raise JournalCorruptError(
-                            f"journal file {self._path(unsealed.seq)} ends at offset {unsealed.valid_end} "
-                            f"without its ROLL record, but the later file {self._path(seq)} has records: "
-                            "the journal is damaged in the middle and acknowledged entries may be missing. "
-                            "Restore the journal directory from a backup, or decommission this bookie."
-                        )
-                    seg.valid_end = rec.position.offset
-                    if rec.rtype == RecordType.ROLL:
-                        seg.sealed = True
-                        break
-                    yield rec
+                seg = _Segment(seq, begin if header_ok else 0, False, size, header_ok)
                 self._segments.append(seg)
-                if not seg.sealed and unsealed is None:
-                    unsealed = seg
+                later = live[i + 1 :]
+                for at, end, data in self._walk(f, seq, begin, size):
+                    if data is None:  # bytes that fail their check, with a valid batch after them
+                        self._corrupt(_Damage(seq, at, _DAMAGED_BATCH), JournalPosition(seq, end), later)
+                        continue
+                    if pending is not None:
+                        self._corrupt(pending, JournalPosition(seq, at), later)
+                        pending = None
+                    if not seg.header_ok and seg.valid_end < HEADER_SIZE:
+                        # A file whose header fails but whose batches verify: the header was damaged.
+                        self._corrupt(_Damage(seq, 0, _DAMAGED_HEADER), JournalPosition(seq, at), later)
+                    records, bad = _records(data)
+                    if bad is not None:
+                        damage = _Damage(seq, at + BATCH_HEADER_SIZE + bad, _DAMAGED_RECORD)
+                        self._corrupt(damage, JournalPosition(seq, end), later)
+                    seg.valid_end = end
+                    pos = JournalPosition(seq, end)
+                    for k, (rtype, payload) in enumerate(records):
+                        if rtype == RecordType.ROLL:
+                            seg.sealed = True
+                            break
+                        yield ReplayedRecord(rtype, payload, pos, k == len(records) - 1)
+                    if seg.sealed:
+                        break
+                if not seg.sealed and (seg.header_ok or seg.valid_end >= HEADER_SIZE) and pending is None:
+                    # A file that ends without ROLL is the tail, unless a later file holds records. (One
+                    # whose header never became durable and that holds no batch was being prepared.)
+                    pending = _Damage(seq, max(seg.valid_end, HEADER_SIZE), _NO_ROLL)
             finally:
                 f.close()
         self._next_seq = (max(seqs) + 1) if seqs else first
         self._seal_tail()
+
+    def _corrupt(self, damage: _Damage, resume: JournalPosition, later: list[int]) -> None:
+        """Damage followed by valid data at `resume`: refuse (JournalCorruptError), or log it and go on."""
+        path = self._path(damage.seq)
+        if self.skip_corrupt:
+            log.error(
+                "journal %s: SKIPPING damaged data at offset %d (%s); replay resumes at %s offset %d "
+                "(journal_skip_corrupt_records=true). Entries journaled there are lost on this bookie: "
+                "re-replicate its ledgers from the other bookies.",
+                path,
+                damage.offset,
+                damage.what,
+                self._path(resume.seq),
+                resume.offset,
+            )
+            return
+        batches, entries = self._survey(resume, later)
+        where = (
+            "in the same file"
+            if resume.seq == damage.seq
+            else f"from the later file {self._path(resume.seq)} on"
+        )
+        raise JournalCorruptError(
+            f"journal file {path} is damaged in the middle at offset {damage.offset} ({damage.what}), but "
+            f"{batches} valid batches holding {entries} entries follow it {where}. They were written and synced, "
+            "so they may hold entries (and fences) this bookie acknowledged: this is not a torn tail, and "
+            "the bookie refuses to start rather than drop them. Options: restore the journal directory from "
+            "a backup; or set journal_skip_corrupt_records=true (--journal-skip-corrupt-records true) to "
+            "skip the damaged data and replay everything after it -- what the damaged data held is lost on "
+            "this bookie, so re-replicate its ledgers from the other bookies (autorecovery); or "
+            "decommission this bookie."
+        )
+
+    def _survey(self, resume: JournalPosition, later: list[int]) -> tuple[int, int]:
+        """(valid batches, ADD records) from `resume` to the end of the journal: what damage puts at stake."""
+        batches = entries = 0
+        for seq in [resume.seq, *later]:
+            f = self.env.disk.open(self._path(seq))
+            try:
+                begin = resume.offset if seq == resume.seq else HEADER_SIZE
+                for _, _, data in self._walk(f, seq, begin, f.size()):
+                    if data is None:
+                        continue
+                    records, _ = _records(data)
+                    batches += 1
+                    entries += sum(1 for rtype, _ in records if rtype == RecordType.ADD)
+                    if any(rtype == RecordType.ROLL for rtype, _ in records):
+                        break
+            finally:
+                f.close()
+        return batches, entries
 
     def _header_ok(self, head: bytes, seq: int) -> bool:
         if len(head) < _FILE_HEADER.size:
@@ -295,8 +367,27 @@ class Journal:
             and crc == crc32c.crc32c(struct.pack(">4sIQ", magic, version, hseq))
         )
 
-    def _scan(self, f: File, seq: int, offset: int, size: int) -> Iterator[ReplayedRecord]:
-        """Valid batches from `offset` on; stops at the first that fails its check (the end of the log)."""
+    def _walk(
+        self, f: File, seq: int, offset: int, size: int
+    ) -> Iterator[tuple[int, int, memoryview | None]]:
+        """`(start, end, data)` for each valid batch from `offset` on, and `(start, resume, None)` for bytes
+        that fail their check but are followed by a valid batch at `resume` in this file.
+
+        Where the checks fail and nothing valid follows in the file, the walk ends: that is the file's end
+        (zeros, stale batches of a recycled file, or a torn write)."""
+        while True:
+            last = offset
+            for start, end, data in self._batches(f, seq, offset, size):
+                yield start, end, data
+                last = end
+            resume = self._resync(f, seq, last, size)
+            if resume is None:
+                return
+            yield last, resume, None
+            offset = resume
+
+    def _batches(self, f: File, seq: int, offset: int, size: int) -> Iterator[tuple[int, int, memoryview]]:
+        """Consecutive valid batches from `offset` on; stops at the first that fails its check."""
         chunk = b""
         chunk_at = offset
         while offset + BATCH_HEADER_SIZE <= size:
@@ -315,13 +406,75 @@ class Journal:
             data = memoryview(chunk)[rel + BATCH_HEADER_SIZE : end]
             if crc != crc32c.crc32c(data, crc32c.crc32c(_SALT.pack(seq, length))):
                 return
-            offset += BATCH_HEADER_SIZE + length
-            yield from _records(data, JournalPosition(seq, offset))
+            start, offset = offset, offset + BATCH_HEADER_SIZE + length
+            yield start, offset, data
+
+    def _resync(self, f: File, seq: int, bad: int, size: int) -> int | None:
+        """Where the next valid batch after the failing bytes at `bad` starts in this file, or None.
+
+        Bounded by the file: one pass over its rest, in windows. First the batch the failing one's length
+        points to (a flipped byte in a payload leaves the length intact, and hopping over the damaged batch
+        never lands on batch-like bytes inside an entry); then every offset whose bytes could start a batch.
+        Zeros (the normal end of a preallocated file) are rejected without a single check."""
+        head = f.pread(BATCH_HEADER_SIZE, bad)
+        if len(head) == BATCH_HEADER_SIZE:
+            hop = bad + BATCH_HEADER_SIZE + _BATCH_HEADER.unpack(head)[1]
+            if hop < size and self._batch_ok(f, seq, hop, size):
+                return hop
+        lo = bad + 1
+        while lo + BATCH_HEADER_SIZE + REC_HEADER_SIZE <= size:
+            window = f.pread(len(_ZEROS), lo)
+            n = len(window) - _TYPE_AT  # offsets lo .. lo+n-1 have their record type byte in the window
+            if n <= 0:
+                return None
+            if window == _ZEROS:  # the preallocated end of the log: skip it at memcmp speed
+                lo += n
+                continue
+            # A batch starts with u32 crc, u32 length (< 2**28), then its first record: u32 crc, u32 length,
+            # u8 type (1..5). Mark the bytes that fit each field, line the marks up by field offset, and AND
+            # them as big integers (one C loop each): only offsets where all three fit are checked in Python.
+            types, small = window.translate(_TYPE_MARKS), window.translate(_LENGTH_MARKS)
+            hits = (
+                int.from_bytes(types[_TYPE_AT : _TYPE_AT + n])
+                & int.from_bytes(small[4 : 4 + n])
+                & int.from_bytes(small[12 : 12 + n])
+            )
+            if hits:
+                marks = hits.to_bytes(n)
+                p = marks.find(1)
+                while p >= 0:
+                    if self._batch_ok(f, seq, lo + p, size):
+                        return lo + p
+                    p = marks.find(1, p + 1)
+            lo += n
+        return None
+
+    def _batch_ok(self, f: File, seq: int, at: int, size: int) -> bool:
+        """Whether a valid batch of file `seq` starts at `at` (its first record's check first: cheaper)."""
+        head = f.pread(BATCH_HEADER_SIZE + REC_HEADER_SIZE, at)
+        if len(head) < BATCH_HEADER_SIZE + REC_HEADER_SIZE:
+            return False
+        crc, length = _BATCH_HEADER.unpack_from(head)
+        rcrc, rlength, rtype = _REC_HEADER.unpack_from(head, BATCH_HEADER_SIZE)
+        if (
+            length > MAX_BATCH_BYTES
+            or at + BATCH_HEADER_SIZE + length > size
+            or rtype not in _VALID_TYPES
+            or REC_HEADER_SIZE + rlength > length
+        ):
+            return False
+        payload = f.pread(rlength, at + BATCH_HEADER_SIZE + REC_HEADER_SIZE)
+        if rcrc != crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(rlength, rtype))):
+            return False
+        data = f.pread(length, at + BATCH_HEADER_SIZE)
+        return len(data) == length and crc == crc32c.crc32c(data, crc32c.crc32c(_SALT.pack(seq, length)))
 
     def _seal_tail(self) -> None:
-        """Cut every unsealed file at its last valid record and append ROLL, durably, before new writes."""
+        """Cut every unsealed file after its last valid batch and append ROLL, durably, before new writes.
+
+        Only what follows the last valid batch is cut: with skipping, batches after skipped damage stay."""
         for seg in self._segments:
-            if seg.sealed:
+            if seg.sealed and seg.header_ok:
                 continue
             f = self.env.disk.open(self._path(seg.seq))
             try:
@@ -329,14 +482,21 @@ class Journal:
                     f.truncate(0)
                     f.pwrite(_header_bytes(seg.seq), 0)
                     seg.valid_end = HEADER_SIZE
-                else:
+                elif not seg.header_ok:
+                    f.pwrite(_header_bytes(seg.seq), 0)  # a damaged header over batches that were skipped to
+                if not seg.sealed:
                     f.truncate(seg.valid_end)  # the torn tail, and anything stale after it, is gone
-                roll = encode_batch(seg.seq, encode_record(RecordType.ROLL, b""))
-                f.pwrite(roll, seg.valid_end)
+                    roll = encode_batch(seg.seq, encode_record(RecordType.ROLL, b""))
+                    f.pwrite(roll, seg.valid_end)
+                    log.info(
+                        "journal %s: the log ends at offset %d; sealed there",
+                        self._path(seg.seq),
+                        seg.valid_end,
+                    )
+                    seg.valid_end += len(roll)
+                    seg.sealed = True
                 f.fdatasync()
-                log.info("journal %s: sealed at offset %d", self._path(seg.seq), seg.valid_end)
-                seg.valid_end += len(roll)
-                seg.sealed = True
+                seg.header_ok = True
             finally:
                 f.close()
         if self._segments:
@@ -667,15 +827,31 @@ class Journal:
 
 _VALID_TYPES = frozenset(int(t) for t in RecordType)
 _ROLL_BYTES = BATCH_HEADER_SIZE + REC_HEADER_SIZE
+_TYPE_AT = BATCH_HEADER_SIZE + REC_HEADER_SIZE - 1  # offset of a batch's first record type byte
+_TYPE_MARKS = bytes(1 if b in _VALID_TYPES else 0 for b in range(256))
+_LENGTH_MARKS = bytes(1 if b <= MAX_BATCH_BYTES >> 24 else 0 for b in range(256))  # a length's top byte
+_DAMAGED_BATCH = "a batch fails its checksum"
+_DAMAGED_RECORD = "a record fails its checksum inside a batch that passed"
+_DAMAGED_HEADER = "the file header fails its checksum"
+_NO_ROLL = "the file ends there without its ROLL record"
 
 
-def _records(data: memoryview, end: JournalPosition) -> Iterator[ReplayedRecord]:
-    """The records of a batch that passed its check. A record failing its own check is corruption."""
+@dataclass(frozen=True)
+class _Damage:
+    seq: int
+    offset: int
+    what: str
+
+
+def _records(data: memoryview) -> tuple[list[tuple[RecordType, bytes]], int | None]:
+    """The records of a batch that passed its check, and the offset in `data` of the first record that fails
+    its own check (corruption: the batch was written whole), or None."""
+    out: list[tuple[RecordType, bytes]] = []
     off = 0
     n = len(data)
     while off < n:
         if off + REC_HEADER_SIZE > n:
-            raise JournalCorruptError(f"journal batch ending at {end}: record header cut at {off}")
+            return out, off
         crc, length, rtype = _REC_HEADER.unpack_from(data, off)
         stop = off + REC_HEADER_SIZE + length
         payload = bytes(data[off + REC_HEADER_SIZE : stop])
@@ -684,9 +860,7 @@ def _records(data: memoryview, end: JournalPosition) -> Iterator[ReplayedRecord]
             or rtype not in _VALID_TYPES
             or crc != crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(length, rtype)))
         ):
-            raise JournalCorruptError(
-                f"journal batch ending at {end} passed its checksum but record at {off} did not: "
-                "the journal is corrupt (or was written by incompatible software)"
-            )
+            return out, off
+        out.append((RecordType(rtype), payload))
         off = stop
-        yield ReplayedRecord(RecordType(rtype), payload, end, off == n)
+    return out, None

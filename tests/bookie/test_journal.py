@@ -243,6 +243,138 @@ async def test_damage_before_later_records_refuses_to_replay(tmp_path: str) -> N
         replayed(journal(env, d))
 
 
+async def _batches_in_files(tmp_path: str, rounds: int, per_round: int) -> tuple[OsEnv, str, list[bytes]]:
+    """A closed journal of `rounds` batches at least (each round waits for its acknowledgements)."""
+    env, d = OsEnv(), os.path.join(tmp_path, "j")
+    j = journal(env, d)
+    replayed(j)
+    j.start(asyncio.get_running_loop())
+    data = [payload(i) for i in range(rounds * per_round)]
+    for r in range(rounds):
+        assert await append_all(j, data[r * per_round : (r + 1) * per_round]) == [None] * per_round
+    await asyncio.to_thread(j.close)
+    return env, d, data
+
+
+def _jnl(d: str) -> list[str]:
+    return [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".jnl")]
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x40]))
+
+
+async def test_a_flipped_byte_mid_file_refuses_naming_file_offset_and_what_follows(tmp_path: str) -> None:
+    """Issue 14 defect 5: a damaged batch with valid batches after it in the same file is not a torn tail.
+    Replay refuses (naming file, offset, what follows, and the option) and changes nothing on disk."""
+    env, d, _ = await _batches_in_files(tmp_path, rounds=12, per_round=3)
+    path = _jnl(d)[0]
+    spans = batch_spans(path)
+    assert len(spans) >= 12
+    start, end = spans[4]
+    _flip(path, (start + end) // 2)
+    before = _read(path)
+    with pytest.raises(JournalCorruptError) as err:
+        replayed(journal(env, d))
+    msg = str(err.value)
+    assert path in msg and f"offset {start} " in msg
+    assert f"{len(spans) - 5} valid batches" in msg
+    assert "journal_skip_corrupt_records" in msg
+    assert _read(path) == before, "a refused replay must not cut or seal anything"
+
+
+async def test_skipping_replays_everything_but_the_damaged_batch_and_keeps_it(tmp_path: str) -> None:
+    env, d, data = await _batches_in_files(tmp_path, rounds=12, per_round=3)
+    path = _jnl(d)[0]
+    spans = batch_spans(path)
+    start, end = spans[4]
+    lost = {p for p in data if _inside(path, p, start, end)}
+    assert lost
+    _flip(path, start + 5)  # the batch's length field: the skip has to scan for the next batch
+    j = journal(env, d, skip_corrupt=True)
+    got = replayed(j)
+    assert got == [p for p in data if p not in lost]
+    # the batches after the damage survive the seal, and what is written next follows them
+    j.start(asyncio.get_running_loop())
+    more = [payload(9000 + i) for i in range(5)]
+    await append_all(j, more)
+    await asyncio.to_thread(j.close)
+    assert replayed(journal(env, d, skip_corrupt=True)) == got + more
+
+
+async def test_damage_mid_file_one_with_valid_data_in_file_two_is_detected(tmp_path: str) -> None:
+    """The damaged batch is the last data of file 1 (nothing valid after it in that file, ROLL included),
+    and file 2 holds valid batches: refuse; with skipping, file 2 is replayed."""
+    env, d, data = await _batches_in_files(tmp_path, rounds=60, per_round=3)
+    files = _jnl(d)
+    assert len(files) >= 2
+    spans = batch_spans(files[0])
+    start, end = spans[-2]  # the last data batch (spans[-1] is the ROLL)
+    lost = [p for p in data if _inside(files[0], p, start, end)]
+    overwrite(files[0], start, b"\xee" * (spans[-1][1] - start))  # it and the ROLL are garbage now
+    with pytest.raises(JournalCorruptError, match="damaged in the middle") as err:
+        replayed(journal(env, d))
+    assert files[0] in str(err.value) and f"offset {start} " in str(err.value)
+    got = replayed(journal(env, d, skip_corrupt=True))
+    assert lost and got == [p for p in data if p not in lost]
+
+
+async def test_a_damaged_file_header_over_valid_batches_is_corruption(tmp_path: str) -> None:
+    env, d, data = await _batches_in_files(tmp_path, rounds=4, per_round=3)
+    path = _jnl(d)[0]
+    _flip(path, 2)
+    with pytest.raises(JournalCorruptError, match="file header"):
+        replayed(journal(env, d))
+    assert replayed(journal(env, d, skip_corrupt=True)) == data
+    assert replayed(journal(env, d)) == data  # the header was rewritten when the tail was sealed
+
+
+async def test_torn_last_batch_before_stale_batches_is_still_a_tail(tmp_path: str) -> None:
+    """A recycled file holds an older file's batches after the end of the log: they fail their check (salted
+    with the other file's sequence number), so a torn last batch before them is still just the tail."""
+    env, d, data = await _batches_in_files(tmp_path, rounds=60, per_round=3)
+    files = [p for p in _jnl(d) if batch_spans(p)]  # (a prepared next file may follow, empty)
+    assert len(files) >= 2
+    path = files[-1]
+    spans = batch_spans(path)
+    stale = _read(files[0])[HEADER_SIZE:]  # what recycling file 1 as a later file would leave in it
+    overwrite(path, spans[-1][1], stale)
+    start, end = spans[-1]
+    lost = [p for p in data if _inside(path, p, start, end)]
+    overwrite(path, (start + end) // 2, b"\x00" * 30)  # the last write was torn
+    assert lost and replayed(journal(env, d)) == [p for p in data if p not in lost]
+
+
+def batch_spans(path: str) -> list[tuple[int, int]]:
+    """(start, end) of each batch of a journal file, walking the lengths (stops at a zero length)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    out = []
+    off = HEADER_SIZE
+    while off + 8 <= len(raw):
+        n = int.from_bytes(raw[off + 4 : off + 8], "big")
+        if n == 0 or off + 8 + n > len(raw):
+            break
+        out.append((off, off + 8 + n))
+        off += 8 + n
+    return out
+
+
+def _inside(path: str, p: bytes, start: int, end: int) -> bool:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return p in f.read(end - start)
+
+
 async def test_released_files_are_recycled_and_their_old_records_never_replay(tmp_path: str) -> None:
     env, d = OsEnv(), os.path.join(tmp_path, "j")
     j = journal(env, d)
