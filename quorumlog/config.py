@@ -350,6 +350,15 @@ CLIENT = SettingsTable(
             10_000_000,
         ),
         Setting("protocol", str, "v3", "bookie wire protocol", choices=("v3", "v2")),
+        Setting(
+            "max_frame_bytes",
+            int,
+            5 << 20,
+            "largest frame sent or accepted; append refuses an entry whose ADD frame is larger "
+            "(InvalidArgumentError); keep it at or below the bookies' max_frame_bytes",
+            1024,
+            1 << 30,
+        ),
     ),
 )
 

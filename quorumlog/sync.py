@@ -173,7 +173,12 @@ class WriteHandle(_Handle):
         return self._loop.call(lambda: self._h.last_add_pushed)
 
     def append(self, payload: bytes, entry_id: int | None = None) -> concurrent.futures.Future[int]:
-        """Queue `payload` (ids in call order); blocks while the handle's pipeline is full."""
+        """Queue `payload` (ids in call order); blocks while the handle's pipeline is full.
+
+        A payload too large for one ADD frame raises `InvalidArgumentError` here, before it is queued.
+        """
+        if isinstance(payload, bytes | bytearray | memoryview):
+            self._h.check_payload_size(payload.nbytes if isinstance(payload, memoryview) else len(payload))
         self._slots.acquire()
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
         result.add_done_callback(lambda _: self._slots.release())

@@ -19,6 +19,11 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
   index loses that index's ack and is resent to the replacement (the new ensemble must really hold it).
 - Fencing (`LedgerFencedError`), a wrong password and an add-quorum timeout are fatal: every pending add fails
   and the tracker refuses further appends. The driver then closes the ledger at the LAC.
+- A bookie refusing an add as a bad request (`BadRequestError`, EBADREQ) is about the request, not the
+  bookie: the entry can never be written -- no ensemble can take it -- so it is fatal to this writer too, but
+  the bookie is not marked failed and no ensemble change starts. (BookKeeper treats EBADREQ on an add as a
+  generic write error and replaces the bookie; for an entry every bookie refuses, that only burns
+  ensemble changes before failing anyway.)
 - Timeouts are decided from times passed in (`now_s`, from `env.clock.monotonic_s()`); 0 turns one off.
 - Deferred sync (BookKeeper's WriteFlag.DEFERRED_SYNC): an acknowledged add is not durable yet, so completions
   move `last_add_completed` but not the LAC. The LAC -- what entries piggyback, what explicit LAC sends, what
@@ -37,6 +42,7 @@ from typing import Literal
 from quorumlog.client.distribution import AckSet, Quorum, ensemble_for, last_ensemble
 from quorumlog.errors import (
     AddQuorumTimeoutError,
+    BadRequestError,
     IllegalOperationError,
     InvalidArgumentError,
     LedgerClosedError,
@@ -54,10 +60,12 @@ EnsembleChangeMode = Literal["immediate", "delayed", "disabled"]
 OUTSTANDING_ADDS_MAX_DEFAULT = 10_000
 
 # Errors after which this writer can never succeed again: retrying or changing the ensemble cannot help.
+# None of them is the bookie's fault, so none counts as a bookie failure.
 _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
     LedgerFencedError,
     UnauthorizedError,
     NoSuchLedgerError,
+    BadRequestError,
 )
 
 
@@ -536,7 +544,8 @@ class AddTracker:
 
 
 def is_fatal_add_error(error: QuorumLogError) -> bool:
-    """Whether an add error means this writer can never be acknowledged again (fenced, unauthorized, gone)."""
+    """Whether an add error means this writer can never be acknowledged again (fenced, unauthorized, gone,
+    or the request refused as bad)."""
     return isinstance(error, _FATAL_ADD_ERRORS)
 
 

@@ -21,7 +21,16 @@ Rules it keeps:
   answer is dropped. A non-EOK status raises `error_for_status` (e.g. `NoSuchEntryError`,
   `LedgerFencedError`).
 - Bounded: at most `outstanding_requests_max` requests per connection (`TooManyRequestsError` past that),
-  frames at most `max_frame_bytes`. A malformed frame closes the connection (its position is lost).
+  frames at most `max_frame_bytes` both ways: `add_frame_bytes` says how large an ADD's frame is, so a
+  handle refuses an entry that cannot fit before it gets an id. A malformed frame closes the connection.
+- A request is not a bookie: when a bookie that is still reachable closes the connection with an ADD in
+  flight that is larger than any request it has ever answered, that ADD is the suspect (a bookie with a
+  smaller frame limit drops the connection instead of answering). Everything in flight then fails with
+  `ConnectionDroppedError(retry_same_bookie=True)`, so writers resend to the same bookie instead of
+  replacing it; if the next drop has the same suspect, it fails alone with `BadRequestError` (the bookie
+  refused it) and the drop is blamed on it, not on the bookie. A drop after the bookie answered EBADREQ on
+  that connection is blamed on the refused request the same way. Any other drop is a plain
+  `BookieUnavailableError`.
 - Time and sockets come from the `Env` (`env.net.create_connection`, `env.clock`), so the simulator can
   drive it.
 """
@@ -37,6 +46,7 @@ from typing import Any, Protocol, cast
 
 from quorumlog.env import Env
 from quorumlog.errors import (
+    BadRequestError,
     BookieUnavailableError,
     ClientClosedError,
     InvalidArgumentError,
@@ -48,6 +58,7 @@ from quorumlog.errors import (
 from quorumlog.proto.codec import ClientConnection
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import (
+    MASTER_KEY_BYTES,
     AddRequest,
     AuthRequest,
     ProtocolVersion,
@@ -65,6 +76,98 @@ RECONNECT_BACKOFF_S_MIN = 0.05
 RECONNECT_BACKOFF_S_MAX = 5.0
 OUTSTANDING_REQUESTS_MAX_DEFAULT = 100_000
 CONNECT_TIMEOUT_S_DEFAULT = 10.0
+
+
+# Widest varint of a non-negative int64 (an id below 2**63): 9 bytes.
+_ID_VARINT_BYTES_MAX = 9
+
+
+class ConnectionDroppedError(BookieUnavailableError):
+    """The bookie closed a connection while this request was in flight.
+
+    `retry_same_bookie`: the drop is probably not the bookie's fault but another request's (see the module
+    docstring), so the request may be sent to the same bookie again instead of counting it as failed."""
+
+    def __init__(self, message: str, *, retry_same_bookie: bool = False) -> None:
+        super().__init__(message)
+        self.retry_same_bookie = retry_same_bookie
+
+
+def _varint_bytes(n: int) -> int:
+    """Bytes of the protobuf varint of `n` >= 0."""
+    return max(1, (n.bit_length() + 6) // 7)
+
+
+def add_frame_bytes(
+    version: ProtocolVersion,
+    ledger_id: int,
+    master_key_bytes: int,
+    entry_bytes: int,
+    *,
+    recovery: bool = False,
+    write_flags: int = 0,
+) -> int:
+    """The length field of the ADD frame carrying an entry of `entry_bytes` (header + digest + payload):
+    what a bookie compares with its frame limit. The entry id and txn id are taken at their widest, so the
+    answer holds for every entry of the ledger. v2: packed header, 20-byte master key, entry. v3: the
+    `Request` protobuf as `quorumlog.proto.v3fast` writes it -- BKPacketHeader (version, operation, txnId),
+    AddRequest (ledgerId, entryId, masterKey, body, writeFlags, flag). Priority 0 (not sent)."""
+    if version is ProtocolVersion.V2:
+        return 4 + MASTER_KEY_BYTES + entry_bytes
+    lid = ledger_id if ledger_id >= 0 else ledger_id + (1 << 64)
+    part = (
+        1
+        + _varint_bytes(lid)  # ledgerId
+        + 1
+        + _ID_VARINT_BYTES_MAX  # entryId
+        + 1
+        + _varint_bytes(master_key_bytes)
+        + master_key_bytes  # masterKey
+        + 1
+        + _varint_bytes(entry_bytes)
+        + entry_bytes  # body
+    )
+    if write_flags:
+        wf = write_flags if write_flags >= 0 else write_flags + (1 << 64)
+        part += 1 + _varint_bytes(wf)
+    if recovery:
+        part += 3  # flag = RECOVERY_ADD (field 100: a 2-byte tag)
+    header = 2 + 2 + 1 + _ID_VARINT_BYTES_MAX  # version, operation, txnId
+    return 1 + _varint_bytes(header) + header + 2 + _varint_bytes(part) + part
+
+
+def largest_add_entry_bytes(
+    version: ProtocolVersion,
+    ledger_id: int,
+    master_key_bytes: int,
+    max_frame_bytes: int,
+    *,
+    recovery: bool = False,
+    write_flags: int = 0,
+) -> int:
+    """The largest entry (header + digest + payload) whose ADD frame fits in `max_frame_bytes`."""
+
+    def size(n: int) -> int:
+        return add_frame_bytes(
+            version, ledger_id, master_key_bytes, n, recovery=recovery, write_flags=write_flags
+        )
+
+    # size(n) is n plus an overhead that only grows (by varint bytes) with n: start from the overhead of an
+    # empty entry and step down by the excess, a few steps at most.
+    n = max_frame_bytes - size(0)
+    for _ in range(8):
+        if n < 0:
+            break
+        excess = size(n) - max_frame_bytes
+        if excess <= 0:
+            break
+        n -= excess
+    # Stepping down may cross a varint boundary and overshoot by the bytes that boundary saved: step back up.
+    for _ in range(8):
+        if n < 0 or size(n + 1) > max_frame_bytes:
+            break
+        n += 1
+    return max(n, -1)
 
 
 # callback(context, response, None) or callback(context, None, error)
@@ -129,6 +232,7 @@ def _report_callback_error(e: Exception) -> None:
 
 
 _EOK = StatusCode.EOK
+_EBADREQ = StatusCode.EBADREQ
 
 
 def v2_can_carry(request: Request) -> bool:
@@ -161,6 +265,11 @@ class _Connection(asyncio.Protocol):
         self._expiry: deque[tuple[float, Hashable, _Waiter]] = deque()
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._max_txn_id = 0  # the highest v3 txn id sent on this connection
+        # ADDs in flight larger than any request this bookie has answered: key -> (frame bytes, (ledger
+        # id, entry id)). The suspects when the bookie drops the connection (see the module docstring);
+        # usually empty, as every entry is no larger than the ones before it.
+        self._unproven: dict[Hashable, tuple[int, tuple[int, int]]] = {}
+        self._refused = False  # the bookie answered EBADREQ on this connection
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -178,8 +287,47 @@ class _Connection(asyncio.Protocol):
             self._deliver(response)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.closed:
+            return  # we closed it (fail() ran first)
         reason = f": {exc}" if exc else ""
-        self.fail(BookieUnavailableError(f"connection to bookie {self.owner.bookie_id} lost{reason}"))
+        what = f"connection to bookie {self.owner.bookie_id} lost{reason}"
+        suspect = max(self._unproven.items(), key=lambda kv: kv[1][0], default=None)
+        if suspect is None or suspect[1][0] <= self.owner.largest_frame_answered_bytes:
+            self.owner._drop_suspect = None
+            if self._refused:
+                # The bookie refused a request on this connection and then closed it (a bookie that could
+                # not skip what it refused loses the stream): it is alive and the drop is that request's.
+                self.fail(ConnectionDroppedError(f"{what} after a refused request", retry_same_bookie=True))
+            else:
+                self.fail(BookieUnavailableError(what))
+            return
+        key, (frame_bytes, ident) = suspect
+        if self.owner._drop_suspect != ident:
+            # First drop with this suspect: it may be a crash as well. Everyone retries on the same bookie
+            # once; a dead bookie then fails the reconnect, which is a bookie failure as usual.
+            self.owner._drop_suspect = ident
+            self.fail(ConnectionDroppedError(what, retry_same_bookie=True))
+            return
+        # The bookie accepted a new connection and dropped it again with the same request in flight.
+        self.owner._drop_suspect = None
+        self.owner.refused_requests += 1
+        waiter = self.single.pop(key, None) if self._unique_keys else None
+        if waiter is None and not self._unique_keys and (futs := self.pending.get(key)):
+            waiter = futs.popleft()
+            if not futs:
+                del self.pending[key]
+        if waiter is not None:
+            self.pending_count -= 1
+            if not waiter.done():
+                waiter.set_exception(
+                    BadRequestError(
+                        f"bookie {self.owner.bookie_id} closed the connection twice while the "
+                        f"{frame_bytes}-byte ADD of ledger {ident[0]} entry {ident[1]} was in flight, and has "
+                        f"answered nothing larger than {self.owner.largest_frame_answered_bytes} bytes: it "
+                        "refuses this request (is its max_frame_bytes smaller than the client's?)"
+                    )
+                )
+        self.fail(ConnectionDroppedError(f"{what} (blamed on a refused request)", retry_same_bookie=True))
 
     # --- sending ----------------------------------------------------------------------------------------
 
@@ -212,6 +360,8 @@ class _Connection(asyncio.Protocol):
             key = self.codec.key(request)
             self.pending.setdefault(key, deque()).append(fut)
         frame = _FRAMES.get(request, self.version, self.codec)
+        if len(frame) > self.owner.largest_frame_answered_bytes and type(request) is AddRequest:
+            self._unproven[key] = (len(frame), (request.ledger_id, request.entry_id))
         self.pending_count += 1
         self._out.append(frame)
         if not self._flush_scheduled:
@@ -251,15 +401,28 @@ class _Connection(asyncio.Protocol):
             self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
             return
         self.pending_count -= 1
+        status = getattr(response, "status", _EOK)
+        if self._unproven:
+            unproven = self._unproven.pop(response.txn_id if self._unique_keys else key, None)
+            if status != _EBADREQ:  # a refusal proves nothing about what size the bookie takes
+                self._answered(unproven)
+        if status == _EBADREQ:
+            self._refused = True
         if fut.done():
             return
-        status = getattr(response, "status", _EOK)
         if status != _EOK:
             fut.set_exception(
                 error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
         else:
             fut.set_result(response)
+
+    def _answered(self, unproven: tuple[int, tuple[int, int]] | None) -> None:
+        if unproven is not None:
+            owner = self.owner
+            owner.largest_frame_answered_bytes = max(owner.largest_frame_answered_bytes, unproven[0])
+            if owner._drop_suspect == unproven[1]:
+                owner._drop_suspect = None
 
     # --- timeouts and failure ---------------------------------------------------------------------------
 
@@ -277,6 +440,8 @@ class _Connection(asyncio.Protocol):
     def _expire_one(self, key: Hashable, fut: _Waiter) -> None:
         if fut.done():
             return
+        if self._unproven:
+            self._unproven.pop(key, None)
         if self._unique_keys:
             if self.single.get(key) is fut:
                 del self.single[key]
@@ -301,6 +466,7 @@ class _Connection(asyncio.Protocol):
             self._expiry_timer = None
         self._expiry.clear()
         self._out.clear()
+        self._unproven.clear()
         pending, self.pending, self.pending_count = self.pending, {}, 0
         single, self.single = self.single, {}
         for fut in [*single.values(), *(f for futs in pending.values() for f in futs)]:
@@ -343,7 +509,13 @@ class BookieClient:
         self.reconnect_backoff_s_min = reconnect_backoff_s_min
         self.reconnect_backoff_s_max = reconnect_backoff_s_max
         self.outstanding_requests_max = outstanding_requests_max
+        if max_frame_bytes < 1024:
+            raise InvalidArgumentError(f"max_frame_bytes={max_frame_bytes}: must be >= 1024")
         self.max_frame_bytes = max_frame_bytes
+        # The largest request frame this bookie has answered (any status), and the ADD (ledger id, entry
+        # id) blamed for the last connection drop: see the module docstring.
+        self.largest_frame_answered_bytes = 0
+        self._drop_suspect: tuple[int, int] | None = None
         self._conns: dict[ProtocolVersion, _Connection] = {}
         # Requests sent while their connection is being made, in call order, per protocol version.
         self._waiting: dict[ProtocolVersion, list[tuple[Request, float, asyncio.Future[Response]]]] = {}
@@ -356,6 +528,7 @@ class BookieClient:
         self.connects = 0
         self.connect_attempts = 0
         self.unmatched_responses = 0
+        self.refused_requests = 0  # ADDs blamed for connection drops (BadRequestError)
 
     # --- API --------------------------------------------------------------------------------------------
 

@@ -42,11 +42,16 @@ from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.registration import BookieRegistry
 from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.proto.entry import DigestType, Entry
+from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import ProtocolVersion
 
 __all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
 
 log = logging.getLogger("quorumlog.client")
+
+# The bookie's own bounds for its max_frame_bytes setting.
+MAX_FRAME_BYTES_MIN = 1024
+MAX_FRAME_BYTES_MAX = 1 << 30
 
 
 if TYPE_CHECKING:
@@ -73,6 +78,9 @@ class ClientConfig:
     outstanding_adds_max: int = OUTSTANDING_ADDS_MAX_DEFAULT
     """Pending adds per write handle; `append` raises TooManyRequestsError past it."""
     protocol: str = "v3"
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """Largest frame sent or accepted (BookKeeper's nettyMaxFrameSizeBytes, 5 MiB): `append` refuses an
+    entry whose ADD frame would be larger (InvalidArgumentError) -- set it to the bookies' own limit."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -96,6 +104,15 @@ class ClientConfig:
         if not isinstance(self.outstanding_adds_max, int) or self.outstanding_adds_max < 1:
             raise InvalidArgumentError(
                 f"outstanding_adds_max={self.outstanding_adds_max!r}: must be an int >= 1"
+            )
+        if (
+            not isinstance(self.max_frame_bytes, int)
+            or isinstance(self.max_frame_bytes, bool)
+            or not MAX_FRAME_BYTES_MIN <= self.max_frame_bytes <= MAX_FRAME_BYTES_MAX
+        ):
+            raise InvalidArgumentError(
+                f"max_frame_bytes={self.max_frame_bytes!r}: must be an int in "
+                f"[{MAX_FRAME_BYTES_MIN}, {MAX_FRAME_BYTES_MAX}]"
             )
         if self.protocol not in ("v2", "v3"):
             raise InvalidArgumentError(f"protocol={self.protocol!r}: must be 'v3' (default) or 'v2'")
@@ -164,6 +181,7 @@ class Client:
         outstanding_adds_max: int = ClientConfig.outstanding_adds_max,
         placement: str | PlacementPolicy = "random",
         protocol: str = "v3",
+        max_frame_bytes: int = ClientConfig.max_frame_bytes,
         env: Env | None = None,
         store: MetadataStore | None = None,
     ) -> Client:
@@ -181,6 +199,7 @@ class Client:
             max_ensemble_changes=max_ensemble_changes,
             outstanding_adds_max=outstanding_adds_max,
             protocol=protocol,
+            max_frame_bytes=max_frame_bytes,
         )
         policy = placement_by_name(placement) if isinstance(placement, str) else placement
         owns = store is None
@@ -210,6 +229,7 @@ class Client:
                 self.registry.resolve,
                 version=self.config.protocol_version,
                 request_timeout_s=self.config.read_timeout_s,
+                max_frame_bytes=self.config.max_frame_bytes,
             )
             self._bookies[bookie_id] = client
         return client

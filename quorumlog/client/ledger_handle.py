@@ -17,8 +17,15 @@ Rules the handles keep:
 - An ensemble change is one task at a time: placement -> plan -> CAS -> merge on conflict -> committed; no
   add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
   Bookies that failed this writer are avoided as replacements while other bookies are available.
-- A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change) fails every pending add and
-  every later append with that error.
+- A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change, a bookie refusing an add
+  as a bad request) fails every pending add and every later append with that error.
+- An entry whose ADD frame would exceed the client's `max_frame_bytes` is refused by `append` with
+  `InvalidArgumentError` before it gets an id: no bookie would take it, and the ledger stays usable.
+- A request-level answer (EBADREQ) is not a bookie failure: it never excludes the bookie or starts an
+  ensemble change. An add caught in a connection drop blamed on another request
+  (`ConnectionDroppedError.retry_same_bookie`) is resent to the same bookie, at most
+  `SAME_BOOKIE_RESENDS_MAX` times per entry and bookie, instead of counting as a bookie failure: one
+  writer's refused entry must not consume the ensemble changes of every writer sharing the connection.
 - Every entry read is digest-verified; a mismatch is corruption (`DigestMismatchError`), never "no such
   entry". Reads go to one replica at a time in recent-failure order, with a speculative read after
   `speculative_read_timeout_s`.
@@ -44,6 +51,7 @@ from quorumlog.client.add_tracker import (
     EnsembleChangeNeeded,
     SendAdd,
 )
+from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes
 from quorumlog.client.distribution import Quorum, ensemble_for, order_read_replicas
 from quorumlog.client.ensemble_change import (
     AlreadyApplied,
@@ -80,6 +88,7 @@ from quorumlog.client.recovery import (
     close_conflict_decision,
 )
 from quorumlog.errors import (
+    BadRequestError,
     BookieUnavailableError,
     ClientClosedError,
     DigestMismatchError,
@@ -99,7 +108,7 @@ from quorumlog.errors import (
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
 from quorumlog.meta.store import Versioned
-from quorumlog.proto.entry import DigestManager, Entry
+from quorumlog.proto.entry import ENTRY_HEADER_BYTES, DigestManager, Entry
 from quorumlog.proto.messages import (
     LAST_ENTRY_ID,
     WRITE_FLAG_DEFERRED_SYNC,
@@ -131,8 +140,13 @@ TAIL_POLL_S = 5.0
 UNKNOWN_LEDGER_POLL_S = 0.05
 # CAS attempts for one metadata decision (ensemble change, close, recovery) before giving up.
 METADATA_CAS_ATTEMPTS_MAX = 32
+# Resends of one entry to one bookie after connection drops blamed on other requests (bookie_client); past it
+# the bookie counts as failed.
+SAME_BOOKIE_RESENDS_MAX = 3
 # Errors that say "this bookie did not have it", as opposed to "could not answer".
 _EMPTY_ERRORS = (NoSuchEntryError, NoSuchLedgerError)
+# Answers that say nothing bad about the bookie (it did not have it, or it refused this request).
+_NOT_BOOKIE_FAULTS = (NoSuchEntryError, NoSuchLedgerError, BadRequestError)
 
 
 def _is_unreachable(error: QuorumLogError) -> bool:
@@ -287,7 +301,7 @@ class LedgerHandle:
                 on_error(index, bookie_id, e)
 
         def on_error(index: int, bookie_id: str, error: QuorumLogError) -> None:
-            if not isinstance(error, _EMPTY_ERRORS):
+            if not isinstance(error, _NOT_BOOKIE_FAULTS):
                 self._failures.record_failure(bookie_id, self._now())
             apply(index, readers[index].on_error(bookie_id, error, self._now()))
             if timer is None:
@@ -420,7 +434,7 @@ class LedgerHandle:
             fut.add_done_callback(functools.partial(on_answer, bookie_id))
 
         def on_error(bookie_id: str, error: QuorumLogError) -> None:
-            if not isinstance(error, _EMPTY_ERRORS):
+            if not isinstance(error, _NOT_BOOKIE_FAULTS):
                 self._failures.record_failure(bookie_id, self._now())
             apply(reader.on_error(bookie_id, error, self._now()))
 
@@ -751,6 +765,22 @@ class WriteHandle(LedgerHandle):
         # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
         self._unanswered: dict[str, dict[int, float]] = {}
         self._add_answered = self._on_add_answer  # one bound method, not one per add sent
+        # entry id -> bookie -> resends after drops blamed on another request (usually empty).
+        self._resends: dict[int, dict[str, int]] = {}
+        # The largest payload an entry of this ledger may carry: its ADD frame (entry header, digest, master
+        # key, protocol header, ids at their widest) must fit in the client's max_frame_bytes.
+        self.max_payload_bytes = (
+            largest_add_entry_bytes(
+                cfg.protocol_version,
+                self.ledger_id,
+                len(self._master_key),
+                cfg.max_frame_bytes,
+                recovery=recovery,
+                write_flags=self._write_flags,
+            )
+            - ENTRY_HEADER_BYTES
+            - self._digest.digest_bytes
+        )
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -776,12 +806,15 @@ class WriteHandle(LedgerHandle):
         """Add `payload` as the next entry; the future resolves to its id once A bookies stored it.
 
         The id is fixed now, so appends issued in a row are pipelined and complete in order. Raises
-        `TooManyRequestsError` when `outstanding_adds_max` adds are pending (see `wait_for_capacity`).
+        `TooManyRequestsError` when `outstanding_adds_max` adds are pending (see `wait_for_capacity`), and
+        `InvalidArgumentError` for a payload larger than `max_payload_bytes` (its frame would exceed the
+        client's max_frame_bytes; nothing is assigned, the next append gets the next id).
         On an adv ledger pass `entry_id` (see docs/CLIENT.md for how out-of-order ids are handled).
         """
         self._check_writable()
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
+        self.check_payload_size(len(payload) if not isinstance(payload, memoryview) else payload.nbytes)
         if self.adv:
             if entry_id is None:
                 raise IllegalOperationError("this ledger was created with adv=True: append needs an entry_id")
@@ -791,6 +824,17 @@ class WriteHandle(LedgerHandle):
                 "append(entry_id=...) needs a ledger created with adv=True; this one assigns ids itself"
             )
         return self._push(payload)
+
+    def check_payload_size(self, payload_bytes: int) -> None:
+        """Raise `InvalidArgumentError` if a payload of `payload_bytes` cannot fit in one ADD frame.
+
+        Reads only immutable state: the sync facade calls it from the caller's thread."""
+        if payload_bytes > self.max_payload_bytes:
+            raise InvalidArgumentError(
+                f"ledger {self.ledger_id}: a payload of {payload_bytes} bytes is too large: its ADD frame "
+                f"would exceed max_frame_bytes={self._client.config.max_frame_bytes} (the largest payload "
+                f"this ledger takes is {max(self.max_payload_bytes, 0)} bytes); split it into smaller entries"
+            )
 
     async def append_wait(self, payload: bytes, entry_id: int | None = None) -> int:
         """Append, waiting for capacity first if the pipeline is full; returns the entry id when acknowledged."""
@@ -856,6 +900,7 @@ class WriteHandle(LedgerHandle):
             nxt += 1
 
     def _append_recovery(self, entry_id: int, length: int, body: bytes) -> asyncio.Future[int]:
+        self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[entry_id] = body
@@ -912,6 +957,21 @@ class WriteHandle(LedgerHandle):
         else:
             error = exc
             if (
+                isinstance(error, ConnectionDroppedError)
+                and error.retry_same_bookie
+                and self._resend_same_bookie(action)
+            ):
+                return
+            if isinstance(error, BadRequestError):
+                # About this request, not the bookie: the entry can never be written, so the writer stops
+                # (the tracker fails every pending add), and the bookie stays a good one for everyone.
+                error = BadRequestError(
+                    f"ledger {self.ledger_id}: bookie {bookie_id} refused the add of entry {entry_id} "
+                    f"({error}); the entry can never be written, so the writer stops"
+                )
+                if self._tracker.error is None:
+                    log.warning("%s", error)
+            elif (
                 not isinstance(error, LedgerFencedError | UnauthorizedError)
                 and bookie_id not in self._excluded
             ):
@@ -924,10 +984,28 @@ class WriteHandle(LedgerHandle):
         if actions:
             self._apply(actions)
 
+    def _resend_same_bookie(self, action: SendAdd) -> bool:
+        """Send `action` again to its bookie after a drop blamed on another request; False if it is not
+        pending any more or has been resent too often (then the drop counts against the bookie)."""
+        if action.entry_id not in self._bodies or self._tracker.error is not None:
+            return True  # completed or failed meanwhile: nothing to do, and nothing to blame
+        counts = self._resends.get(action.entry_id)
+        if counts is None:
+            counts = self._resends[action.entry_id] = {}
+        done = counts.get(action.bookie_id, 0)
+        if done >= SAME_BOOKIE_RESENDS_MAX:
+            return False
+        counts[action.bookie_id] = done + 1
+        self._send_adds([action])
+        return True
+
     def _apply(self, actions: Sequence[AddAction]) -> None:
         sends: list[SendAdd] = []
         completed = False
+        resends = self._resends
         for action in actions:
+            if resends and isinstance(action, AddCompleted | AddFailed):
+                resends.pop(action.entry_id, None)
             if isinstance(action, AddCompleted):
                 completed = True
                 self._bodies.pop(action.entry_id, None)
