@@ -18,8 +18,12 @@ How ZooKeeper's model maps onto etcd's flat, revisioned key space:
   session-expired listeners run.
 - Sequential suffixes come from a per-parent counter key (`<prefix>/seq<path>`): each put bumps the key's
   etcd `version` atomically, and the previous version (returned with `prev_kv`) is the sequence number.
-- Watches are etcd watch streams (one HTTP stream each), resumed from the last seen revision after a
-  disconnect (with a RESYNC, as changes may have been compacted away).
+- Watches are etcd watch streams (one HTTP stream each). A stream that breaks resumes from the revision
+  after the last change it delivered, so etcd replays exactly what was missed; if that revision was
+  compacted away, it resumes from the oldest revision kept and sends RESYNC once armed (the watcher
+  re-reads; nothing after the re-read can be missed). When the keep-alives find etcd reachable again
+  after failing, every stream is opened again the same way: a connection to a host that went silent
+  may never report that it broke.
 """
 
 from __future__ import annotations
@@ -103,10 +107,11 @@ class EtcdStore(MetadataStore):
         self.prefix = prefix.rstrip("/").encode()
         self._endpoint = 0
         self._http: aiohttp.ClientSession | None = None
+        self._http_fresh: aiohttp.ClientSession | None = None
         self._lease = 0
         self._ttl_s = max(MIN_LEASE_TTL_S, math.ceil(options.session_timeout_s))
         self._tasks: list[asyncio.Task[None]] = []
-        self._watch_tasks: dict[Watch, asyncio.Task[None]] = {}
+        self._streams: dict[Watch, _Stream] = {}
         self._lease_lock = asyncio.Lock()
 
     @classmethod
@@ -116,9 +121,16 @@ class EtcdStore(MetadataStore):
         if not hosts:
             raise MetadataStoreError(f"metadata URI {uri!r} names no etcd endpoint")
         store = cls(uri, [f"http://{h}:{p}" for h, p in hosts], prefix, options)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(2.0, options.connect_timeout_s))
         store._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(2.0, options.connect_timeout_s)),
+            connector=aiohttp.TCPConnector(limit=0, force_close=False), timeout=timeout
+        )
+        # Writes go on a connection of their own. A pooled keep-alive connection to an etcd that restarted
+        # is found dead only when a request is written to it, and a write that failed that way cannot be
+        # told from one etcd received and then died on: it would fail as ambiguous, unretried (the first
+        # registration after an outage did). A fresh connection costs one loopback handshake per write.
+        store._http_fresh = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=timeout
         )
         try:
             async with asyncio.timeout(options.connect_timeout_s):
@@ -130,6 +142,7 @@ class EtcdStore(MetadataStore):
                         await asyncio.sleep(options.retry_backoff_s)
         except (TimeoutError, _Ambiguous, MetadataStoreError) as e:
             await store._http.close()
+            await store._http_fresh.close()
             raise MetadataStoreError(
                 f"cannot reach etcd at {', '.join(store.endpoints)} within {options.connect_timeout_s}s: {e!r}"
             ) from None
@@ -148,11 +161,13 @@ class EtcdStore(MetadataStore):
         return self.prefix + b"/seq" + path.encode()
 
     # -- HTTP --
-    async def _post(self, api: str, body: dict[str, Any]) -> dict[str, Any]:
-        assert self._http is not None
+    async def _post(self, api: str, body: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]:
+        """One request. `fresh`: on a new connection, so a failure to send it is never ambiguous."""
+        http = self._http_fresh if fresh else self._http
+        assert http is not None
         url = self.endpoints[self._endpoint] + api
         try:
-            async with self._http.post(url, data=json.dumps(body)) as resp:
+            async with http.post(url, data=json.dumps(body)) as resp:
                 text = await resp.text()
                 if resp.status != 200:
                     err = MetadataStoreError(f"etcd {api} answered HTTP {resp.status}: {text[:200]}")
@@ -172,23 +187,35 @@ class EtcdStore(MetadataStore):
         return await self._call(what, lambda: self._post(api, body), retry=True, is_transient=_any_transient)
 
     async def _write(self, what: str, body: dict[str, Any], api: str = "/v3/kv/txn") -> dict[str, Any]:
-        return await self._call(what, lambda: self._post(api, body), retry=True, is_transient=_not_sent)
+        return await self._call(
+            what, lambda: self._post(api, body, fresh=True), retry=True, is_transient=_not_sent
+        )
 
     # -- leases (the session) --
     async def _grant(self) -> int:
-        r = await self._post("/v3/lease/grant", {"TTL": self._ttl_s})
+        r = await self._post("/v3/lease/grant", {"TTL": self._ttl_s}, fresh=True)
         return int(r["ID"])
 
     async def _keepalive_loop(self) -> None:
         interval = self._ttl_s / 3
+        failing = False
         while True:
             await asyncio.sleep(interval)
             lease = self._lease
             try:
-                r = await self._post("/v3/lease/keepalive", {"ID": lease})
-            except (_NotSent, _Ambiguous, MetadataStoreError) as e:
-                log.warning("etcd lease keep-alive failed: %s", e)
+                # Bounded: a silent etcd must not hold the keep-alives up past the lease's TTL.
+                async with asyncio.timeout(interval):
+                    r = await self._post("/v3/lease/keepalive", {"ID": lease})
+            except (_NotSent, _Ambiguous, MetadataStoreError, TimeoutError) as e:
+                log.warning("etcd lease keep-alive failed: %r", e)
+                if isinstance(e, TimeoutError):
+                    self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+                failing = True
                 continue
+            if failing:
+                failing = False
+                log.info("etcd reachable again (%s): resuming watch streams", self.uri)
+                self._restart_streams()
             if int(r.get("result", {}).get("TTL", 0)) <= 0:
                 await self._replace_lease(lease)
 
@@ -419,34 +446,48 @@ class EtcdStore(MetadataStore):
         await self._start_watch(watch, {"key": _b64(cprefix), "range_end": _b64(_range_end(cprefix))})
 
     async def _start_watch(self, watch: Watch, request: dict[str, Any]) -> None:
-        armed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(
-            self._watch_loop(watch, request, armed), name=f"meta-etcd-watch {watch.path}"
-        )
-        self._watch_tasks[watch] = task
+        stream = _Stream(request, asyncio.get_running_loop().create_future())
+        self._streams[watch] = stream
+        self._run_stream(watch, stream)
         try:
             async with asyncio.timeout(self.options.op_timeout_s):
-                await armed
+                await stream.armed
         except TimeoutError:
-            task.cancel()
+            self._stop_stream(watch)
             raise MetadataStoreError(
                 f"etcd watch on {watch.path} not established in {self.options.op_timeout_s}s"
             ) from None
 
+    def _run_stream(self, watch: Watch, stream: _Stream) -> None:
+        stream.task = asyncio.create_task(
+            self._watch_loop(watch, stream), name=f"meta-etcd-watch {watch.path}"
+        )
+
+    def _stop_stream(self, watch: Watch) -> None:
+        stream = self._streams.pop(watch, None)
+        if stream is not None and stream.task is not None:
+            stream.task.cancel()
+
+    def _restart_streams(self) -> None:
+        """Open every watch stream again, resuming where it was: after the store was unreachable, a
+        stream's connection may be dead without a sign (a host gone silent sends no FIN) and would wait
+        for ever."""
+        for watch, stream in list(self._streams.items()):
+            if stream.armed.done() and stream.task is not None:
+                stream.task.cancel()
+                self._run_stream(watch, stream)
+
     def _watch_closed(self, watch: Watch) -> None:
         super()._watch_closed(watch)
-        task = self._watch_tasks.pop(watch, None)
-        if task is not None:
-            task.cancel()
+        self._stop_stream(watch)
 
-    async def _watch_loop(self, watch: Watch, request: dict[str, Any], armed: asyncio.Future[None]) -> None:
+    async def _watch_loop(self, watch: Watch, stream: _Stream) -> None:
         assert self._http is not None
-        next_rev = 0
         pause_s = WATCH_RECONNECT_PAUSE_S
         while not watch.closed:
-            body = dict(request)
-            if next_rev:
-                body["start_revision"] = str(next_rev)
+            body = dict(stream.request)
+            if stream.next_rev:
+                body["start_revision"] = str(stream.next_rev)
             url = self.endpoints[self._endpoint] + "/v3/watch"
             try:
                 async with self._http.post(url, data=json.dumps({"create_request": body})) as resp:
@@ -456,21 +497,30 @@ class EtcdStore(MetadataStore):
                         if not line.strip():
                             continue
                         result = json.loads(line).get("result", {})
+                        if result.get("compact_revision"):
+                            # Changes from our revision on were compacted away: resume from the oldest one
+                            # kept, and have the watcher re-read once that stream is armed -- a re-read
+                            # before it could miss a change made in between.
+                            stream.next_rev = int(result["compact_revision"])
+                            stream.resync_owed = True
+                            log.warning("etcd watch on %s: missed changes were compacted; resync", watch.path)
+                            break
                         if result.get("created"):
                             pause_s = WATCH_RECONNECT_PAUSE_S
-                            if not armed.done():
-                                armed.set_result(None)
-                            elif next_rev:
+                            if not stream.next_rev:
+                                # A new watch starts after the revision it was created at.
+                                stream.next_rev = int(result.get("header", {}).get("revision", 0)) + 1
+                            if not stream.armed.done():
+                                stream.armed.set_result(None)
+                            if stream.resync_owed:
+                                stream.resync_owed = False
                                 watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
-                        if result.get("compact_revision"):
-                            next_rev = 0
-                            watch._deliver(WatchEvent(EventType.RESYNC, watch.path))
-                            break
                         for ev in result.get("events") or []:
                             self._deliver_event(watch, ev)
-                        rev = int(result.get("header", {}).get("revision", 0))
-                        if rev:
-                            next_rev = max(next_rev, rev + 1)
+                            # Resume after the last change *delivered*: a response's header revision can
+                            # be ahead of its events while a resumed watch is catching up.
+                            rev = int(ev.get("kv", {}).get("mod_revision", 0))
+                            stream.next_rev = max(stream.next_rev, rev + 1)
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, ConnectionError, ValueError) as e:
@@ -504,8 +554,21 @@ class EtcdStore(MetadataStore):
             async with asyncio.timeout(min(2.0, self.options.op_timeout_s)):
                 await self._post("/v3/lease/revoke", {"ID": self._lease})
         self._closed = True
-        if self._http is not None:
-            await self._http.close()
+        for http in (self._http, self._http_fresh):
+            if http is not None:
+                await http.close()
+
+
+class _Stream:
+    """One Watch's etcd watch stream, and where it resumes after a break."""
+
+    def __init__(self, request: dict[str, Any], armed: asyncio.Future[None]) -> None:
+        self.request = request
+        self.armed = armed
+        self.next_rev = 0
+        """The first revision not yet delivered (0 until the stream was first created)."""
+        self.resync_owed = False
+        self.task: asyncio.Task[None] | None = None
 
 
 def _kvs(txn: dict[str, Any], i: int) -> list[dict[str, Any]]:

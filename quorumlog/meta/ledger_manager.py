@@ -255,10 +255,33 @@ class LedgerWatch:
             if event.type == EventType.DELETED:
                 yield None
                 continue
+            current = await self._read_once_reachable()
+            if self._watch.closed:
+                return
+            yield current
+
+    async def _read_once_reachable(self) -> Versioned[LedgerMetadata] | None:
+        """The metadata now, retrying while the store is unreachable. The event that brought us here may be
+        the only one for this change (a RESYNC after an outage is sent once): giving up on the read, or
+        letting its error end the iteration, would leave the watcher blind to the change -- a `tail()` of
+        a ledger closed during an outage would never end."""
+        options = self.manager.store.options
+        pause_s = options.retry_backoff_s
+        while True:
             try:
-                yield await self.manager.read(self.ledger_id)
+                return await self.manager.read(self.ledger_id)
             except NoSuchLedgerError:
-                yield None
+                return None
+            except MetadataStoreError as e:
+                if self._watch.closed:
+                    return None  # the iteration ends: the watcher let go
+                if not e.retriable:
+                    raise
+                log.warning(
+                    "ledger %d: reading metadata after a watch event: %s; retrying", self.ledger_id, e
+                )
+            await asyncio.sleep(pause_s)
+            pause_s = min(pause_s * 2, options.retry_backoff_max_s)
 
     def close(self) -> None:
         self._watch.close()

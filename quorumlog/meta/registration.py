@@ -12,7 +12,8 @@ Rules kept here:
   expires) rather than deleted, as BookKeeper does: deleting it could hide a second live bookie that was
   misconfigured with the same id.
 - The registry is a cache kept fresh by children watches; `resolve` falls back to reading the node, so a
-  just-registered bookie is found before the watch event arrives.
+  just-registered bookie is found before the watch event arrives. The store re-arms the watches after an
+  outage and reports what changed meanwhile; a refresh that fails is retried, never dropped.
 """
 
 from __future__ import annotations
@@ -249,11 +250,19 @@ class BookieRegistry:
             self._tasks.append(asyncio.create_task(self._follow(w, ro), name=f"bookie-registry-{path}"))
 
     async def _follow(self, watch: Watch, readonly: bool) -> None:
+        options = self.store.options
         async for _ in watch:
-            try:
-                await self._refresh(readonly)
-            except Exception as e:  # the next event (or RESYNC) refreshes again
-                log.warning("bookie registry refresh failed: %r", e)
+            # Refresh until it succeeds: this event may be the only one for the change (a RESYNC after an
+            # outage is sent once), so waiting for the next would leave the view stale indefinitely.
+            pause_s = options.retry_backoff_s
+            while not watch.closed:
+                try:
+                    await self._refresh(readonly)
+                    break
+                except Exception as e:
+                    log.warning("bookie registry refresh failed: %r; retrying in %.1fs", e, pause_s)
+                await asyncio.sleep(pause_s)
+                pause_s = min(pause_s * 2, options.retry_backoff_max_s)
 
     async def _refresh(self, readonly: bool) -> None:
         path = layout.readonly_path(self.root) if readonly else layout.available_path(self.root)

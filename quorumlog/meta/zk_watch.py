@@ -15,8 +15,8 @@ while its arming's reply is outstanding is *held* and handled when the reply com
 only once both are in -- so at most one arming per watch is in flight, events are judged in ZooKeeper's
 order, and replies of superseded generations are ignored.
 
-The driver feeds `observed` (a reply), `fired` (a ZooKeeper event), `failed` (an arming gave up) and
-`renewed` (a new session replaced an expired one) and carries out the returned `Step`: deliver its events
+The driver feeds `observed` (a reply), `fired` (a ZooKeeper event), `failed` (an arming gave up),
+`reconnected` (the connection came back, same session) and `renewed` (a new session replaced an expired one) and carries out the returned `Step`: deliver its events
 in order, then start arming generation `arm` if set.
 """
 
@@ -112,6 +112,16 @@ class WatchTracker:
         changes happened while no watch was set)."""
         held = (self._report(self._held),) if self._held is not None else ()
         return Step(held, self._next(expected=self._known, resync=True))
+
+    def reconnected(self) -> Step:
+        """The connection dropped and came back with the session intact. kazoo dropped every watch with the
+        connection (it does not send ZooKeeper's SetWatches), so re-arm, comparing the state the new arming
+        observes with the last one known: a change made while no watch was set owes one event. It can be
+        exact (the session saw every change up to the drop), unless this generation's event is still held or
+        the tracker already reports mismatches as RESYNC."""
+        held = (self._report(self._held),) if self._held is not None else ()
+        exact = self._held is None and not self._resync
+        return Step(held, self._next(expected=self._known, resync=not exact))
 
     # -- internals --
     def _next(self, *, expected: State | None, resync: bool) -> int:

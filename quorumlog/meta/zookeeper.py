@@ -17,8 +17,12 @@ was for) must decide -- e.g. the ledger manager re-reads and compares the creati
 
 Watches are ZooKeeper's one-shot watches, re-armed on the loop after each firing; a change between the
 firing and the re-arm gets one more event (zk_watch.WatchTracker keeps that bookkeeping, and the order of
-replies and events, which kazoo does not keep). After a session expiry all ZooKeeper watches are gone: we
-re-arm every live watch under the new session and send RESYNC.
+replies and events, which kazoo does not keep). Every reconnection loses every watch, not only a session
+expiry: kazoo drops its watchers when the connection drops (it fires them a NONE event) and, unlike the Java
+client, never restores them with SetWatches. So on *each* CONNECTED after the first we re-arm every live
+watch, and the re-arm compares the state it observes with the last one known, so a change made while we
+were away is reported (exactly when the session survived, as RESYNC after an expiry, when we also send
+RESYNC to everyone).
 """
 
 from __future__ import annotations
@@ -191,15 +195,29 @@ class ZooKeeperStore(MetadataStore):
             return
         old = self._session_hex
         self._session_hex = session
-        if old and session != old:
-            # All ZooKeeper watches went with the old session. Re-arm each; the watchers get RESYNC (below),
-            # and one more only if the state moved before the new watch was set (see WatchTracker.renewed).
+        if not old:
+            return  # the first connection, made by connect(): no watch exists yet
+        if session == old:
+            # The session survived, its watches did not (see the module docstring).
+            log.info(
+                "ZooKeeper reconnected (%s, session %s): re-arming %d watches",
+                self.hosts,
+                session,
+                len(self._watches),
+            )
             for w in list(self._watches):
                 tracker = self._trackers.get(w)
                 if tracker is not None:
-                    self._carry_out(w, tracker.renewed())
-            self._notify_session_expired()
-            self._new_session.set()
+                    self._carry_out(w, tracker.reconnected())
+            return
+        # All ZooKeeper watches went with the old session. Re-arm each; the watchers get RESYNC (below),
+        # and one more only if the state moved before the new watch was set (see WatchTracker.renewed).
+        for w in list(self._watches):
+            tracker = self._trackers.get(w)
+            if tracker is not None:
+                self._carry_out(w, tracker.renewed())
+        self._notify_session_expired()
+        self._new_session.set()
 
     @property
     def session_id(self) -> str:

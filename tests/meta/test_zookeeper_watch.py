@@ -115,6 +115,28 @@ def test_new_session_delivers_an_event_that_was_held() -> None:
     assert t.observed(2, node_state(1)) == Step()
 
 
+def test_reconnect_with_the_same_session_rearms_and_reports_a_missed_change_exactly() -> None:
+    """kazoo drops every watch when the connection drops, even when the session survives (issue 14)."""
+    t = armed("data", node_state(3))
+    assert t.reconnected() == Step((), arm=2)
+    assert t.observed(2, node_state(4)) == Step((E.CHANGED,))  # changed while no watch was set
+    t = armed("data", ABSENT)
+    assert t.reconnected() == Step((), arm=2)
+    assert t.observed(2, node_state(0)) == Step((E.CREATED,))
+    t = armed("children", children_state(5))
+    assert t.reconnected() == Step((), arm=2)
+    assert t.observed(2, children_state(5)) == Step()  # nothing happened: nothing to say
+
+
+def test_reconnect_delivers_a_held_event_and_then_can_only_resync() -> None:
+    t = armed("data", node_state(0))
+    assert t.fired(E.CHANGED) == Step((E.CHANGED,), arm=2)
+    assert t.fired(E.CHANGED) == Step()  # held: generation 2's reply is still out
+    assert t.reconnected() == Step((E.CHANGED,), arm=3)
+    assert t.observed(2, node_state(2)) == Step()  # the superseded arming's reply
+    assert t.observed(3, node_state(3)) == Step((E.RESYNC,))
+
+
 def test_failed_arming_resyncs_and_arms_again() -> None:
     t = armed("data", node_state(0))
     t.fired(E.CHANGED)
