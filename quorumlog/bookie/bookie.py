@@ -86,6 +86,19 @@ def _lock_dir(env: Env, directory: str) -> int:
     return fd
 
 
+class _Poll:
+    """A parked long-poll read: what to answer, to whom, and the timer that answers it if nothing happens.
+    (A timer and three references instead of a task and a future per poll: tens of thousands can park.)"""
+
+    __slots__ = ("owner", "reply", "req", "timer")
+
+    def __init__(self, req: m.ReadRequest, reply: Reply, owner: object) -> None:
+        self.req = req
+        self.reply = reply
+        self.owner = owner
+        self.timer: asyncio.TimerHandle | None = None
+
+
 class Bookie:
     def __init__(self, config: BookieConfig, env: Env | None = None) -> None:
         self.config = config
@@ -122,12 +135,14 @@ class Bookie:
                 os.close(fd)
             raise
         self.book = LedgerBook(self._load_state)
-        self._watchers: dict[int, list[asyncio.Future[None]]] = {}
+        # Parked long polls by ledger and by connection (dicts as ordered sets), and how many there are.
+        self._watchers: dict[int, dict[_Poll, None]] = {}
+        self._polls_by_owner: dict[object, dict[_Poll, None]] = {}
+        self.parked_polls = 0
         self.long_poll_parked = asyncio.Event()  # set whenever a long poll starts waiting (observability)
         self._parked: deque[tuple[m.AddRequest, Reply]] = deque()
         self._checkpoint_task: asyncio.Task[None] | None = None
         self.checkpoint_lock = asyncio.Lock()  # one checkpoint (or GC deletion) at a time
-        self._polls: set[asyncio.Task[None]] = set()  # parked long polls (kept referenced until done)
         self._periodic: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -149,8 +164,8 @@ class Bookie:
         self.journal.start(self._loop)
         # Everything replayed is now in the write cache: make it durable in the ledger storage and let the
         # old journal files go, so a restart loop never grows the journal.
-        cache = self.storage.begin_flush()
         states = self.book.take_dirty()
+        cache = self.storage.begin_flush()
         start_of_new = self.journal.start_position
         await self.env.run_blocking(self.storage.flush, cache, states, start_of_new)
         self.storage.end_flush(True)
@@ -211,11 +226,11 @@ class Bookie:
             self.journal.handoff()
         await self.env.run_blocking(self.journal.close)
         await asyncio.sleep(0)  # let the last completion callbacks run before the loop moves on
-        for futs in self._watchers.values():
-            for f in futs:
-                if not f.done():
-                    f.cancel()
-        self._watchers.clear()
+        for polls in list(self._watchers.values()):
+            for poll in list(polls):
+                self._unpark_poll(poll)
+                r = poll.req
+                poll.reply(m.ReadResponse(StatusCode.EIO, r.ledger_id, r.entry_id, txn_id=r.txn_id))
         for req, reply in self._parked:
             reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
         self._parked.clear()
@@ -258,8 +273,14 @@ class Bookie:
         # The mark, the cache swap and the state snapshot happen in one loop step: every record before the
         # mark is in `cache` or `states`, every record after it is not.
         self.journal.mark(on_mark)
+        # The snapshot first: if a state cannot be encoded, nothing has been swapped yet and the next
+        # checkpoint can run (a swap left half done refused every later one).
+        try:
+            states = self.book.take_dirty()
+        except Exception as exc:
+            self._storage_failed(exc)
+            raise
         cache = self.storage.begin_flush()
-        states = self.book.take_dirty()
         try:
             pos = await marked
             await self.env.run_blocking(self.storage.flush, cache, states, pos)
@@ -290,14 +311,15 @@ class Bookie:
 
     # --- requests --------------------------------------------------------------------------------------------
 
-    def handle(self, req: m.Request, reply: Reply) -> None:
-        """Answer one request: `reply(response)` is called exactly once (maybe later)."""
+    def handle(self, req: m.Request, reply: Reply, owner: object = None) -> None:
+        """Answer one request: `reply(response)` is called exactly once (maybe later), unless `owner` (the
+        connection it came on) is released first (`release_polls`): then a parked long poll is dropped."""
         try:
             t = type(req)
             if t is m.AddRequest:
                 self.add(req, reply)  # type: ignore[arg-type]
             elif t is m.ReadRequest:
-                self._read(req, reply)  # type: ignore[arg-type]
+                self._read(req, reply, owner)  # type: ignore[arg-type]
             elif t is m.ReadLacRequest:
                 reply(self._read_lac(req))  # type: ignore[arg-type]
             elif t is m.WriteLacRequest:
@@ -310,6 +332,9 @@ class Bookie:
                 reply(self._list_entries(req))  # type: ignore[arg-type]
             elif t is m.UnsupportedRequest:
                 reply(m.ErrorResponse(req.operation, StatusCode.EBADREQ, req.txn_id))  # type: ignore[union-attr]
+            elif t is m.BadRequest:
+                log.warning("bad request answered EBADREQ: %s", req.reason)  # type: ignore[union-attr]
+                reply(error_response(req, StatusCode.EBADREQ))
             else:
                 reply(error_response(req, StatusCode.EBADREQ))
         except (CorruptEntryError, IndexError_, OSError) as exc:
@@ -368,13 +393,19 @@ class Bookie:
             reply(_AddResponse(StatusCode.EIO, lid, eid, txn))
 
     def _wake(self, ledger_id: int) -> None:
+        """The ledger's LAC moved (or the ledger went): answer every poll parked on it."""
         if not self._watchers:
             return
-        futs = self._watchers.pop(ledger_id, None)
-        if futs:
-            for f in futs:
-                if not f.done():
-                    f.set_result(None)
+        polls = self._watchers.get(ledger_id)
+        if polls:
+            state = self.book.get(ledger_id)
+            lac = state.lac if state is not None else None
+            for poll in list(polls):
+                # A poll waits for the LAC to pass *its* previous LAC, not for any move of it.
+                previous = poll.req.previous_lac
+                if lac is None or previous is None or lac > previous:
+                    self._unpark_poll(poll)
+                    self._answer_poll(poll.req, poll.reply, waited=True)
 
     def _entry(self, state: LedgerState, entry_id: int) -> bytes | None:
         """The stored entry (`entry_id` -1: the last one), None if absent; raises on corruption."""
@@ -384,15 +415,13 @@ class Bookie:
             entry_id = state.last_entry
         return self.storage.get(state.ledger_id, entry_id)
 
-    def _read(self, req: m.ReadRequest, reply: Reply) -> None:
+    def _read(self, req: m.ReadRequest, reply: Reply, owner: object = None) -> None:
         lid, eid = req.ledger_id, req.entry_id
         if req.fence:
             self._fencing_read(req, reply)
             return
         if req.piggyback and req.previous_lac is not None:
-            task = asyncio.get_running_loop().create_task(self._long_poll(req, reply))
-            self._polls.add(task)
-            task.add_done_callback(self._polls.discard)
+            self._long_poll(req, reply, owner)
             return
         state = self.book.get(lid)
         if state is None:
@@ -437,29 +466,70 @@ class Bookie:
         # answer must not go out before some fence record of this ledger is durable.
         self.journal.append(RecordType.FENCE, _I64.pack(lid), fenced)
 
-    async def _long_poll(self, req: m.ReadRequest, reply: Reply) -> None:
-        lid, txn = req.ledger_id, req.txn_id
+    def _long_poll(self, req: m.ReadRequest, reply: Reply, owner: object) -> None:
+        """A piggyback read: answer now if the LAC is past `previous_lac`, else park it until the LAC moves,
+        its timeout (capped by `long_poll_timeout_ms_max`) expires, or its connection goes."""
+        lid = req.ledger_id
+        state = self.book.get(lid)
+        if state is None:
+            reply(m.ReadResponse(StatusCode.ENOLEDGER, lid, req.entry_id, txn_id=req.txn_id))
+            return
         previous = req.previous_lac if req.previous_lac is not None else -1
+        timeout_ms = min(req.timeout_ms or 0, self.config.long_poll_timeout_ms_max)
+        if (
+            state.lac > previous
+            or self._closed
+            or timeout_ms <= 0
+            or self.parked_polls >= self.config.max_parked_long_polls
+        ):
+            # Past the parked-poll bound the poll is answered as if it timed out at once: the reader asks
+            # again, and the bookie's memory stays bounded whatever peers send.
+            self._answer_poll(req, reply, waited=False)
+            return
+        poll = _Poll(req, reply, owner)
+        assert self._loop is not None
+        poll.timer = self._loop.call_later(timeout_ms / 1000.0, self._poll_expired, poll)
+        self._watchers.setdefault(lid, {})[poll] = None
+        self._polls_by_owner.setdefault(owner, {})[poll] = None
+        self.parked_polls += 1
+        self.long_poll_parked.set()
+
+    def _unpark_poll(self, poll: _Poll) -> None:
+        """Forget a parked poll everywhere (its timer, its ledger's list, its connection's list)."""
+        if poll.timer is not None:
+            poll.timer.cancel()
+            poll.timer = None
+        lid = poll.req.ledger_id
+        polls = self._watchers.get(lid)
+        if polls is not None and poll in polls:
+            del polls[poll]
+            self.parked_polls -= 1
+            if not polls:
+                del self._watchers[lid]
+        mine = self._polls_by_owner.get(poll.owner)
+        if mine is not None:
+            mine.pop(poll, None)
+            if not mine:
+                del self._polls_by_owner[poll.owner]
+
+    def _poll_expired(self, poll: _Poll) -> None:
+        poll.timer = None
+        self._unpark_poll(poll)
+        self._answer_poll(poll.req, poll.reply, waited=True)
+
+    def release_polls(self, owner: object) -> None:
+        """The connection `owner` is gone: drop its parked polls without answering them."""
+        for poll in list(self._polls_by_owner.get(owner, ())):
+            self._unpark_poll(poll)
+
+    def _answer_poll(self, req: m.ReadRequest, reply: Reply, waited: bool) -> None:
+        lid, txn = req.ledger_id, req.txn_id
         try:
             state = self.book.get(lid)
-            if state is None:
+            if state is None:  # deleted (garbage collected) while parked
                 reply(m.ReadResponse(StatusCode.ENOLEDGER, lid, req.entry_id, txn_id=txn))
                 return
-            waited = False
-            if state.lac <= previous and not self._closed:
-                waited = True
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                self._watchers.setdefault(lid, []).append(fut)
-                self.long_poll_parked.set()
-                timeout_s = (req.timeout_ms or 0) / 1000.0
-                try:
-                    await asyncio.wait_for(fut, timeout_s)
-                except TimeoutError:
-                    pass
-                finally:
-                    futs = self._watchers.get(lid)
-                    if futs and fut in futs:
-                        futs.remove(fut)
+            previous = req.previous_lac if req.previous_lac is not None else -1
             if state.lac <= previous:
                 # Timed out: the LAC did not move. Answer with what we know and no entry.
                 reply(m.ReadResponse(StatusCode.EOK, lid, req.entry_id, None, max_lac=state.lac, txn_id=txn))
@@ -474,9 +544,6 @@ class Bookie:
         except (CorruptEntryError, IndexError_, OSError) as exc:
             log.error("long poll read of %d failed on storage: %r", lid, exc)
             reply(m.ReadResponse(StatusCode.EIO, lid, req.entry_id, txn_id=txn))
-        except asyncio.CancelledError:
-            reply(m.ReadResponse(StatusCode.EIO, lid, req.entry_id, txn_id=txn))
-            raise
 
     def _read_lac(self, req: m.ReadLacRequest) -> m.ReadLacResponse:
         lid = req.ledger_id
@@ -493,19 +560,24 @@ class Bookie:
         if self.failed is not None or self.journal.failed is not None:
             reply(m.WriteLacResponse(StatusCode.EIO, lid, txn))
             return
+        body = bytes(req.body)
+        # The LAC comes from the body (`ledgerId | lac | digest`), which readers verify with the digest; the
+        # request's own `lac` field is protected by nothing and is never trusted on its own.
+        if len(body) < 16 or _IDS.unpack_from(body) != (lid, req.lac):
+            reply(m.WriteLacResponse(StatusCode.EBADREQ, lid, txn))
+            return
         verdict = self.book.check_write_lac(lid, req.master_key)
         if verdict.status is not StatusCode.EOK:
             reply(m.WriteLacResponse(verdict.status, lid, txn))
             return
         if verdict.created:
             self.journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
-        body = bytes(req.body)
 
         def durable(exc: BaseException | None) -> None:
             reply(m.WriteLacResponse(StatusCode.EOK if exc is None else StatusCode.EIO, lid, txn))
 
         self.journal.append(RecordType.EXPLICIT_LAC, _I64.pack(lid) + body, durable)
-        if self.book.record_explicit_lac(lid, req.lac, body):
+        if self.book.record_explicit_lac(lid, _I64.unpack_from(body, 8)[0], body):
             self._wake(lid)
 
     def _bookie_info(self, req: m.GetBookieInfoRequest) -> m.GetBookieInfoResponse:
@@ -565,6 +637,13 @@ def error_response(req: m.Request, status: StatusCode) -> Any:
         return m.GetListOfEntriesOfLedgerResponse(status, req.ledger_id, txn_id=txn)
     if isinstance(req, m.StartTLSRequest):
         return m.StartTLSResponse(status, txn)
+    if isinstance(req, m.BadRequest):
+        # Answered in the type the peer waits for: a v2 peer matches adds and reads by (ledger, entry).
+        if req.operation == m.OpCode.ADD_ENTRY:
+            return m.AddResponse(status, req.ledger_id, req.entry_id, txn)
+        if req.operation == m.OpCode.READ_ENTRY:
+            return m.ReadResponse(status, req.ledger_id, req.entry_id, txn_id=txn)
+        return m.ErrorResponse(req.operation, status, txn)
     op = getattr(req, "op", None) or getattr(req, "operation", 0)
     return m.ErrorResponse(int(op or 0), status, txn)
 

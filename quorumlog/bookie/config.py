@@ -63,6 +63,46 @@ SETTINGS: tuple[Setting, ...] = (
         10_000_000,
     ),
     Setting("max_frame_bytes", int, 5 << 20, "largest accepted frame", 1024, 1 << 30),
+    Setting(
+        "max_connections_per_address",
+        int,
+        200,
+        "open client connections allowed from one IP address",
+        1,
+        1_000_000,
+    ),
+    Setting(
+        "max_pending_bytes_per_connection",
+        int,
+        64 << 20,
+        "bytes of unanswered adds per connection before reading from it pauses",
+        1 << 20,
+        1 << 40,
+    ),
+    Setting(
+        "idle_connection_timeout_s",
+        float,
+        600.0,
+        "a connection with nothing in flight that sends nothing this long is closed (0 = never)",
+        0,
+        1e7,
+    ),
+    Setting(
+        "long_poll_timeout_ms_max",
+        int,
+        30_000,
+        "longest a long-poll read may wait, whatever the client asks",
+        0,
+        3_600_000,
+    ),
+    Setting(
+        "max_parked_long_polls",
+        int,
+        10_000,
+        "long-poll reads waiting at once (more are answered at once, as timed out)",
+        0,
+        10_000_000,
+    ),
     Setting("disk_usage_threshold", float, 0.95, "disk usage fraction that turns the bookie read-only", 0, 1),
     Setting("disk_usage_lwm", float, 0.90, "disk usage fraction below which it becomes writable again", 0, 1),
     Setting("disk_check_interval_s", float, 10.0, "how often disk usage is checked", 0.01, 3600),
@@ -148,6 +188,11 @@ class BookieConfig:
     max_connections: int = 1000
     max_pending_requests: int = 10_000
     max_frame_bytes: int = 5 << 20
+    max_connections_per_address: int = 200
+    max_pending_bytes_per_connection: int = 64 << 20
+    idle_connection_timeout_s: float = 600.0
+    long_poll_timeout_ms_max: int = 30_000
+    max_parked_long_polls: int = 10_000
     disk_usage_threshold: float = 0.95
     disk_usage_lwm: float = 0.90
     disk_check_interval_s: float = 10.0

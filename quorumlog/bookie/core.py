@@ -11,6 +11,9 @@ Rules (BookKeeper 4.14 semantics, DESIGN.md §1-§3):
 - After a fence, adds get EFENCED, except RECOVERY_ADD (the recovering client re-adds entries).
 - In read-only mode, adds and WRITE_LAC get EREADONLY; reads (fencing reads too) still work.
 - A non-fencing read of an unknown ledger is ENOLEDGER.
+- A master key that is not a 20-byte digest (what every BookKeeper client sends) is EBADREQ, decided here at
+  the door: the ledger state stores its length in two bytes, and a request must never be able to make state
+  the bookie cannot checkpoint or replay.
 - LAC only grows: it is the largest of the LAC piggybacked on stored entries and the explicit LAC.
 """
 
@@ -20,6 +23,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from quorumlog.proto.messages import MASTER_KEY_BYTES
 from quorumlog.proto.status import StatusCode
 
 _STATE = struct.Struct(">BqqH")  # flags, lac, last entry, master key length
@@ -70,6 +74,7 @@ _EUA = Verdict(StatusCode.EUA)
 _EFENCED = Verdict(StatusCode.EFENCED)
 _EREADONLY = Verdict(StatusCode.EREADONLY)
 _ENOLEDGER = Verdict(StatusCode.ENOLEDGER)
+_EBADREQ = Verdict(StatusCode.EBADREQ)
 
 
 class LedgerBook:
@@ -98,6 +103,8 @@ class LedgerBook:
     # --- verdicts ------------------------------------------------------------------------------------------
 
     def check_add(self, ledger_id: int, master_key: bytes, recovery: bool) -> Verdict:
+        if len(master_key) != MASTER_KEY_BYTES:
+            return _EBADREQ
         if self.read_only:
             return _EREADONLY
         st = self._states.get(ledger_id) or self.get(ledger_id)  # (hot path: skip a call when cached)
@@ -112,6 +119,8 @@ class LedgerBook:
 
     def check_fence(self, ledger_id: int, master_key: bytes) -> Verdict:
         """A fencing read. EOK means: journal the fence, answer once it is durable."""
+        if len(master_key) != MASTER_KEY_BYTES:
+            return _EBADREQ
         st = self.get(ledger_id)
         if st is None:
             st = self._create(ledger_id, master_key)
@@ -125,6 +134,8 @@ class LedgerBook:
         return _OK
 
     def check_write_lac(self, ledger_id: int, master_key: bytes) -> Verdict:
+        if len(master_key) != MASTER_KEY_BYTES:
+            return _EBADREQ
         if self.read_only:
             return _EREADONLY
         st = self.get(ledger_id)
@@ -169,6 +180,10 @@ class LedgerBook:
             self.dirty.add(ledger_id)
 
     def replay_master_key(self, ledger_id: int, master_key: bytes) -> None:
+        # A key that could not be stored (written by a version that did not check at the door) is replayed
+        # as unknown, like a lost MASTER_KEY record: the bookie must start, and its entries stay readable.
+        if len(master_key) > 0xFFFF:
+            master_key = b""
         if self.get(ledger_id) is None:
             self._create(ledger_id, master_key)
 

@@ -6,13 +6,19 @@ codec's `ServerConnection`), response coalescing, limits and back-pressure.
 Rules it keeps:
 - Responses produced during one event-loop turn go out in one `transport.write` (a journal batch completes
   hundreds of adds in one callback; NOTES.md: 1 KiB writes are syscall-bound).
-- Limits: at most `max_connections` connections (more are closed at once); at most `max_pending_requests`
-  unanswered requests per connection -- beyond it a request is answered ETOOMANYREQUESTS, and reading from
-  that socket pauses until half of them are answered. Adds are also refused with ETOOMANYREQUESTS while the
-  journal has more than its `max_pending_bytes` queued. When the peer does not read its responses
-  (`pause_writing`), reading from it pauses too.
-- A frame that cannot be decoded (garbage, oversized) closes that connection only: the stream position is
-  lost, and nothing else is affected. No exception escapes into the event loop.
+- Limits, so that no peer can make the bookie hold more than a bounded amount (docs/SECURITY.md):
+  - at most `max_connections` connections, and `max_connections_per_address` from one IP address (more
+    are closed at once);
+  - at most `max_pending_requests` unanswered requests per connection -- beyond it a request is answered
+    ETOOMANYREQUESTS -- and `max_pending_bytes_per_connection` bytes of unanswered adds; past either,
+    reading from that socket pauses until half is answered. Adds are also refused with ETOOMANYREQUESTS
+    while the journal has more than its `max_pending_bytes` queued. When the peer does not read its
+    responses (`pause_writing`), reading from it pauses too;
+  - a connection with nothing in flight that sends nothing for `idle_connection_timeout_s` is closed;
+  - long polls parked by a connection are released when it goes (the bookie caps their number and wait).
+- An oversized frame is answered EBADREQ and skipped unread (codec.py); a frame that cannot be decoded at all
+  (garbage) closes that connection only: the stream position is lost, and nothing else is affected. No
+  exception escapes into the event loop.
 """
 
 from __future__ import annotations
@@ -49,21 +55,32 @@ class BookieConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._loop = asyncio.get_running_loop()
+        # Bytes of adds not yet answered, and each one's size by (ledger, entry, txn) to give them back.
+        self._pending_bytes = 0
+        self._max_pending_bytes = server.max_pending_bytes_per_connection
+        self._add_bytes: dict[tuple[int, int, int], int] = {}
+        self.last_active_s = self._loop.time()
+        self.peer_host = ""
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports do not subclass asyncio.Transport (an isinstance check fails under uvloop).
         self.transport = cast(asyncio.Transport, transport)
-        if not self.server.admit(self):
-            log.warning("connection refused: max_connections=%d reached", self.server.max_connections)
+        peer = self.transport.get_extra_info("peername")
+        self.peer_host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        refused = self.server.admit(self)
+        if refused:
+            log.warning("connection from %s refused: %s", self.peer_host or "?", refused)
             self.transport.abort()
             self.transport = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.forget(self)
+        self.bookie.release_polls(self)  # parked long polls die with their connection
         self.transport = None
         self._out.clear()
+        self._add_bytes.clear()
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -74,6 +91,7 @@ class BookieConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        self.last_active_s = self._loop.time()
         try:
             requests = self.codec.receive(data)
         except Exception as exc:  # ProtocolError, or a decoder bug: either way this stream is lost
@@ -89,9 +107,14 @@ class BookieConnection(asyncio.Protocol):
         journal = self.bookie.journal
         journal_full = journal.pending_bytes > journal.max_pending_bytes
         handle, add, reply = self.bookie.handle, self.bookie.add, self.reply
+        add_bytes = self._add_bytes
         for req in requests:
             self._pending += 1
             is_add = type(req) is m.AddRequest
+            if is_add:
+                size = len(req.body)  # type: ignore[union-attr]
+                add_bytes[(req.ledger_id, req.entry_id, req.txn_id)] = size  # type: ignore[union-attr]
+                self._pending_bytes += size
             if self._pending > self._max_pending or (journal_full and is_add):
                 reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
                 continue
@@ -99,7 +122,7 @@ class BookieConnection(asyncio.Protocol):
                 if is_add:
                     add(req, reply)  # type: ignore[arg-type]  # the hot path, without the general dispatch
                 else:
-                    handle(req, reply)
+                    handle(req, reply, self)
             except Exception:  # a bug must cost one request, not the bookie
                 log.exception("request %r failed", type(req).__name__)
                 reply(error_response(req, StatusCode.EIO))
@@ -109,6 +132,10 @@ class BookieConnection(asyncio.Protocol):
 
     def reply(self, response: Any) -> None:
         self._pending -= 1
+        if type(response) is _AddResponse:
+            self._pending_bytes -= self._add_bytes.pop(
+                (response.ledger_id, response.entry_id, response.txn_id), 0
+            )
         if self.transport is None:
             return
         try:
@@ -125,7 +152,7 @@ class BookieConnection(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
-        if self._reading_paused and self._pending <= self._max_pending // 2:
+        if self._reading_paused:
             self._update_reading()
 
     def _flush(self) -> None:
@@ -139,13 +166,27 @@ class BookieConnection(asyncio.Protocol):
         t = self.transport
         if t is None:
             return
-        pause = self._writing_paused or self._pending >= self._max_pending
+        pause = (
+            self._writing_paused
+            or self._pending >= self._max_pending
+            or self._pending_bytes >= self._max_pending_bytes
+        )
         if pause and not self._reading_paused:
             self._reading_paused = True
             t.pause_reading()
-        elif not pause and self._reading_paused and self._pending <= self._max_pending // 2:
+        elif (
+            not pause
+            and self._reading_paused
+            and self._pending <= self._max_pending // 2
+            and self._pending_bytes <= self._max_pending_bytes // 2
+        ):
             self._reading_paused = False
             t.resume_reading()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight (a parked long poll is in flight) and nothing half-sent."""
+        return self._pending == 0 and self.codec.buffered_bytes == 0
 
 
 class BookieServer:
@@ -159,35 +200,76 @@ class BookieServer:
         port: int,
         *,
         max_connections: int = 1000,
+        max_connections_per_address: int = 200,
         max_pending_requests: int = 10_000,
+        max_pending_bytes_per_connection: int = 64 << 20,
         max_frame_bytes: int = 5 << 20,
+        idle_connection_timeout_s: float = 600.0,
     ) -> None:
         self.bookie = bookie
         self.env = env
         self.host = host
         self.port = port
         self.max_connections = max_connections
+        self.max_connections_per_address = max_connections_per_address
         self.max_pending_requests = max_pending_requests
+        self.max_pending_bytes_per_connection = max_pending_bytes_per_connection
         self.max_frame_bytes = max_frame_bytes
+        self.idle_connection_timeout_s = idle_connection_timeout_s
         self.connections: set[BookieConnection] = set()
+        self._per_address: dict[str, int] = {}
         self._server: Server | None = None
+        self._reaper: asyncio.TimerHandle | None = None
+        self.idle_closed = 0  # connections closed for idleness (observability)
 
-    def admit(self, conn: BookieConnection) -> bool:
+    def admit(self, conn: BookieConnection) -> str | None:
+        """Take `conn` in, or say why not."""
         if len(self.connections) >= self.max_connections:
-            return False
+            return f"max_connections={self.max_connections} reached"
+        host = conn.peer_host
+        if self._per_address.get(host, 0) >= self.max_connections_per_address:
+            return f"max_connections_per_address={self.max_connections_per_address} reached"
         self.connections.add(conn)
-        return True
+        self._per_address[host] = self._per_address.get(host, 0) + 1
+        return None
 
     def forget(self, conn: BookieConnection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            left = self._per_address.get(conn.peer_host, 1) - 1
+            if left > 0:
+                self._per_address[conn.peer_host] = left
+            else:
+                self._per_address.pop(conn.peer_host, None)
 
     async def start(self) -> None:
         self._server = await self.env.net.create_server(lambda: BookieConnection(self), self.host, self.port)
         sockets = getattr(self._server, "sockets", None)
         if sockets:
             self.port = sockets[0].getsockname()[1]  # port 0 picks a free port
+        self._arm_reaper()
+
+    def _arm_reaper(self) -> None:
+        timeout_s = self.idle_connection_timeout_s
+        if timeout_s > 0:
+            # Checked a few times per timeout: a connection is closed between 1 and 1.25 timeouts idle.
+            self._reaper = asyncio.get_running_loop().call_later(timeout_s / 4, self._reap_idle)
+
+    def _reap_idle(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for conn in list(self.connections):
+            if conn.idle and now - conn.last_active_s >= self.idle_connection_timeout_s and conn.transport:
+                log.info(
+                    "closing connection from %s: idle for %.0f s", conn.peer_host, now - conn.last_active_s
+                )
+                self.idle_closed += 1
+                conn.transport.close()
+        self._arm_reaper()
 
     def stop_accepting(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
         if self._server is not None:
             self._server.close()
 

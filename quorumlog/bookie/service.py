@@ -83,8 +83,11 @@ class BookieService:
                 cfg.host,
                 cfg.port,
                 max_connections=cfg.max_connections,
+                max_connections_per_address=cfg.max_connections_per_address,
                 max_pending_requests=cfg.max_pending_requests,
+                max_pending_bytes_per_connection=cfg.max_pending_bytes_per_connection,
                 max_frame_bytes=cfg.max_frame_bytes,
+                idle_connection_timeout_s=cfg.idle_connection_timeout_s,
             )
             await self.server.start()
             # A bookie started on a full disk must never be seen writable: check before registering.

@@ -19,8 +19,9 @@ API (sans-IO: the transport feeds bytes in and writes the returned bytes out):
   for v3, `(op, ledger_id, entry_id)` for v2 (`v2.match_key`). A v2 connection sends `StartTLSRequest` as
   v3 and decodes v3 until the START_TLS answer, as BookKeeper's v2 client does.
 
-Every decoding failure surfaces as `ProtocolError` (or `FrameTooLargeError`); after one, the connection
-must be closed: the stream position is no longer trustworthy. (`receive` raises for the whole chunk, so
+On the bookie's side a frame over `max_frame_bytes` is not a failure: its body is skipped unread and it
+decodes to `BadRequest` (answered EBADREQ) from its header. Every other decoding failure surfaces as
+`ProtocolError` (or, on the client's side, `FrameTooLargeError`); after one, the connection must be closed: the stream position is no longer trustworthy. (`receive` raises for the whole chunk, so
 requests that preceded the bad frame in the same chunk are not delivered either; they were never
 acknowledged, so the peer retries them elsewhere.)
 """
@@ -31,7 +32,7 @@ from collections.abc import Callable, Hashable
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto import v2, v3
-from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder
+from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
 from quorumlog.proto.messages import (
     AddResponse,
     AuthResponse,
@@ -72,12 +73,16 @@ class ServerConnection:
     __slots__ = ("_frames", "version")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._frames = FrameDecoder(max_frame_bytes)
+        # An oversized frame is skipped, not fatal: its request is answered EBADREQ, the others are served.
+        self._frames = FrameDecoder(max_frame_bytes, skip_oversized=True)
         self.version: ProtocolVersion | None = None
 
     def receive(self, data: bytes | bytearray | memoryview) -> list[Request]:
         out: list[Request] = []
         for body in self._frames.feed(data):
+            if type(body) is OversizedFrame:
+                out.append(self._oversized(body))
+                continue
             if self.version is not ProtocolVersion.V2:
                 if body[:1] == _V3_FIRST_BYTE:
                     try:
@@ -90,6 +95,18 @@ class ServerConnection:
                 self.version = ProtocolVersion.V2
             out.append(v2.decode_request(body))
         return out
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of a frame received in part, waiting for the rest."""
+        return self._frames.buffered_bytes
+
+    def _oversized(self, head: OversizedFrame) -> Request:
+        if self.version is not ProtocolVersion.V2 and head[:1] == _V3_FIRST_BYTE:
+            self.version = ProtocolVersion.V3
+            return v3.oversized_request(head, head.length)
+        self.version = ProtocolVersion.V2
+        return v2.oversized_request(head, head.length)
 
     def send(self, response: Response) -> bytes:
         if self.version is None:

@@ -210,6 +210,24 @@ class UnsupportedRequest:
     priority: int = 0
 
 
+@_fast_init
+@dataclass(frozen=True, slots=True)
+class BadRequest:
+    """Decode result only: a request whose header could be read but which cannot be served as sent -- a v3
+    request missing a required field or with a header version other than 3, or a frame over the bookie's
+    `max_frame_bytes` (its body was skipped unread). The bookie answers EBADREQ to that request alone, in
+    the type the peer waits for (`ledger_id`/`entry_id` as far as they could be read), and keeps the
+    connection: the framing is intact. `reason` is for the bookie's log."""
+
+    op: ClassVar[OpCode | None] = None
+    operation: int
+    txn_id: int = 0
+    reason: str = ""
+    ledger_id: int = 0
+    entry_id: int = 0
+    priority: int = 0
+
+
 # --- responses ----------------------------------------------------------------------------------------------
 
 
@@ -336,6 +354,7 @@ Request = (
     | StartTLSRequest
     | AuthRequest
     | UnsupportedRequest
+    | BadRequest
 )
 
 Response = (

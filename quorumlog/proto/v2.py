@@ -39,6 +39,7 @@ from quorumlog.proto.messages import (
     AddResponse,
     AuthRequest,
     AuthResponse,
+    BadRequest,
     OpCode,
     ReadRequest,
     ReadResponse,
@@ -272,3 +273,17 @@ def match_key(msg: Request | Response) -> tuple[int, int, int]:
     if isinstance(msg, StartTLSRequest | StartTLSResponse):
         return (OpCode.START_TLS, -1, -1)  # the one v3 exchange a v2 connection makes (TLS negotiation)
     raise InvalidArgumentError(f"{type(msg).__name__} is not a v2 message")
+
+
+def oversized_request(head: bytes, length: int) -> BadRequest:
+    """The request behind an oversized v2 frame, from its first bytes (`frame.OversizedFrame`): v2 has no
+    request ids, so the answer must carry the op, ledger and entry the peer matches it by."""
+    op, _ = _split_header(head)
+    reason = f"frame of {length} bytes exceeds the bookie's max_frame_bytes"
+    if op == _OP_ADD and len(head) >= 4 + MASTER_KEY_BYTES + 16:
+        lid, eid = _IDS.unpack_from(head, 4 + MASTER_KEY_BYTES)
+        return BadRequest(int(OpCode.ADD_ENTRY), 0, reason, lid, eid)
+    if op == _OP_READ and len(head) >= 4 + 16:
+        lid, eid = _IDS.unpack_from(head, 4)
+        return BadRequest(int(OpCode.READ_ENTRY), 0, reason, lid, eid)
+    raise ProtocolError(f"v2 {reason} and its header cannot be answered (opcode {op})")

@@ -17,6 +17,11 @@ Wire rules kept here:
 * A request whose operation we do not serve (RANGE_*, BATCH_READ_ENTRY, or a known one without its part)
   decodes to `UnsupportedRequest`, which the bookie answers with `ErrorResponse(..., EBADREQ)`; a response
   without its part decodes to `ErrorResponse`.
+* proto2 `required` fields are checked (the upb parser does not: a READ_LAC without `ledgerId` would read
+  as ledger 0), and so is the header version (3). Either failure decodes to `BadRequest` (answered EBADREQ)
+  when the header itself is whole, else it is a `ProtocolError`. An ADD skips the check (it is the hot path):
+  its ids are checked against the entry body and its master key by length, so a missing one is refused
+  anyway.
 
 API: `encode_request(req) -> frame`, `decode_request(body) -> Request`, `encode_response(resp) -> frame`,
 `decode_response(body) -> Response`, and the protobuf reference twins `encode_request_pb`,
@@ -36,6 +41,7 @@ from quorumlog.proto.messages import (
     AddResponse,
     AuthRequest,
     AuthResponse,
+    BadRequest,
     ErrorResponse,
     ForceLedgerRequest,
     ForceLedgerResponse,
@@ -96,8 +102,8 @@ def _header(m: Any, op: int, txn_id: int, priority: int = 0) -> None:
 def request_to_pb(req: Request) -> pb.Request:
     """The protobuf `Request` for a typed request."""
     m = pb.Request()
-    if isinstance(req, UnsupportedRequest):
-        raise InvalidArgumentError("UnsupportedRequest is a decode result, not something to send")
+    if isinstance(req, UnsupportedRequest | BadRequest):
+        raise InvalidArgumentError(f"{type(req).__name__} is a decode result, not something to send")
     _header(m, req.op, req.txn_id, req.priority)
     if type(req) is AddRequest:
         a = m.addRequest
@@ -215,10 +221,19 @@ def request_from_pb(m: pb.Request) -> Request:
 def decode_request_pb(body: bytes) -> Request:
     """Decode a v3 request body with protobuf (the reference decoder). Raises only `ProtocolError`."""
     m = _parse(pb.Request, body, "Request")
+    h = m.header
+    if not m.HasField("header") or not h.IsInitialized():
+        raise ProtocolError("malformed v3 Request: no complete header (version, operation, txnId)")
+    if h.version != pb.VERSION_THREE:
+        return BadRequest(h.operation, h.txnId, f"v3 header version {h.version}, expected {pb.VERSION_THREE}")
     try:
-        return request_from_pb(m)
+        req = request_from_pb(m)
     except Exception as e:  # e.g. a string field that is not UTF-8
         raise ProtocolError(f"malformed v3 Request: {e}") from None
+    if type(req) is not AddRequest and not m.IsInitialized():
+        missing = ", ".join(m.FindInitializationErrors())
+        return BadRequest(h.operation, h.txnId, f"v3 request without required fields: {missing}")
+    return req
 
 
 # --- responses: protobuf reference --------------------------------------------------------------------------
@@ -387,3 +402,32 @@ def encode_response(resp: Response) -> bytes:
 
 decode_request = decode_request_pb
 decode_response = decode_response_pb
+
+
+def oversized_request(head: bytes, length: int) -> BadRequest:
+    """The request behind an oversized v3 frame, from its first bytes (`frame.OversizedFrame`): the header
+    is field 1 and comes first, so its operation and txnId can be read without the rest."""
+    reason = f"frame of {length} bytes exceeds the bookie's max_frame_bytes"
+    try:
+        if head[:1] != b"\x0a":
+            raise ValueError("the frame does not start with the header")
+        size, pos = _varint(head, 1)
+        h = pb.BKPacketHeader.FromString(head[pos : pos + size])
+        if pos + size > len(head) or not h.IsInitialized():
+            raise ValueError("the header is incomplete")
+    except Exception as e:
+        raise ProtocolError(f"v3 {reason} and its header cannot be read: {e}") from None
+    return BadRequest(h.operation, h.txnId, reason)
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at `pos`: (value, position after it)."""
+    value = shift = 0
+    while shift < 64:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+    raise ValueError("varint too long")

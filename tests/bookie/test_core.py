@@ -76,3 +76,20 @@ def test_dirty_states_are_taken_once_per_checkpoint() -> None:
     b.check_fence(2, KEY)
     assert set(b.take_dirty()) == {1, 2}
     assert b.take_dirty() == {}
+
+
+@pytest.mark.parametrize("key", [b"", b"k" * 19, b"k" * 21, b"k" * 70_000])
+def test_a_master_key_that_is_not_a_20_byte_digest_is_refused_at_the_door(key: bytes) -> None:
+    """Issue 14 defect 1: a 70,000-byte key was accepted and then could not be checkpointed (the state keeps
+    its length in two bytes). Nothing is created for a refused request."""
+    b = book()
+    assert b.check_add(1, key, recovery=False).status == StatusCode.EBADREQ
+    assert b.check_fence(2, key).status == StatusCode.EBADREQ
+    assert b.check_write_lac(3, key).status == StatusCode.EBADREQ
+    assert b.ledger_ids() == [] and b.take_dirty() == {}
+
+
+def test_an_unstorable_key_in_an_old_journal_replays_as_unknown() -> None:
+    b = book()
+    b.replay_master_key(1, b"k" * 70_000)
+    assert LedgerState.from_bytes(1, b.take_dirty()[1]).master_key == b""
