@@ -47,13 +47,20 @@ def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, 
     run(_main(values, ready_fd))
 
 
+def serve_metrics(host: str, port: int) -> Any:
+    """Prometheus metrics over HTTP on host:port (a daemon thread); loopback unless the operator widens it,
+    since anyone who reaches the port reads them. Returns the server (its `server_address`, `shutdown`)."""
+    from prometheus_client import start_http_server
+
+    server, _ = start_http_server(port, addr=host)
+    return server
+
+
 async def _main(values: dict[str, Any], ready_fd: int | None) -> None:
     from quorumlog.replication.service import AutoRecovery
 
     if values["metrics_port"]:
-        from prometheus_client import start_http_server
-
-        start_http_server(values["metrics_port"])
+        serve_metrics(values["metrics_host"], values["metrics_port"])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -66,6 +66,12 @@ AUTORECOVERY = SettingsTable(
         Setting("auditor", bool, True, "stand for auditor election"),
         Setting("worker", bool, True, "run a replication worker"),
         Setting("metrics_port", int, 0, "serve Prometheus metrics over HTTP on this port; 0 = off", 0, 65535),
+        Setting(
+            "metrics_host",
+            str,
+            "127.0.0.1",
+            "address the metrics port listens on (0.0.0.0: every interface; metrics are not authenticated)",
+        ),
         Setting("owner", str, "", "name in election votes, locks and the status node; empty = host:pid"),
     ),
 )

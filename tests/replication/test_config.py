@@ -40,3 +40,18 @@ def test_the_command_rejects_a_bad_flag_value() -> None:
     result = CliRunner().invoke(cli, ["autorecovery", "--metadata", "file:///nowhere", "--rate-mb-s", "fast"])
     assert result.exit_code == 2
     assert "rate_mb_s" in result.output
+
+
+def test_the_metrics_port_listens_on_loopback_unless_configured_otherwise() -> None:
+    """Issue 14: the auto-recovery metrics port listened on every interface."""
+    from quorumlog.cli.autorecovery import serve_metrics
+    from quorumlog.replication.config import AUTORECOVERY
+    from quorumlog.testing.servers import free_port
+
+    values = AUTORECOVERY.load(None, overrides={"metrics_port": free_port()}, environ={})
+    server = serve_metrics(values["metrics_host"], values["metrics_port"])
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
