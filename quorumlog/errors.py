@@ -300,3 +300,16 @@ class JournalCorruptError(BookieIOError):
     follows, and the option to skip the damage."""
 
     retriable = False
+
+
+# --- metadata store security --------------------------------------------------------------------------------
+
+
+class MetadataSecurityError(MetadataStoreError):
+    """The metadata store (ZooKeeper, etcd) refused us or we refused it: a TLS handshake failed (server
+    certificate not trusted, client certificate missing or rejected) or etcd authentication failed (wrong
+    user or password). The message names the server and the cause. Not retried: retrying does not fix a
+    wrong setting, and failing fast at connect time is what tells the operator."""
+
+    code = -121
+    retriable = False
