@@ -41,6 +41,7 @@ from quorumlog.env import Env, default_env
 from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
+from quorumlog.security.auth import AUTH_DISABLED_PLUGIN
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,10 @@ class Bookie:
                 self._force_ledger(req, reply)  # type: ignore[arg-type]
             elif t is m.GetListOfEntriesOfLedgerRequest:
                 reply(self._list_entries(req))  # type: ignore[arg-type]
+            elif t is m.AuthRequest:
+                # Reached only on a connection already authenticated (server.py), or on a bookie with no
+                # plugin: BookKeeper's bookie then names the "disabled" plugin, which clients take as success.
+                reply(m.AuthResponse(StatusCode.EOK, AUTH_DISABLED_PLUGIN, b"", req.txn_id))
             elif t is m.UnsupportedRequest:
                 reply(m.ErrorResponse(req.operation, StatusCode.EBADREQ, req.txn_id))  # type: ignore[union-attr]
             elif t is m.BadRequest:

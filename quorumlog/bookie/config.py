@@ -155,6 +155,16 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         1 << 40,
     ),
+    Setting(
+        "auth_plugin",
+        str,
+        "",
+        "authentication plugin clients must pass before any request (empty: none; docs/SECURITY.md)",
+        choices=("", "quorumlog-token"),
+    ),
+    Setting(
+        "auth_token_file", str, "", "quorumlog-token: file of accepted 'name token' lines (re-read on change)"
+    ),
     Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -203,6 +213,8 @@ class BookieConfig:
     major_compaction_threshold: float = 0.8
     major_compaction_interval_s: float = 86400.0
     compaction_rate_bytes_per_s: int = 4 << 20
+    auth_plugin: str = ""
+    auth_token_file: str = ""
     http_port: int = 0
 
     def __post_init__(self) -> None:
@@ -215,6 +227,8 @@ class BookieConfig:
                 f"disk_usage_lwm={self.disk_usage_lwm} must not exceed "
                 f"disk_usage_threshold={self.disk_usage_threshold}"
             )
+        if self.auth_plugin == "quorumlog-token" and not self.auth_token_file:
+            raise ConfigError("auth_plugin=quorumlog-token needs auth_token_file (the accepted tokens)")
         if self.minor_compaction_threshold > self.major_compaction_threshold:
             raise ConfigError(
                 f"minor_compaction_threshold={self.minor_compaction_threshold} must not exceed "

@@ -16,6 +16,9 @@ Rules it keeps:
     responses (`pause_writing`), reading from it pauses too;
   - a connection with nothing in flight that sends nothing for `idle_connection_timeout_s` is closed;
   - long polls parked by a connection are released when it goes (the bookie caps their number and wait).
+- Authentication (security/auth.py): with an `auth` plugin set, a connection serves nothing but AUTH and
+  START_TLS until the plugin declares it authenticated; everything else is answered EUA, as BookKeeper's
+  `AuthHandler` does. A refused AUTH is answered EUA and the connection closes.
 - An oversized frame is answered EBADREQ and skipped unread (codec.py); a frame that cannot be decoded at all
   (garbage) closes that connection only: the stream position is lost, and nothing else is affected. No
   exception escapes into the event loop.
@@ -29,12 +32,13 @@ from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, error_response
 from quorumlog.env import Env, Server
-from quorumlog.errors import ProtocolError
+from quorumlog.errors import ConfigError, ProtocolError
 from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ServerConnection
 from quorumlog.proto.messages import ProtocolVersion
 from quorumlog.proto.status import StatusCode
 from quorumlog.proto.v3fast import encode_add_response
+from quorumlog.security.auth import TOKEN_PLUGIN, AuthenticationError, TokenFile, TokenServerSession
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,10 @@ class BookieConnection(asyncio.Protocol):
         self._add_bytes: dict[tuple[int, int, int], int] = {}
         self.last_active_s = self._loop.time()
         self.peer_host = ""
+        # Authentication: nothing to pass without a plugin (BookKeeper's null provider authenticates at once).
+        self.authenticated = server.auth is None
+        self.identity = ""  # who the plugin says the peer is, once authenticated
+        self._auth_session: TokenServerSession | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -110,6 +118,9 @@ class BookieConnection(asyncio.Protocol):
         add_bytes = self._add_bytes
         for req in requests:
             self._pending += 1
+            if not self.authenticated and type(req) is not m.StartTLSRequest:
+                self._unauthenticated(req)
+                continue
             is_add = type(req) is m.AddRequest
             if is_add:
                 size = len(req.body)  # type: ignore[union-attr]
@@ -127,6 +138,37 @@ class BookieConnection(asyncio.Protocol):
                 log.exception("request %r failed", type(req).__name__)
                 reply(error_response(req, StatusCode.EIO))
         self._update_reading()
+
+    # --- authentication ---------------------------------------------------------------------------------
+
+    def _unauthenticated(self, req: Any) -> None:
+        """A request before the plugin said yes: AUTH steps go to the plugin, anything else is EUA."""
+        if type(req) is not m.AuthRequest:
+            self.reply(error_response(req, StatusCode.EUA))
+            return
+        auth = self.server.auth
+        assert auth is not None
+        try:
+            if req.plugin_name != auth.plugin:
+                raise AuthenticationError(
+                    f"client runs auth plugin {req.plugin_name!r}, this bookie runs {auth.plugin!r}"
+                )
+            if self._auth_session is None:
+                self._auth_session = auth.new_session(self._loop.time())
+            step = self._auth_session.process(req.payload)
+        except AuthenticationError as e:
+            log.warning("authentication of %s failed: %s", self.peer_host or "?", e)
+            self.reply(m.AuthResponse(StatusCode.EUA, auth.plugin, b"", req.txn_id))
+            self._flush()
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if step.done:
+            self.authenticated = True
+            self.identity = step.identity
+            self._auth_session = None
+            log.info("connection from %s authenticated as %r", self.peer_host or "?", step.identity)
+        self.reply(m.AuthResponse(StatusCode.EOK, auth.plugin, step.reply, req.txn_id))
 
     # --- responses --------------------------------------------------------------------------------------
 
@@ -189,6 +231,22 @@ class BookieConnection(asyncio.Protocol):
         return self._pending == 0 and self.codec.buffered_bytes == 0
 
 
+class ServerAuth:
+    """The bookie's authentication plugin: its name, and a session per connection."""
+
+    def __init__(self, plugin: str, token_file: str) -> None:
+        if plugin != TOKEN_PLUGIN:
+            raise ConfigError(f"unknown auth plugin {plugin!r} (known: {TOKEN_PLUGIN})")
+        self.plugin = plugin
+        self.tokens = TokenFile(token_file)
+
+    def new_session(self, now_s: float) -> TokenServerSession:
+        tokens = self.tokens.tokens(now_s)
+        if self.tokens.error:
+            log.error("token file not reloaded, keeping the tokens read before: %s", self.tokens.error)
+        return TokenServerSession(tokens)
+
+
 class BookieServer:
     """Listens on host:port and feeds every connection's requests to one `Bookie`."""
 
@@ -205,7 +263,9 @@ class BookieServer:
         max_pending_bytes_per_connection: int = 64 << 20,
         max_frame_bytes: int = 5 << 20,
         idle_connection_timeout_s: float = 600.0,
+        auth: ServerAuth | None = None,
     ) -> None:
+        self.auth = auth
         self.bookie = bookie
         self.env = env
         self.host = host

@@ -28,7 +28,7 @@ from typing import Any
 from quorumlog import gc_policy
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.bookie.server import BookieServer
+from quorumlog.bookie.server import BookieServer, ServerAuth
 from quorumlog.env import Env, default_env
 from quorumlog.errors import ConfigError
 
@@ -88,6 +88,7 @@ class BookieService:
                 max_pending_bytes_per_connection=cfg.max_pending_bytes_per_connection,
                 max_frame_bytes=cfg.max_frame_bytes,
                 idle_connection_timeout_s=cfg.idle_connection_timeout_s,
+                auth=ServerAuth(cfg.auth_plugin, cfg.auth_token_file) if cfg.auth_plugin else None,
             )
             await self.server.start()
             # A bookie started on a full disk must never be seen writable: check before registering.
