@@ -17,6 +17,10 @@ Rules it keeps:
 - A lost connection fails every request outstanding on it with `BookieUnavailableError`; the next request
   reconnects, but not before a backoff that doubles per failed attempt (`reconnect_backoff_s_min` ..
   `_max`); inside the backoff, requests fail at once instead of queueing behind a dead bookie.
+- With an auth plugin (security/auth.py) every new connection runs BookKeeper's AUTH exchange before any
+  other request goes out on it; a refusal fails the requests waiting for it with `AuthenticationError`
+  (an `UnauthorizedError`: the writer or read fails with the reason, as on EUA) and backs off like a failed
+  connect.
 - Every request has a timeout (`request_timeout_s`; 0 turns it off) -> `OperationTimeoutError`; a late
   answer is dropped. A non-EOK status raises `error_for_status` (e.g. `NoSuchEntryError`,
   `LedgerFencedError`).
@@ -53,6 +57,7 @@ from quorumlog.errors import (
     OperationTimeoutError,
     QuorumLogError,
     TooManyRequestsError,
+    UnauthorizedError,
     error_for_status,
 )
 from quorumlog.proto.codec import ClientConnection
@@ -61,6 +66,7 @@ from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
     AddRequest,
     AuthRequest,
+    AuthResponse,
     ProtocolVersion,
     ReadRequest,
     Request,
@@ -68,6 +74,7 @@ from quorumlog.proto.messages import (
     WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
+from quorumlog.security.auth import AUTH_DISABLED_PLUGIN, AuthenticationError, ClientAuth
 
 Resolver = Callable[[str], Awaitable[tuple[str, int]]]
 
@@ -493,6 +500,7 @@ class BookieClient:
         reconnect_backoff_s_max: float = RECONNECT_BACKOFF_S_MAX,
         outstanding_requests_max: int = OUTSTANDING_REQUESTS_MAX_DEFAULT,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        auth: ClientAuth | None = None,
     ) -> None:
         if request_timeout_s < 0 or connect_timeout_s <= 0:
             raise InvalidArgumentError("request_timeout_s must be >= 0 and connect_timeout_s > 0")
@@ -512,6 +520,7 @@ class BookieClient:
         if max_frame_bytes < 1024:
             raise InvalidArgumentError(f"max_frame_bytes={max_frame_bytes}: must be >= 1024")
         self.max_frame_bytes = max_frame_bytes
+        self.auth = auth
         # The largest request frame this bookie has answered (any status), and the ADD (ledger id, entry
         # id) blamed for the last connection drop: see the module docstring.
         self.largest_frame_answered_bytes = 0
@@ -630,6 +639,13 @@ class BookieClient:
                     lambda: _Connection(self, version), host, port
                 )
             assert isinstance(proto, _Connection)
+            if self.auth is not None:
+                try:
+                    async with asyncio.timeout(self.connect_timeout_s):
+                        await self._authenticate(proto, self.auth)
+                except BaseException:
+                    proto.fail(BookieUnavailableError(f"authentication to bookie {self.bookie_id} failed"))
+                    raise
         except asyncio.CancelledError:
             raise  # close() is tearing us down; it failed the waiters itself
         except Exception as e:  # any failure to connect is the bookie being unavailable to us
@@ -637,7 +653,9 @@ class BookieClient:
                 max(self._backoff_s * 2, self.reconnect_backoff_s_min), self.reconnect_backoff_s_max
             )
             self._retry_at_s = self.env.clock.monotonic_s() + self._backoff_s
-            if isinstance(e, BookieUnavailableError):
+            if isinstance(e, BookieUnavailableError | AuthenticationError):
+                # A refused authentication reaches the callers as itself: wrong credentials are the user's
+                # to fix (the writer fails with the reason), not a bookie to replace.
                 error = e
             else:
                 error = BookieUnavailableError(f"cannot connect to bookie {self.bookie_id}: {e!r}")
@@ -663,6 +681,23 @@ class BookieClient:
                 fut.set_exception(e)
                 continue
             inner.add_done_callback(functools.partial(_chain, outer=fut))
+
+    async def _authenticate(self, proto: _Connection, auth: ClientAuth) -> None:
+        """BookKeeper's AUTH exchange on a new connection, before any other request goes out on it. A refusal
+        makes this bookie unavailable to us (with the reason), as a failed connect does."""
+        session = auth.new_session()
+        payload: bytes | None = session.start()
+        while payload is not None:
+            try:
+                answer = await proto.send(AuthRequest(auth.plugin, payload), self.connect_timeout_s)
+            except UnauthorizedError:
+                raise AuthenticationError(
+                    f"bookie {self.bookie_id} refused {auth.plugin} authentication as {auth.name!r}"
+                ) from None
+            assert isinstance(answer, AuthResponse)
+            if answer.plugin_name == AUTH_DISABLED_PLUGIN:
+                return  # the bookie authenticates nobody (BookKeeper's convention: go ahead)
+            payload = session.process(answer.payload)
 
     def _connection_failed(self, conn: _Connection) -> None:
         if self._conns.get(conn.version) is conn:

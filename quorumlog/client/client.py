@@ -44,6 +44,7 @@ from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.proto.entry import DigestType, Entry
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import ProtocolVersion
+from quorumlog.security.auth import ClientAuth
 
 __all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
 
@@ -78,6 +79,10 @@ class ClientConfig:
     outstanding_adds_max: int = OUTSTANDING_ADDS_MAX_DEFAULT
     """Pending adds per write handle; `append` raises TooManyRequestsError past it."""
     protocol: str = "v3"
+    auth_plugin: str = ""
+    """Authentication plugin run on every bookie connection (docs/SECURITY.md): "" or "quorumlog-token"."""
+    auth_token_file: str = ""
+    """quorumlog-token: a file holding this client's one `name token` line."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     """Largest frame sent or accepted (BookKeeper's nettyMaxFrameSizeBytes, 5 MiB): `append` refuses an
     entry whose ADD frame would be larger (InvalidArgumentError) -- set it to the bookies' own limit."""
@@ -150,6 +155,8 @@ class Client:
         self.env = env
         self.ledger_manager = LedgerManager(store, env=env)
         self._owns_store = owns_store
+        # Read here, once: a missing or malformed token file fails Client.connect, not the first write.
+        self._auth = ClientAuth(config.auth_plugin, config.auth_token_file) if config.auth_plugin else None
         self._bookies: dict[str, BookieClient] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         # Write handles still open: close() stops their timers and fails their pending adds.
@@ -182,6 +189,8 @@ class Client:
         placement: str | PlacementPolicy = "random",
         protocol: str = "v3",
         max_frame_bytes: int = ClientConfig.max_frame_bytes,
+        auth_plugin: str = ClientConfig.auth_plugin,
+        auth_token_file: str = ClientConfig.auth_token_file,
         env: Env | None = None,
         store: MetadataStore | None = None,
     ) -> Client:
@@ -200,6 +209,8 @@ class Client:
             outstanding_adds_max=outstanding_adds_max,
             protocol=protocol,
             max_frame_bytes=max_frame_bytes,
+            auth_plugin=auth_plugin,
+            auth_token_file=auth_token_file,
         )
         policy = placement_by_name(placement) if isinstance(placement, str) else placement
         owns = store is None
@@ -230,6 +241,7 @@ class Client:
                 version=self.config.protocol_version,
                 request_timeout_s=self.config.read_timeout_s,
                 max_frame_bytes=self.config.max_frame_bytes,
+                auth=self._auth,
             )
             self._bookies[bookie_id] = client
         return client

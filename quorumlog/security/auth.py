@@ -195,6 +195,22 @@ class TokenClientSession:
         return None
 
 
+class ClientAuth:
+    """A client's plugin: its name and a fresh session per bookie connection (the token is read once, at
+    `Client.connect`, so a bad file fails there and not on the first write)."""
+
+    def __init__(self, plugin: str, token_file: str) -> None:
+        if plugin != TOKEN_PLUGIN:
+            raise ConfigError(f"unknown auth plugin {plugin!r} (known: {TOKEN_PLUGIN})")
+        if not token_file:
+            raise ConfigError(f"auth_plugin={plugin} needs auth_token_file (a 'name token' line)")
+        self.plugin = plugin
+        self.name, self._token = client_token(token_file)
+
+    def new_session(self) -> TokenClientSession:
+        return TokenClientSession(self.name, self._token)
+
+
 def client_token(path: str) -> tuple[str, bytes]:
     """A client's token from its file: exactly one `name token` line."""
     tokens = parse_tokens(_read_token_file(path), path)
@@ -210,6 +226,7 @@ __all__ = [
     "TOKEN_PLUGIN",
     "AuthStep",
     "AuthenticationError",
+    "ClientAuth",
     "TokenClientSession",
     "TokenFile",
     "TokenServerSession",
