@@ -359,6 +359,16 @@ CLIENT = SettingsTable(
             1024,
             1 << 30,
         ),
+        Setting(
+            "auth_plugin",
+            str,
+            "",
+            "authentication plugin run on every bookie connection (docs/SECURITY.md)",
+            choices=("", "quorumlog-token"),
+        ),
+        Setting(
+            "auth_token_file", str, "", "quorumlog-token: file holding this client's one 'name token' line"
+        ),
     ),
 )
 
