@@ -6,7 +6,7 @@ id), one `BookieClient` per bookie (shared by every handle), the placement polic
 
 Rules it keeps:
 - Arguments are checked up front; bad ones raise `InvalidArgumentError` naming the setting and its range.
-- `open_ledger` checks the password against the one stored in metadata (`UnauthorizedError`) and a given
+- `open_ledger` checks the password against the one stored in metadata, if any (`UnauthorizedError`), and a given
   digest type against the ledger's (`DigestMismatchError`); with `recovery=True` it fences and closes the
   ledger (handles.recover_ledger), without it it learns the LAC from the bookies.
 - Background work (ensemble changes) is tracked and cancelled by `close()`; nothing outlives the client.
@@ -37,6 +37,7 @@ from quorumlog.errors import (
     QuorumLogError,
     UnauthorizedError,
 )
+from quorumlog.meta.ledger_keys import RecoveryKey, create_without_password
 from quorumlog.meta.ledger_manager import LedgerManager
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.registration import BookieRegistry
@@ -277,8 +278,14 @@ class Client:
         ledger_id: int | None = None,
         adv: bool = False,
         deferred_sync: bool = False,
+        store_password: bool = True,
+        recovery_key: RecoveryKey | None = None,
     ) -> WriteHandle:
-        """Create a ledger on a new ensemble chosen by the placement policy; returns its write handle."""
+        """Create a ledger on a new ensemble chosen by the placement policy; returns its write handle.
+
+        `store_password=False` keeps the password out of the metadata; `recovery_key` then seals the master
+        key into it so auto-recovery holding that key can re-replicate (docs/SECURITY.md "Ledger passwords").
+        """
         self._check_open()
         for name, value in (
             ("ensemble_size", ensemble_size),
@@ -303,17 +310,30 @@ class Client:
                 )
         if ledger_id is not None and (not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63):
             raise InvalidArgumentError(f"ledger_id={ledger_id!r}: must be an int in [0, 2^63-1]")
+        if recovery_key is not None and (store_password or not isinstance(recovery_key, RecoveryKey)):
+            raise InvalidArgumentError("recovery_key: a RecoveryKey, and only with store_password=False")
         ensemble = self.placement.new_ensemble(ensemble_size, write_quorum, self.bookie_infos(), self.env.rng)
-        md = await self.ledger_manager.create_ledger(
+        fields: dict[str, Any] = dict(
             ensemble=ensemble,
             write_quorum=write_quorum,
             ack_quorum=ack_quorum,
             digest=digest,
-            password=pw,
-            custom_metadata={k: bytes(v) for k, v in custom.items()},
-            ledger_id=ledger_id,
             store_ctime=True,
         )
+        custom = {k: bytes(v) for k, v in custom.items()}
+        if store_password:
+            md = await self.ledger_manager.create_ledger(
+                password=pw, custom_metadata=custom, ledger_id=ledger_id, **fields
+            )
+        else:
+            md = await create_without_password(
+                self.ledger_manager,
+                password=pw,
+                recovery_key=recovery_key,
+                custom_metadata=custom,
+                ledger_id=ledger_id,
+                **fields,
+            )
         handle = WriteHandle(self, md, pw, adv=adv, deferred_sync=deferred_sync)
         self._writers.add(handle)
         return handle

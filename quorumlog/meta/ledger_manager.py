@@ -124,10 +124,11 @@ class LedgerManager:
         custom_metadata: Mapping[str, bytes] | None = None,
         ledger_id: int | None = None,
         store_ctime: bool = False,
+        has_password: bool = True,
     ) -> Versioned[LedgerMetadata]:
         """Create a ledger's metadata (OPEN, one ensemble from entry 0) under a new or the given id.
 
-        `LedgerExistsError` if a given `ledger_id` is taken.
+        `LedgerExistsError` if a given `ledger_id` is taken. `has_password=False` stores no password.
         """
         members = tuple(ensemble)
         template = LedgerMetadata(
@@ -137,7 +138,8 @@ class LedgerManager:
             ack_quorum=ack_quorum,
             ensembles={0: members},
             digest=digest,
-            password=password,
+            password=password if has_password else b"",
+            has_password=has_password,
             custom_metadata=dict(custom_metadata or {}),
             ctime_ms=self.env.clock.wall_ms() if store_ctime else 0,
         )

@@ -9,8 +9,12 @@ This is the value every ledger's znode holds and every client and bookie agrees 
 - Format v3 is what we write: `BookieMetadataFormatVersion\\t3\\n`, a varint length, then a binary
   `LedgerMetadataFormat` (proto2) -- byte for byte what BookKeeper 4.14 writes for the same values, so
   `encode(decode(b)) == b` for every captured znode. v2 (the same message in protobuf text format) is read.
-- The password is stored in clear, as BookKeeper does: recovery (ours and BookKeeper's tools) derives the
-  master key from it. `ctoken` is BookKeeper's creation token: random non-zero at create, 0 on rewrites.
+- By default the password is stored in clear, as BookKeeper does: recovery (ours and BookKeeper's tools)
+  derives the master key from it. `has_password=False` (the opt-in `store_password=False` of
+  `create_ledger`) leaves the proto's optional `password` field out -- BookKeeper's own "no password stored"
+  state (`hasPassword()` false) -- and whatever recovery may use instead lives in `custom_metadata` under
+  `quorumlog.` keys (`quorumlog.meta.ledger_keys`; docs/SECURITY.md "Ledger passwords").
+- `ctoken` is BookKeeper's creation token: random non-zero at create, 0 on rewrites.
 """
 
 from __future__ import annotations
@@ -88,6 +92,8 @@ class LedgerMetadata:
     length: int = 0
     digest: DigestType = DigestType.CRC32C
     password: bytes = b""
+    has_password: bool = True
+    """False: the metadata stores no password (the `password` field is absent; `password` is then b"")."""
     ctime_ms: int = 0
     """Creation time in ms since the epoch; 0 means "not stored" (BookKeeper's default writes none)."""
     custom_metadata: Mapping[str, bytes] = field(default_factory=dict)
@@ -139,6 +145,8 @@ class LedgerMetadata:
         for k, v in self.custom_metadata.items():
             if not isinstance(k, str) or not isinstance(v, bytes | bytearray):
                 raise bad("custom_metadata must map str -> bytes")
+        if not self.has_password and self.password:
+            raise bad("a password is given but has_password is False")
         if not -(2**63) <= self.ctoken < 2**63:
             raise bad("ctoken must fit in a signed 64-bit integer")
 
@@ -241,9 +249,10 @@ def to_proto(md: LedgerMetadata) -> formats.LedgerMetadataFormat:
         lastEntryId=md.last_entry_id,
         state=int(md.state),  # type: ignore[arg-type]
         digestType=int(md.digest),  # type: ignore[arg-type]
-        password=md.password,
         ackQuorumSize=md.ack_quorum,
     )
+    if md.has_password:
+        m.password = md.password
     for first, members in md.ensembles.items():
         seg = m.segment.add()
         seg.ensembleMember.extend(members)
@@ -284,6 +293,7 @@ def from_proto(ledger_id: int, m: formats.LedgerMetadataFormat, format_version: 
             # A metadata without a digest type predates the field; BookKeeper then used CRC32.
             digest=DigestType(m.digestType) if m.HasField("digestType") else DigestType.CRC32,
             password=m.password,
+            has_password=m.HasField("password"),
             ctime_ms=m.ctime if m.HasField("ctime") else 0,
             custom_metadata={e.key: e.value for e in m.customMetadata},
             ctoken=m.cToken,
