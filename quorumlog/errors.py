@@ -313,3 +313,20 @@ class MetadataSecurityError(MetadataStoreError):
 
     code = -121
     retriable = False
+
+
+# --- TLS ----------------------------------------------------------------------------------------------------
+
+
+class TLSError(QuorumLogError):
+    """TLS could not be set up: a certificate, key or CA file is missing, unreadable, malformed, expired or
+    does not match, or a peer's certificate was refused. The message names the file or the peer and why."""
+
+    code = -130
+
+
+class BookieTLSError(BookieUnavailableError, TLSError):
+    """TLS with a bookie failed (START_TLS refused, handshake failed, certificate refused either way): to this
+    client the bookie is unavailable, as for any failed connection; the message says it was TLS and why."""
+
+    code = BookieUnavailableError.code

@@ -165,6 +165,34 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "auth_token_file", str, "", "quorumlog-token: file of accepted 'name token' lines (re-read on change)"
     ),
+    Setting(
+        "tls_certificate_path",
+        str,
+        "",
+        "PEM certificate chain of this bookie; with tls_key_path, enables START_TLS (re-read on change)",
+    ),
+    Setting("tls_key_path", str, "", "PEM private key of tls_certificate_path (unencrypted)"),
+    Setting("tls_trust_store_path", str, "", "PEM CA certificates that client certificates must chain to"),
+    Setting(
+        "tls_client_auth",
+        str,
+        "none",
+        "client certificates: not asked for, verified when presented, or required (mutual TLS)",
+        choices=("none", "optional", "required"),
+    ),
+    Setting(
+        "tls_required",
+        bool,
+        False,
+        "refuse clear-text clients: every request but START_TLS and AUTH before the upgrade gets EUA",
+    ),
+    Setting(
+        "tls_authorized_roles",
+        list,
+        [],
+        "roles a client certificate's first OU role (OU=0:role,...) must be one of; empty: any trusted "
+        "certificate (needs tls_client_auth=required)",
+    ),
     Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
@@ -215,6 +243,12 @@ class BookieConfig:
     compaction_rate_bytes_per_s: int = 4 << 20
     auth_plugin: str = ""
     auth_token_file: str = ""
+    tls_certificate_path: str = ""
+    tls_key_path: str = ""
+    tls_trust_store_path: str = ""
+    tls_client_auth: str = "none"
+    tls_required: bool = False
+    tls_authorized_roles: list[str] = field(default_factory=list)
     http_port: int = 0
 
     def __post_init__(self) -> None:
@@ -227,6 +261,7 @@ class BookieConfig:
                 f"disk_usage_lwm={self.disk_usage_lwm} must not exceed "
                 f"disk_usage_threshold={self.disk_usage_threshold}"
             )
+        self._check_tls()
         if self.auth_plugin == "quorumlog-token" and not self.auth_token_file:
             raise ConfigError("auth_plugin=quorumlog-token needs auth_token_file (the accepted tokens)")
         if self.minor_compaction_threshold > self.major_compaction_threshold:
@@ -238,6 +273,30 @@ class BookieConfig:
             raise ConfigError(
                 f"journal_file_size_bytes={self.journal_file_size_bytes} must hold two batches "
                 f"(>= 4096 + 2 * journal_max_batch_bytes = {4096 + 2 * self.journal_max_batch_bytes})"
+            )
+
+    @property
+    def tls_enabled(self) -> bool:
+        return bool(self.tls_certificate_path or self.tls_key_path)
+
+    def _check_tls(self) -> None:
+        if bool(self.tls_certificate_path) != bool(self.tls_key_path):
+            raise ConfigError("TLS needs both tls_certificate_path and tls_key_path")
+        if not self.tls_enabled and (
+            self.tls_required or self.tls_authorized_roles or self.tls_client_auth != "none"
+        ):
+            raise ConfigError(
+                "tls_required, tls_client_auth and tls_authorized_roles need tls_certificate_path and "
+                "tls_key_path"
+            )
+        if self.tls_client_auth != "none" and not self.tls_trust_store_path:
+            raise ConfigError(
+                f"tls_client_auth={self.tls_client_auth} needs tls_trust_store_path (the CA of client "
+                "certificates)"
+            )
+        if self.tls_authorized_roles and self.tls_client_auth != "required":
+            raise ConfigError(
+                "tls_authorized_roles needs tls_client_auth=required (roles come from the certificate)"
             )
 
     @property

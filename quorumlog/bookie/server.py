@@ -19,6 +19,17 @@ Rules it keeps:
 - Authentication (security/auth.py): with an `auth` plugin set, a connection serves nothing but AUTH and
   START_TLS until the plugin declares it authenticated; everything else is answered EUA, as BookKeeper's
   `AuthHandler` does. A refused AUTH is answered EUA and the connection closes.
+- TLS (security/tls.py; BookKeeper 4.14's `processStartTLSRequestV3`): with a certificate configured, a v3
+  START_TLS is answered EOK in clear text and the same connection then runs a TLS handshake (server side), as
+  BookKeeper's `SslHandler(startTls=true)` does. Reading pauses the moment START_TLS is decoded, so the clear
+  text codec never reads a handshake byte; anything the peer sent after START_TLS before the handshake, or
+  requests still in flight when it arrives, closes the connection (it cannot be told apart from TLS bytes).
+  A failed handshake closes the connection (logged with the reason). With `tls_authorized_roles`, the client
+  certificate's first role must be authorized (BookKeeper's `BookieAuthZFactory`); if not, the bookie answers
+  the START_TLS once more with EIO over TLS and the connection then gets EUA for every request, as
+  BookKeeper's bookie does. With `tls_required`, a connection that has not upgraded gets EUA for everything
+  but START_TLS and AUTH (v2 requests other than ADD and READ, which cannot carry EUA, close it). Without TLS
+  settings START_TLS is EBADREQ (bookie.py), as in BookKeeper.
 - An oversized frame is answered EBADREQ and skipped unread (codec.py); a frame that cannot be decoded at all
   (garbage) closes that connection only: the stream position is lost, and nothing else is affected. No
   exception escapes into the event loop.
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, error_response
@@ -39,11 +51,14 @@ from quorumlog.proto.messages import ProtocolVersion
 from quorumlog.proto.status import StatusCode
 from quorumlog.proto.v3fast import encode_add_response
 from quorumlog.security.auth import TOKEN_PLUGIN, AuthenticationError, TokenFile, TokenServerSession
+from quorumlog.security.tls import TLSContextSource, authorize_roles, describe_handshake_failure
 
 log = logging.getLogger(__name__)
 
 _AddResponse = m.AddResponse
 _V3 = ProtocolVersion.V3
+_StartTLS = m.StartTLSRequest
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 
 class BookieConnection(asyncio.Protocol):
@@ -69,6 +84,16 @@ class BookieConnection(asyncio.Protocol):
         self.authenticated = server.auth is None
         self.identity = ""  # who the plugin says the peer is, once authenticated
         self._auth_session: TokenServerSession | None = None
+        # TLS: why requests are refused EUA (not upgraded while tls_required, or a refused certificate
+        # role), None when they are served; `tls` once the handshake succeeded.
+        self.tls_refusal: str | None = "tls_required: send START_TLS first" if server.tls_required else None
+        self.tls = False
+        self._upgrading = False
+        # Decrypted bytes that arrive between the handshake's end and `_upgrade` resuming (TLS 1.3: the
+        # client's first requests ride right behind its Finished message): served once the upgrade is
+        # recorded, so that they are judged by its outcome.
+        self._early: list[bytes] = []
+        self._lost = False
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -84,6 +109,9 @@ class BookieConnection(asyncio.Protocol):
             self.transport = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lost:
+            return  # a failed TLS upgrade reports it itself, asyncio may too
+        self._lost = True
         self.server.forget(self)
         self.bookie.release_polls(self)  # parked long polls die with their connection
         self.transport = None
@@ -100,6 +128,9 @@ class BookieConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active_s = self._loop.time()
+        if self._upgrading:
+            self._early.append(data)
+            return
         try:
             requests = self.codec.receive(data)
         except Exception as exc:  # ProtocolError, or a decoder bug: either way this stream is lost
@@ -118,8 +149,10 @@ class BookieConnection(asyncio.Protocol):
         add_bytes = self._add_bytes
         for req in requests:
             self._pending += 1
-            if not self.authenticated and type(req) is not m.StartTLSRequest:
+            if not self.authenticated and type(req) is not _StartTLS:
                 self._unauthenticated(req)
+                continue
+            if self.tls_refusal is not None and not self._tls_allows(req):
                 continue
             is_add = type(req) is m.AddRequest
             if is_add:
@@ -132,11 +165,104 @@ class BookieConnection(asyncio.Protocol):
             try:
                 if is_add:
                     add(req, reply)  # type: ignore[arg-type]  # the hot path, without the general dispatch
+                elif type(req) is _StartTLS and self.server.tls is not None:
+                    self._start_tls(req, trailing=req is not requests[-1])  # type: ignore[arg-type]
+                    return  # reading is paused; anything after START_TLS closed the connection
                 else:
                     handle(req, reply, self)
             except Exception:  # a bug must cost one request, not the bookie
                 log.exception("request %r failed", type(req).__name__)
                 reply(error_response(req, StatusCode.EIO))
+        self._update_reading()
+
+    # --- TLS ------------------------------------------------------------------------------------------
+
+    def _tls_allows(self, req: Any) -> bool:
+        """Whether `req` may be served on a connection refused by TLS (`tls_refusal`); if not, refuse it."""
+        t = type(req)
+        if self.tls is False and (t is _StartTLS or t is m.AuthRequest):
+            return True  # BookKeeper lets START_TLS and AUTH through before the upgrade
+        if self.codec.version is ProtocolVersion.V2 and t is not m.AddRequest and t is not m.ReadRequest:
+            # v2 has no EUA answer for other requests: BookKeeper's AuthHandler closes the connection.
+            log.warning("closing connection from %s: %s", self.peer_host or "?", self.tls_refusal)
+            if self.transport is not None:
+                self._flush()
+                self.transport.close()
+            self._pending -= 1
+            return False
+        self.reply(error_response(req, StatusCode.EUA))
+        return False
+
+    def _start_tls(self, req: m.StartTLSRequest, *, trailing: bool) -> None:
+        t = self.transport
+        if t is None:
+            return
+        tls = self.server.tls
+        assert tls is not None
+        if self.tls or self._upgrading:
+            self.reply(error_response(req, StatusCode.EBADREQ))  # one upgrade per connection
+            return
+        # Nothing may be read in clear text from here on: the next bytes are the client's TLS handshake.
+        t.pause_reading()
+        self._upgrading = True
+        if trailing or self.codec.buffered_bytes or self._pending > 1:
+            # Pipelined around START_TLS: bytes after it cannot be told from a handshake, and an answer to
+            # an earlier request could not be sent in clear text after the upgrade began.
+            log.warning(
+                "closing connection from %s: requests pipelined with START_TLS", self.peer_host or "?"
+            )
+            self._flush()
+            t.close()
+            return
+        ctx = tls.context()
+        # The answer goes out in clear text before any TLS byte (BookKeeper: SslHandler with startTls=true).
+        self.reply(m.StartTLSResponse(StatusCode.EOK, req.txn_id))
+        self._flush()
+        task = self._loop.create_task(self._upgrade(t, ctx, req))
+        self.server.track(task)
+
+    async def _upgrade(self, raw: asyncio.Transport, ctx: ssl.SSLContext, req: m.StartTLSRequest) -> None:
+        peer = f"client {self.peer_host or '?'}"
+        try:
+            upgraded = await self._loop.start_tls(
+                raw, self, ctx, server_side=True, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S
+            )
+        except BaseException as exc:  # asyncio closed `raw`; the connection must be forgotten all the same
+            if isinstance(exc, Exception):
+                log.warning(
+                    "TLS handshake failed: %s", describe_handshake_failure(exc, peer, peer_is_server=False)
+                )
+            raw.abort()
+            self.connection_lost(None)
+            if not isinstance(exc, Exception):
+                raise  # cancelled: the server is closing
+            return
+        if upgraded is None or self._lost:
+            return
+        self.transport = cast(asyncio.Transport, upgraded)
+        self.tls = True
+        self._upgrading = False
+        self._reading_paused = False  # start_tls resumed reading on the new transport
+        ssl_object = upgraded.get_extra_info("ssl_object")
+        refusal = authorize_roles(
+            ssl_object.getpeercert() if ssl_object is not None else None, self.server.tls_authorized_roles
+        )
+        if refusal is not None:
+            # BookKeeper's bookie answers the START_TLS again, EIO, then refuses every request (EUA).
+            log.warning("TLS %s refused: %s", peer, refusal)
+            self.tls_refusal = f"certificate refused: {refusal}"
+            self._pending += 1
+            self.reply(m.StartTLSResponse(StatusCode.EIO, req.txn_id))
+            self._flush()
+        else:
+            self.tls_refusal = None
+            cipher = ssl_object.cipher() if ssl_object is not None else None
+            log.info(
+                "connection from %s protected by %s", self.peer_host or "?", cipher[0] if cipher else "?"
+            )
+        if self._early:
+            early, self._early = b"".join(self._early), []
+            self.data_received(early)
         self._update_reading()
 
     # --- authentication ---------------------------------------------------------------------------------
@@ -206,7 +332,7 @@ class BookieConnection(asyncio.Protocol):
 
     def _update_reading(self) -> None:
         t = self.transport
-        if t is None:
+        if t is None or self._upgrading:
             return
         pause = (
             self._writing_paused
@@ -264,8 +390,19 @@ class BookieServer:
         max_frame_bytes: int = 5 << 20,
         idle_connection_timeout_s: float = 600.0,
         auth: ServerAuth | None = None,
+        tls: TLSContextSource | None = None,
+        tls_required: bool = False,
+        tls_authorized_roles: tuple[str, ...] = (),
     ) -> None:
         self.auth = auth
+        if (tls_required or tls_authorized_roles) and tls is None:
+            raise ConfigError(
+                "tls_required and tls_authorized_roles need TLS (tls_certificate_path, tls_key_path)"
+            )
+        self.tls = tls
+        self.tls_required = tls_required
+        self.tls_authorized_roles = tls_authorized_roles
+        self._tasks: set[asyncio.Task[None]] = set()
         self.bookie = bookie
         self.env = env
         self.host = host
@@ -281,6 +418,10 @@ class BookieServer:
         self._server: Server | None = None
         self._reaper: asyncio.TimerHandle | None = None
         self.idle_closed = 0  # connections closed for idleness (observability)
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
 
     def admit(self, conn: BookieConnection) -> str | None:
         """Take `conn` in, or say why not."""
@@ -336,6 +477,8 @@ class BookieServer:
     async def close(self) -> None:
         """Stop listening and close every connection (after flushing what was answered)."""
         self.stop_accepting()
+        for task in list(self._tasks):
+            task.cancel()  # handshakes in progress
         for conn in list(self.connections):
             conn._flush()
             if conn.transport is not None:

@@ -31,6 +31,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.server import BookieServer, ServerAuth
 from quorumlog.env import Env, default_env
 from quorumlog.errors import ConfigError
+from quorumlog.security.tls import TLSContextSource
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,9 @@ class BookieService:
                 max_frame_bytes=cfg.max_frame_bytes,
                 idle_connection_timeout_s=cfg.idle_connection_timeout_s,
                 auth=ServerAuth(cfg.auth_plugin, cfg.auth_token_file) if cfg.auth_plugin else None,
+                tls=server_tls(cfg),
+                tls_required=cfg.tls_required,
+                tls_authorized_roles=tuple(cfg.tls_authorized_roles),
             )
             await self.server.start()
             # A bookie started on a full disk must never be seen writable: check before registering.
@@ -223,6 +227,20 @@ class BookieService:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+def server_tls(cfg: BookieConfig) -> TLSContextSource | None:
+    """The bookie's TLS context source, or None without TLS settings (START_TLS then answers EBADREQ).
+    Bad files raise `TLSError` here, so a bookie with unusable certificates refuses to start."""
+    if not cfg.tls_enabled:
+        return None
+    return TLSContextSource(
+        server_side=True,
+        certificate_path=cfg.tls_certificate_path,
+        key_path=cfg.tls_key_path,
+        trust_store_path=cfg.tls_trust_store_path,
+        client_auth=cfg.tls_client_auth,
+    )
 
 
 def disk_full(was_full: bool, used_fraction: float, threshold: float, lwm: float) -> bool:
