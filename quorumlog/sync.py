@@ -33,6 +33,7 @@ from quorumlog.client.ledger_handle import (
     WriteHandle as AsyncWriteHandle,
 )
 from quorumlog.errors import ClientClosedError
+from quorumlog.meta.ledger_keys import RecoveryKey
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DigestType, Entry
 
@@ -259,6 +260,8 @@ class Client:
         ledger_id: int | None = None,
         adv: bool = False,
         deferred_sync: bool = False,
+        store_password: bool = True,
+        recovery_key: RecoveryKey | None = None,
     ) -> WriteHandle:
         handle = self._loop.run(
             self._client.create_ledger(
@@ -271,6 +274,8 @@ class Client:
                 ledger_id=ledger_id,
                 adv=adv,
                 deferred_sync=deferred_sync,
+                store_password=store_password,
+                recovery_key=recovery_key,
             )
         )
         return WriteHandle(self._loop, handle, self._client.config.outstanding_adds_max)

@@ -29,8 +29,23 @@ def _progress(disabled: bool) -> Any:
     )
 
 
-def _run_move(bookie: str, as_json: bool, *, decommission: bool) -> dict[str, Any]:
+def _run_move(
+    bookie: str,
+    as_json: bool,
+    *,
+    decommission: bool,
+    password: str | None = None,
+    recovery_key_files: tuple[str, ...] = (),
+) -> dict[str, Any]:
     sc = _ctx()
+    from quorumlog.replication.config import recovery_keys_from
+    from quorumlog.replication.worker import WorkerSettings
+
+    settings = WorkerSettings(
+        rate_mb_s=0,
+        recovery_keys=recovery_keys_from(",".join(recovery_key_files)),
+        password=password.encode() if password is not None else None,
+    )
 
     async def body() -> dict[str, Any]:
         from quorumlog.replication import admin
@@ -45,7 +60,7 @@ def _run_move(bookie: str, as_json: bool, *, decommission: bool) -> dict[str, An
                     bar.update(task, completed=done, total=total)
 
                 fn = admin.decommission if decommission else admin.recover
-                report = await fn(client, bookie, progress=progress)
+                report = await fn(client, bookie, progress=progress, settings=settings)
             return report.as_dict()
 
     return run_async(body())
@@ -69,12 +84,29 @@ def _show_report(report: dict[str, Any], as_json: bool, verb: str) -> None:
         click.echo("some ledgers failed (see --json for the reasons); run the command again", err=True)
 
 
+_password_option = click.option(
+    "--password",
+    default=None,
+    help="Password of ledgers whose metadata stores none (store_password=False); checked by the bookies.",
+)
+_recovery_key_option = click.option(
+    "--recovery-key-file",
+    "recovery_key_files",
+    multiple=True,
+    help="Recovery key file that unseals master keys of ledgers storing no password (repeatable).",
+)
+
+
 @shell.command("recover")
 @click.argument("bookie")
+@_password_option
+@_recovery_key_option
 @json_option
-def recover(bookie: str, as_json: bool) -> None:
+def recover(bookie: str, password: str | None, recovery_key_files: tuple[str, ...], as_json: bool) -> None:
     """Re-replicate now every ledger fragment that was on BOOKIE (a lost bookie)."""
-    report = _run_move(bookie, as_json, decommission=False)
+    report = _run_move(
+        bookie, as_json, decommission=False, password=password, recovery_key_files=recovery_key_files
+    )
     _show_report(report, as_json, "recover")
     if report["failed"]:
         raise SystemExit(1)
@@ -83,14 +115,20 @@ def recover(bookie: str, as_json: bool) -> None:
 @shell.command("decommission")
 @click.argument("bookie")
 @click.option("-f", "--force", is_flag=True, help="Do it without asking.")
+@_password_option
+@_recovery_key_option
 @json_option
-def decommission(bookie: str, force: bool, as_json: bool) -> None:
+def decommission(
+    bookie: str, force: bool, password: str | None, recovery_key_files: tuple[str, ...], as_json: bool
+) -> None:
     """Move everything off BOOKIE (live or dead), then delete its cookie. Stop the bookie afterwards."""
     _confirm_or_force(
         force,
         f"Move every ledger fragment off {bookie} and delete its cookie (it cannot restart on its data)?",
     )
-    report = _run_move(bookie, as_json, decommission=True)
+    report = _run_move(
+        bookie, as_json, decommission=True, password=password, recovery_key_files=recovery_key_files
+    )
     _show_report(report, as_json, "decommission")
     if report["failed"]:
         raise SystemExit(1)

@@ -168,6 +168,7 @@ class LedgerKeys:
     mac_key: bytes | None
     source: str
     """"metadata" (stored password), "sealed" (unsealed with a recovery key) or "password" (given)."""
+    password: bytes | None = None
 
 
 def keys_for(
@@ -176,9 +177,9 @@ def keys_for(
     """The keys recovery can use for `md`: from its stored password, else from a password the operator
     gave (`password`, unverified here), else by unsealing its master key with one of `recovery_keys`."""
     if md.has_password:
-        return LedgerKeys(master_key(md.password), mac_key(md.password), "metadata")
+        return LedgerKeys(master_key(md.password), mac_key(md.password), "metadata", md.password)
     if password is not None:
-        return LedgerKeys(master_key(password), mac_key(password), "password")
+        return LedgerKeys(master_key(password), mac_key(password), "password", password)
     sealed = md.custom_metadata.get(SEALED_MASTER_KEY)
     if sealed is None:
         raise LedgerKeyUnavailableError(

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from quorumlog.config import Setting, SettingsTable
+from quorumlog.meta.ledger_keys import RecoveryKey
 from quorumlog.replication.auditor import AuditorSettings
 from quorumlog.replication.service import AutoRecoverySettings
 from quorumlog.replication.worker import WorkerSettings
@@ -73,8 +74,20 @@ AUTORECOVERY = SettingsTable(
             "address the metrics port listens on (0.0.0.0: every interface; metrics are not authenticated)",
         ),
         Setting("owner", str, "", "name in election votes, locks and the status node; empty = host:pid"),
+        Setting(
+            "recovery_key_files",
+            str,
+            "",
+            "comma-separated recovery key files: unseal the master keys of ledgers created with "
+            'store_password=False and a recovery key (docs/SECURITY.md "Ledger passwords"); empty = none',
+        ),
     ),
 )
+
+
+def recovery_keys_from(paths: str) -> tuple[RecoveryKey, ...]:
+    """The keys of a comma-separated list of key files (`InvalidArgumentError` naming a bad one)."""
+    return tuple(RecoveryKey.from_file(p.strip()) for p in paths.split(",") if p.strip())
 
 
 def settings_from(values: Mapping[str, Any]) -> AutoRecoverySettings:
@@ -89,6 +102,7 @@ def settings_from(values: Mapping[str, Any]) -> AutoRecoverySettings:
             ledgers_in_parallel_max=values["ledgers_in_parallel_max"],
             entries_in_flight_max=values["entries_in_flight_max"],
             rate_mb_s=values["rate_mb_s"],
+            recovery_keys=recovery_keys_from(values["recovery_key_files"]),
         ),
         run_auditor=values["auditor"],
         run_worker=values["worker"],

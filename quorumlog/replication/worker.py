@@ -4,7 +4,7 @@ What it owns (DESIGN.md §2 "Auto-recovery", docs/REPLICATION.md):
 - `Replicator.replicate(ledger_id, suspects)`: one ledger. For every fragment position held by a suspect
   bookie that is lost (or, if alive, lacks entries it should hold -- `fragments.repairs_for`), choose a
   replacement with the client's placement policy, copy each entry of that position from surviving replicas
-  (read, digest verified with the password from metadata, then RECOVERY_ADD so the add is accepted on a
+  (read, digest verified, then RECOVERY_ADD with the ledger's master key so the add is accepted on a
   fenced or closed ledger), and only then swap the bookie in that fragment's ensemble by compare-and-set.
   A lost CAS re-reads and re-applies the swaps that still apply; a position someone else already changed is
   left to them. All swaps of one ledger go in one metadata write (metadata operations are precious).
@@ -24,6 +24,13 @@ Rules it keeps:
 - Bounded: `entries_in_flight_max` copies in flight per ledger, `rate_mb_s` bytes per second across the
   worker (0: unbounded), `ledgers_in_parallel_max` ledgers at once.
 - While replication is disabled (`underreplication/disable`), no new ledger is taken.
+- Keys (`quorumlog.meta.ledger_keys.keys_for`): the password stored in metadata; for a ledger that stores
+  none, its master key unsealed with one of `recovery_keys`, or an operator-given `password` (`shell recover
+  --password`, checked by a fencing read on a surviving bookie before anything is copied: a wrong master key
+  on a replacement bookie would lock the ledger's owner out of that replica). Without a MAC key (sealed
+  master key of a MAC ledger) a copy's header is checked, not its digest: readers still verify it. Fencing an
+  open ledger needs its password; without it the ledger fails with `LedgerKeyUnavailableError` and its mark
+  stays for a holder of the password (its writer's ensemble change or recovery open, `shell recover`).
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,13 +50,16 @@ from quorumlog.client.ledger_handle import recover_ledger
 from quorumlog.errors import (
     DigestMismatchError,
     MetadataVersionError,
+    NoSuchEntryError,
     NoSuchLedgerError,
     QuorumLogError,
+    UnauthorizedError,
 )
+from quorumlog.meta.ledger_keys import LedgerKeys, LedgerKeyUnavailableError, RecoveryKey, keys_for
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import Versioned
 from quorumlog.meta.underreplication import UnderReplicationManager
-from quorumlog.proto.entry import DigestManager
+from quorumlog.proto.entry import DIGEST_BYTES, ENTRY_HEADER_BYTES, DigestManager, DigestType
 from quorumlog.proto.messages import AddRequest, ReadRequest
 from quorumlog.replication import metrics
 from quorumlog.replication.fragments import (
@@ -102,6 +113,10 @@ class WorkerSettings:
     retry_backoff_s_max: float = 60.0
     """A ledger whose replication failed is not retried by this worker for this long."""
     request_timeout_s: float = 10.0
+    recovery_keys: tuple[RecoveryKey, ...] = ()
+    """Unseal the master keys of ledgers that store no password (docs/SECURITY.md "Ledger passwords")."""
+    password: bytes | None = None
+    """For ledgers that store no password: the one to use (`shell recover --password`); never stored."""
 
 
 class Outcome(enum.Enum):
@@ -185,8 +200,9 @@ class Replicator:
                 )
                 return Outcome.DEFERRED
             log.info("ledger %d: fencing and closing it to re-replicate its open last fragment", ledger_id)
+            password = self._password_to_fence(vmd.value)
             try:
-                await recover_ledger(self.client, ledger_id, vmd.value.password)
+                await recover_ledger(self.client, ledger_id, password)
             except NoSuchLedgerError:
                 return Outcome.GONE
             self.stats.ledgers_fenced += 1
@@ -203,6 +219,17 @@ class Replicator:
         if closed:
             await self._repair(vmd, closed, suspects)
         return Outcome.DONE
+
+    def _password_to_fence(self, md: LedgerMetadata) -> bytes:
+        if md.has_password:
+            return md.password
+        if self.settings.password is not None:
+            return self.settings.password  # a wrong one is refused by the bookies' fencing check
+        raise LedgerKeyUnavailableError(
+            f"ledger {md.ledger_id} is open on a lost bookie and stores no password: fencing it needs the "
+            "password (its writer's next add moves it off the bookie; or open_ledger(..., recovery=True), or "
+            "`quorumlog shell recover BOOKIE --password ...`)"
+        )
 
     async def _plan(
         self, md: LedgerMetadata, suspects: frozenset[str], force: bool
@@ -231,7 +258,10 @@ class Replicator:
         lid = md.ledger_id
         quorum = Quorum(md.ensemble_size, md.write_quorum, md.ack_quorum)
         available = self.available()
-        dm = DigestManager(lid, md.digest, md.password)
+        keys = keys_for(md, self.settings.recovery_keys, self.settings.password)
+        if keys.source == "password":
+            await self._check_given_key(md, keys, repairs, suspects, available)
+        check = _entry_check(md, keys)
         t0 = time.monotonic()
         # A replacement may be registered yet dead (killed less than a session timeout ago): when one refuses
         # or cannot take the copies, it is excluded and only the positions it was chosen for get another one.
@@ -243,7 +273,7 @@ class Replicator:
         for attempt in range(1, REPLACEMENT_ATTEMPTS_MAX + 1):
             plans = self._choose(md, repairs, suspects, refused, plans)
             try:
-                await self._copy_all(md, quorum, dm, plans, available, done, copied)
+                await self._copy_all(md, quorum, check, keys.master_key, plans, available, done, copied)
                 break
             except _TargetFailed as e:
                 if attempt == REPLACEMENT_ATTEMPTS_MAX:
@@ -307,7 +337,8 @@ class Replicator:
         self,
         md: LedgerMetadata,
         quorum: Quorum,
-        dm: DigestManager,
+        check: _EntryCheck,
+        key: bytes,
         plans: list[tuple[Repair, str]],
         available: Collection[str],
         done: set[tuple[int, int, str, int]],
@@ -331,7 +362,7 @@ class Replicator:
             for entry_id, r, new in jobs:
                 sources = self._sources(quorum, r, entry_id, available)
                 # Not `totals[1] += await ...`: that reads totals[1] before awaiting, losing other copiers' adds.
-                nbytes = await self._copy_one(md, dm, entry_id, sources, new)
+                nbytes = await self._copy_one(md, check, key, entry_id, sources, new)
                 totals[0] += 1
                 totals[1] += nbytes
                 done.add((r.first_entry_id, r.index, new, entry_id))
@@ -353,8 +384,50 @@ class Replicator:
         ordered = [b for b in others if b in available] + [b for b in others if b not in available]
         return [*ordered, r.bookie_id]
 
+    async def _check_given_key(
+        self,
+        md: LedgerMetadata,
+        keys: LedgerKeys,
+        repairs: list[Repair],
+        suspects: frozenset[str],
+        available: Collection[str],
+    ) -> None:
+        """Prove an operator-given password right before copying with it: a replacement bookie takes any
+        master key for a ledger new to it, and a wrong one there would refuse the owner's fencing later. A
+        fencing read is that proof (the bookie compares keys), harmless only on a closed ledger."""
+        lid = md.ledger_id
+        if not md.is_closed:
+            raise LedgerKeyUnavailableError(f"ledger {lid}: a given password is only used on a closed ledger")
+        holders = [b for b in md.bookies() if b not in suspects]
+        holders.sort(key=lambda b: b not in available)
+        timeout = self.settings.request_timeout_s
+        first = repairs[0].first_entry_id if repairs else 0
+        for b in holders:
+            try:
+                await self.client.bookie(b).send(
+                    ReadRequest(lid, first, fence=True, master_key=keys.master_key), timeout_s=timeout
+                )
+                return
+            except UnauthorizedError:
+                raise LedgerKeyUnavailableError(
+                    f"ledger {lid}: bookie {b} refused the master key of the given password (wrong password)"
+                ) from None
+            except (NoSuchEntryError, NoSuchLedgerError):
+                return  # the key was accepted; this bookie just lacks that entry
+            except QuorumLogError:
+                continue
+        raise ReplicationError(
+            f"ledger {lid}: no surviving bookie could check the given password; will retry"
+        )
+
     async def _copy_one(
-        self, md: LedgerMetadata, dm: DigestManager, entry_id: int, sources: list[str], target: str
+        self,
+        md: LedgerMetadata,
+        check: _EntryCheck,
+        key: bytes,
+        entry_id: int,
+        sources: list[str],
+        target: str,
     ) -> int:
         lid = md.ledger_id
         timeout = self.settings.request_timeout_s
@@ -366,7 +439,7 @@ class Replicator:
                 raw = getattr(resp, "body", None)
                 if raw is None:
                     raise DigestMismatchError("read answered without an entry body")
-                dm.decode_entry(raw, entry_id)  # never copy a corrupt entry
+                check(raw, entry_id)  # never copy a corrupt entry
                 body = raw
                 break
             except DigestMismatchError as e:
@@ -381,7 +454,7 @@ class Replicator:
         await self.limiter.acquire(len(body))
         try:
             await self.client.bookie(target).send(
-                AddRequest(lid, entry_id, dm.master_key, body, recovery=True), timeout_s=timeout
+                AddRequest(lid, entry_id, key, body, recovery=True), timeout_s=timeout
             )
         except QuorumLogError as e:
             raise _TargetFailed(target, f"ledger {lid} entry {entry_id}: add to {target} failed: {e}") from e
@@ -535,7 +608,9 @@ class ReplicationWorker:
             self.stats.failures += 1
             self.stats.last_error = f"ledger {lid}: {e}"
             metrics.FAILURES.inc()
-            log.warning("ledger %d: re-replication failed, will retry: %s", lid, e)
+            # A missing key does not come back by itself: say it louder than a transient failure.
+            level = logging.ERROR if isinstance(e, LedgerKeyUnavailableError) else logging.WARNING
+            log.log(level, "ledger %d: re-replication failed, will retry: %s", lid, e)
             n = self._failures[lid] = self._failures.get(lid, 0) + 1
             backoff = min(self.settings.retry_backoff_s * 2 ** (n - 1), self.settings.retry_backoff_s_max)
             self._not_before[lid] = time.monotonic() + backoff
@@ -547,6 +622,28 @@ class ReplicationWorker:
                 self.stats.in_progress.remove(lid)
             metrics.IN_PROGRESS.dec()
             self._slot_freed.set()
+
+
+_EntryCheck = Callable[[bytes, int], object]
+
+
+def _entry_check(md: LedgerMetadata, keys: LedgerKeys) -> _EntryCheck:
+    """How a copy is checked before it is written: its digest, or only its header for a MAC ledger whose
+    MAC key recovery does not hold (sealed master key)."""
+    if md.digest is DigestType.MAC and keys.mac_key is None:
+        return functools.partial(_check_header, md.ledger_id, DIGEST_BYTES[DigestType.MAC])
+    # CRC and DUMMY digests do not depend on the password.
+    return DigestManager(md.ledger_id, md.digest, keys.password or b"").decode_entry
+
+
+def _check_header(ledger_id: int, digest_bytes: int, body: bytes, entry_id: int) -> None:
+    if len(body) < ENTRY_HEADER_BYTES + digest_bytes:
+        raise DigestMismatchError(f"entry body of {len(body)} bytes is shorter than header and digest")
+    lid, eid = int.from_bytes(body[0:8], "big", signed=True), int.from_bytes(body[8:16], "big", signed=True)
+    if (lid, eid) != (ledger_id, entry_id):
+        raise DigestMismatchError(
+            f"entry body names ledger {lid} entry {eid}, expected {ledger_id} {entry_id}"
+        )
 
 
 def suspects_of(ledgers: Iterable[LedgerMetadata], bookie_id: str) -> list[int]:
