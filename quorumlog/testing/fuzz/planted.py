@@ -1,0 +1,50 @@
+"""Fuzz target: `requests` with a bug planted on purpose -- the bookie never answers a READ_LAC of an odd
+ledger id. The seeds ask only about even ledgers, so the fuzzer has to mutate its way there; the harness must
+then report a hang-like finding ("unanswered") with the input saved. Only tests/test_fuzz_smoke.py runs it:
+it shows that the runner can fail, saves the input and prints a command that reproduces it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quorumlog.bookie.bookie import Bookie
+from quorumlog.proto import messages as m
+from quorumlog.testing.fuzz import requests
+from quorumlog.testing.fuzz.requests import one_input
+
+REPLY_WAIT_S = 0.2  # the dropped reply never comes: do not wait the real target's bound for it
+
+
+def _plant(bookie: Bookie) -> None:
+    handle = bookie.handle
+
+    def leaky_handle(req: Any, reply: Any, owner: object = None) -> None:
+        if type(req) is m.ReadLacRequest and req.ledger_id % 2 == 1:
+            return  # the planted bug: this request is never answered
+        handle(req, reply, owner)
+
+    bookie.handle = leaky_handle  # type: ignore[method-assign]
+
+
+def prepare() -> None:
+    requests.REPLY_WAIT_S = REPLY_WAIT_S
+    requests.harness().hooks.append(_plant)
+    requests.prepare()
+
+
+def seeds() -> list[bytes]:
+    return [s for s in requests.seeds() if not _asks_odd_lac(s)]
+
+
+def _asks_odd_lac(seed: bytes) -> bool:
+    from quorumlog.errors import ProtocolError
+    from quorumlog.proto.codec import ServerConnection
+
+    try:
+        reqs = ServerConnection(1 << 20).receive(seed[1:])
+    except ProtocolError:
+        return False
+    return any(type(r) is m.ReadLacRequest and r.ledger_id % 2 == 1 for r in reqs)
+
+
+__all__ = ["one_input", "prepare", "seeds"]
