@@ -296,10 +296,14 @@ class Journal:
                         yield ReplayedRecord(rtype, payload, pos, k == len(records) - 1)
                     if seg.sealed:
                         break
-                if not seg.sealed and (seg.header_ok or seg.valid_end >= HEADER_SIZE) and pending is None:
-                    # A file that ends without ROLL is the tail, unless a later file holds records. (One
-                    # whose header never became durable and that holds no batch was being prepared.)
-                    pending = _Damage(seq, max(seg.valid_end, HEADER_SIZE), _NO_ROLL)
+                if not seg.sealed and pending is None:
+                    # A file that ends without ROLL is the tail, unless a later file holds records. So is one
+                    # whose header never became durable and that holds no batch (it was being prepared) --
+                    # but only as the tail: followed by records, it is a file that lost everything it held.
+                    if seg.header_ok or seg.valid_end >= HEADER_SIZE:
+                        pending = _Damage(seq, max(seg.valid_end, HEADER_SIZE), _NO_ROLL)
+                    else:
+                        pending = _Damage(seq, 0, _EMPTIED)
             finally:
                 f.close()
         self._next_seq = (max(seqs) + 1) if seqs else first
@@ -834,6 +838,7 @@ _DAMAGED_BATCH = "a batch fails its checksum"
 _DAMAGED_RECORD = "a record fails its checksum inside a batch that passed"
 _DAMAGED_HEADER = "the file header fails its checksum"
 _NO_ROLL = "the file ends there without its ROLL record"
+_EMPTIED = "the file header fails its checksum and no batch of the file verifies"
 
 
 @dataclass(frozen=True)
