@@ -39,6 +39,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from quorumlog.errors import (
+    ConfigError,
     InvalidArgumentError,
     MetadataExistsError,
     MetadataNotFoundError,
@@ -494,6 +495,12 @@ def parse_uri(uri: str) -> _Parsed:
         raise InvalidArgumentError(f"metadata URI {uri!r} has no scheme (zk://, etcd:// or file://)")
     rest, _, query = rest.partition("?")
     netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        # user:password@host would put the password in logs and `ps`; the user alone is a query option.
+        raise ConfigError(
+            f"metadata URI {scheme}://...@...: give the etcd user as ?user=NAME and the password in a file "
+            "(?password_file=PATH) or $QUORUMLOG_METADATA_PASSWORD, not in the host part"
+        )
     hosts: list[tuple[str, int]] = []
     for part in filter(None, netloc.split(",")):
         host, colon, port = part.rpartition(":")
@@ -514,22 +521,40 @@ async def open_store(uri: str, **options: float) -> MetadataStore:
     - `etcd://host:port[,host:port]/prefix` -- etcd v3; every key lives under `prefix`.
     - `file:///path/to/dir` -- the embedded store in that directory (created if missing).
 
-    Query parameters and keyword arguments set `StoreOptions` (e.g. `?session_timeout_s=4`).
-    Fails with `MetadataStoreError` if the store cannot be reached within `connect_timeout_s`.
+    Query parameters and keyword arguments set `StoreOptions` (e.g. `?session_timeout_s=4`); TLS and etcd
+    authentication are query parameters too (`tls_ca=`, `tls_cert=`, `tls_key=`, `user=`, `password_file=`:
+    `security.MetadataSecurity`). Fails with `MetadataStoreError` if the store cannot be reached within
+    `connect_timeout_s`, with its subclass `MetadataSecurityError` if a TLS handshake or the etcd
+    authentication failed, and with `ConfigError` if a certificate or password file cannot be read.
     """
+    from quorumlog.meta.security import MetadataSecurity
+
     parsed = parse_uri(uri)
     opts = StoreOptions.from_query(parsed.query, **options)
+    security = MetadataSecurity.from_query(uri, parsed.query)
     if parsed.scheme in ("zk", "zk+hierarchical", "zookeeper"):
         from quorumlog.meta.zookeeper import ZooKeeperStore
 
-        return await ZooKeeperStore.connect(uri, parsed.hosts, parsed.path or DEFAULT_LEDGERS_ROOT, opts)
+        if security.user:
+            raise ConfigError(
+                f"metadata URI {uri.partition('?')[0]!r}: user/password authentication is for etcd; "
+                "ZooKeeper clients authenticate with a TLS client certificate (tls_cert, tls_key)"
+            )
+        return await ZooKeeperStore.connect(
+            uri, parsed.hosts, parsed.path or DEFAULT_LEDGERS_ROOT, opts, security=security
+        )
     if parsed.scheme == "etcd":
         from quorumlog.meta.etcd import EtcdStore
 
-        return await EtcdStore.connect(uri, parsed.hosts, parsed.path or "/", opts)
+        return await EtcdStore.connect(uri, parsed.hosts, parsed.path or "/", opts, security=security)
     if parsed.scheme == "file":
         from quorumlog.meta.embedded import EmbeddedStore
 
+        if security.enabled:
+            raise ConfigError(
+                f"metadata URI {uri.partition('?')[0]!r}: the embedded store is local files; "
+                "it has no TLS or users (drop the tls_*/user options)"
+            )
         if parsed.hosts:
             raise InvalidArgumentError(f"metadata URI {uri!r}: use file:///absolute/path (three slashes)")
         return await EmbeddedStore.connect(uri, urllib.parse.unquote(parsed.path), opts)

@@ -23,6 +23,15 @@ client, never restores them with SetWatches. So on *each* CONNECTED after the fi
 watch, and the re-arm compares the state it observes with the last one known, so a change made while we
 were away is reported (exactly when the session survived, as RESYNC after an expiry, when we also send
 RESYNC to everyone).
+
+TLS (`?tls_ca=...&tls_cert=...&tls_key=...`, see `security.py`): kazoo's own TLS support builds its context
+from file names and retries a failed handshake for ever without telling anyone why, so the connections are
+made by `_TlsHandler`: our context (only `tls_ca` trusted, host name checked, files read again for each
+connection, so rotated certificates are used from the next reconnect), and every TLS failure reported to
+the store -- during the handshake, or on the first read, where a server refusing our client certificate
+under TLS 1.3 says so. `connect` fails at once with `MetadataSecurityError` when every host failed that
+way; once connected, kazoo keeps reconnecting (watches are re-armed as after any reconnect) and each new
+cause is logged as an error.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ import asyncio
 import builtins
 import contextlib
 import logging
+import socket
+import ssl
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,16 +56,21 @@ from kazoo.exceptions import (
     OperationTimeoutError,
 )
 from kazoo.exceptions import SessionExpiredError as KazooSessionExpired
+from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers.utils import create_tcp_connection
 from kazoo.protocol.states import EventType as KzEvent
 from kazoo.protocol.states import KazooState, WatchedEvent
 from kazoo.retry import KazooRetry
 
 from quorumlog.errors import (
+    ConfigError,
     MetadataExistsError,
     MetadataNotFoundError,
+    MetadataSecurityError,
     MetadataStoreError,
     MetadataVersionError,
 )
+from quorumlog.meta.security import MetadataSecurity, describe_tls_error
 from quorumlog.meta.store import (
     ANY_VERSION,
     EventType,
@@ -99,10 +115,92 @@ def _translate(e: BaseException, what: str) -> BaseException:
     return e
 
 
+class _TlsSocket(ssl.SSLSocket):
+    """An SSL socket that reports TLS failures seen after the handshake (a client certificate refused)."""
+
+    _ql_report: Callable[[BaseException], None] | None = None
+
+    def recv(self, *args: Any, **kwargs: Any) -> bytes:
+        try:
+            return super().recv(*args, **kwargs)
+        except ssl.SSLError as e:
+            self._report(e)
+            raise
+
+    def send(self, *args: Any, **kwargs: Any) -> int:
+        try:
+            return super().send(*args, **kwargs)
+        except ssl.SSLError as e:
+            self._report(e)
+            raise
+
+    def _report(self, e: ssl.SSLError) -> None:
+        # Want-read/write is kazoo's non-blocking I/O at work; EOF and syscall errors are plain drops.
+        benign = (
+            ssl.SSLWantReadError,
+            ssl.SSLWantWriteError,
+            ssl.SSLZeroReturnError,
+            ssl.SSLEOFError,
+            ssl.SSLSyscallError,
+        )
+        if self._ql_report is not None and not isinstance(e, benign):
+            self._ql_report(e)
+
+
+class _TlsHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, with TLS connections made from our context (see the module docstring)."""
+
+    def __init__(
+        self, security: MetadataSecurity, on_tls_error: Callable[[str, BaseException], None]
+    ) -> None:
+        super().__init__()
+        self.security = security
+        self.on_tls_error = on_tls_error
+
+    def create_connection(  # type: ignore[override]
+        self,
+        address: tuple[str, int],
+        hostname: str | None = None,
+        timeout: float | None = None,
+        **_kazoo_tls: Any,  # kazoo's own TLS arguments: ours replace them
+    ) -> socket.socket:
+        # kazoo's connection thread. Every failure must be an OSError: kazoo reconnects after those, and
+        # anything else ends its connection thread for good.
+        server = f"{hostname or address[0]}:{address[1]}"
+        try:
+            context = self.security.client_context()
+        except ConfigError as e:  # a rotated file half written, or removed
+            self.on_tls_error(server, e)
+            raise OSError(str(e)) from None
+        context.sslsocket_class = _TlsSocket
+        sock = create_tcp_connection(socket, address, timeout=timeout)
+        try:
+            tls = context.wrap_socket(sock, server_hostname=hostname or address[0])
+        except ssl.SSLError as e:
+            sock.close()
+            self.on_tls_error(server, e)
+            raise
+        except BaseException:
+            sock.close()
+            raise
+        assert isinstance(tls, _TlsSocket)
+        tls._ql_report = lambda e: self.on_tls_error(server, e)
+        return tls
+
+
 class ZooKeeperStore(MetadataStore):
-    def __init__(self, uri: str, hosts: str, root: str, options: StoreOptions) -> None:
+    def __init__(
+        self, uri: str, hosts: str, root: str, options: StoreOptions, security: MetadataSecurity | None = None
+    ) -> None:
         super().__init__(uri, root, options)
         self.hosts = hosts
+        self.security = security or MetadataSecurity()
+        tls: dict[str, Any] = {}
+        if self.security.tls:
+            tls = {"use_ssl": True, "handler": _TlsHandler(self.security, self._on_tls_error)}
+        self._first_connect: asyncio.Future[None] | None = None
+        self._tls_failures: dict[str, str] = {}
+        """server -> the last TLS failure's description; cleared when a connection succeeds."""
         self.client = KazooClient(
             hosts=hosts,
             timeout=options.session_timeout_s,
@@ -112,6 +210,7 @@ class ZooKeeperStore(MetadataStore):
             ),
             command_retry=None,
             logger=_kazoo_log,
+            **tls,
         )
         self._session_hex = ""
         self._new_session = asyncio.Event()
@@ -120,22 +219,57 @@ class ZooKeeperStore(MetadataStore):
 
     @classmethod
     async def connect(
-        cls, uri: str, hosts: list[tuple[str, int]], root: str, options: StoreOptions
+        cls,
+        uri: str,
+        hosts: list[tuple[str, int]],
+        root: str,
+        options: StoreOptions,
+        *,
+        security: MetadataSecurity | None = None,
     ) -> ZooKeeperStore:
         if not hosts:
             raise MetadataStoreError(f"metadata URI {uri!r} names no ZooKeeper host")
-        store = cls(uri, ",".join(f"{h}:{p}" for h, p in hosts), root, options)
-        store._loop = asyncio.get_running_loop()
+        if security is not None and security.tls:
+            security.client_context()  # unreadable certificate files: a ConfigError now, not a timeout
+        store = cls(uri, ",".join(f"{h}:{p}" for h, p in hosts), root, options, security)
+        loop = store._loop = asyncio.get_running_loop()
+        store._first_connect = loop.create_future()
         store.client.add_listener(store._on_state)
-        started = store.client.start_async()
-        ok = await asyncio.to_thread(started.wait, options.connect_timeout_s)
-        if not ok or not store.client.connected:
+        store.client.start_async()
+        try:
+            async with asyncio.timeout(options.connect_timeout_s):
+                await store._first_connect
+        except (TimeoutError, MetadataSecurityError) as e:
             await asyncio.to_thread(store._shutdown_client)
+            if isinstance(e, MetadataSecurityError):
+                raise
+            tls = "; ".join(f"TLS with {s} failed: {why}" for s, why in store._tls_failures.items())
             raise MetadataStoreError(
                 f"cannot reach ZooKeeper at {store.hosts} within {options.connect_timeout_s}s ({uri})"
-            )
+                + (f": {tls}" if tls else "")
+            ) from None
         store._session_hex = store._current_session_hex()
         return store
+
+    def _on_tls_error(self, server: str, e: BaseException) -> None:
+        # kazoo thread.
+        self._to_loop(self._tls_failed, server, describe_tls_error(e, self.security))
+
+    def _tls_failed(self, server: str, why: str) -> None:
+        if self._closed:
+            return
+        if self._tls_failures.get(server) != why:  # once per cause: kazoo retries every second or so
+            log.error("TLS with ZooKeeper at %s failed: %s; retrying (%s)", server, why, self.uri)
+        self._tls_failures[server] = why
+        first = self._first_connect
+        hosts = set(self.hosts.split(","))
+        if first is not None and not first.done() and hosts <= set(self._tls_failures):
+            first.set_exception(
+                MetadataSecurityError(
+                    "TLS with ZooKeeper failed: "
+                    + "; ".join(f"{s}: {w}" for s, w in sorted(self._tls_failures.items()))
+                )
+            )
 
     def _current_session_hex(self) -> str:
         cid = self.client.client_id
@@ -195,6 +329,9 @@ class ZooKeeperStore(MetadataStore):
             return
         old = self._session_hex
         self._session_hex = session
+        self._tls_failures.clear()
+        if self._first_connect is not None and not self._first_connect.done():
+            self._first_connect.set_result(None)
         if not old:
             return  # the first connection, made by connect(): no watch exists yet
         if session == old:
@@ -395,7 +532,8 @@ class ZooKeeperStore(MetadataStore):
         """Close our session from a second connection that claims it -- ZooKeeper's way to expire it."""
         self._new_session.clear()
         session_id, password = self.client.client_id
-        await asyncio.to_thread(_close_session, self.hosts, session_id, password)
+        handler = self.client.handler if self.security.tls else None
+        await asyncio.to_thread(_close_session, self.hosts, session_id, password, handler)
         async with asyncio.timeout(self.options.op_timeout_s + self.options.session_timeout_s):
             await self._new_session.wait()
 
@@ -412,8 +550,11 @@ class ZooKeeperStore(MetadataStore):
         self._loop = None
 
 
-def _close_session(hosts: str, session_id: int, password: bytes) -> None:
-    other = KazooClient(hosts=hosts, client_id=(session_id, password), logger=_kazoo_log)
+def _close_session(hosts: str, session_id: int, password: bytes, handler: Any = None) -> None:
+    tls: dict[str, Any] = {}
+    if isinstance(handler, _TlsHandler):
+        tls = {"use_ssl": True, "handler": _TlsHandler(handler.security, lambda server, e: None)}
+    other = KazooClient(hosts=hosts, client_id=(session_id, password), logger=_kazoo_log, **tls)
     try:
         other.start(timeout=10)
         other.stop()  # closing the session ends it for every connection using it

@@ -29,9 +29,13 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quorumlog.testing.pki import TestPKI
 
 __all__ = [
     "EtcdServer",
@@ -46,6 +50,12 @@ __all__ = [
 ZOOKEEPER_JAR = "/usr/share/java/zookeeper.jar"
 ETCD_BINARY = shutil.which("etcd") or "/usr/bin/etcd"
 JAVA_BINARY = shutil.which("java") or "/usr/bin/java"
+# Netty's TLS handler needs these; the zookeeper jar's manifest does not list them (Debian 12).
+_NETTY_EXTRA_JARS = [
+    jar
+    for jar in ("/usr/share/java/netty-codec.jar", "/usr/share/java/netty-resolver.jar")
+    if os.path.exists(jar)
+]
 
 _PR_SET_PDEATHSIG = 1
 _running: set[ServerProcess] = set()
@@ -206,15 +216,31 @@ class ServerProcess:
 
 
 class ZooKeeperServer(ServerProcess):
-    """A standalone ZooKeeper 3.8 (Debian's jar) with a short tick, so short session timeouts are allowed."""
+    """A standalone ZooKeeper 3.8 (Debian's jar) with a short tick, so short session timeouts are allowed.
+
+    With `tls=` (a `pki.TestPKI`) it also listens on a TLS client port (`secure_port`, Netty, PEM key and
+    trust stores, which ZooKeeper reads since 3.6); `client_auth` is ZooKeeper's `ssl.clientAuth` (`need`:
+    a client certificate from the test CA is required). The plain port stays for the readiness probe
+    (`ruok`); `uri(tls=True)` names the TLS port."""
 
     name = "zookeeper"
 
-    def __init__(self, *, tick_ms: int = 200, force_sync: bool = False, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        tick_ms: int = 200,
+        force_sync: bool = False,
+        tls: TestPKI | None = None,
+        client_auth: str = "need",
+        **kw: Any,
+    ) -> None:
         """`force_sync=False` (tests) skips ZooKeeper's fsync per write; benchmarks turn it on."""
         super().__init__(**kw)
         self.tick_ms = tick_ms
         self.force_sync = force_sync
+        self.tls = tls
+        self.client_auth = client_auth
+        self.secure_port = free_port() if tls is not None else None
         self.conf_dir = os.path.join(self.base_dir, "conf")
         os.makedirs(self.conf_dir, exist_ok=True)
         self._write_config()
@@ -234,6 +260,19 @@ class ZooKeeperServer(ServerProcess):
                 # test data need not survive power loss; fsync per write would dominate test time
                 f"forceSync={'yes' if self.force_sync else 'no'}\n"
             )
+            if self.tls is not None:
+                f.write(
+                    f"secureClientPort={self.secure_port}\n"
+                    f"secureClientPortAddress={self.host}\n"
+                    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n"
+                    f"ssl.keyStore.location={self.tls.server.combined}\n"
+                    "ssl.keyStore.type=PEM\n"
+                    f"ssl.trustStore.location={self.tls.ca}\n"
+                    "ssl.trustStore.type=PEM\n"
+                    f"ssl.clientAuth={self.client_auth}\n"
+                    # the test certificate names 127.0.0.1; client certificates name no host at all
+                    "ssl.hostnameVerification=false\n"
+                )
         with open(os.path.join(self.conf_dir, "log4j.properties"), "w") as f:
             f.write(
                 "log4j.rootLogger=WARN, CONSOLE\n"
@@ -252,7 +291,7 @@ class ZooKeeperServer(ServerProcess):
             "-Dzookeeper.admin.enableServer=false",
             f"-Dzookeeper.log.dir={self.base_dir}",
             "-cp",
-            f"{self.conf_dir}:{ZOOKEEPER_JAR}",
+            ":".join([self.conf_dir, ZOOKEEPER_JAR, *_NETTY_EXTRA_JARS]),
             "org.apache.zookeeper.server.ZooKeeperServerMain",
             os.path.join(self.conf_dir, "zoo.cfg"),
         ]
@@ -275,8 +314,12 @@ class ZooKeeperServer(ServerProcess):
     def hosts(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def uri(self, root: str = "/ledgers", **query: float) -> str:
-        return f"zk://{self.hosts}{root}" + _query(query)
+    def uri(self, root: str = "/ledgers", *, tls: bool = False, **query: float | str) -> str:
+        """The store's URI; `tls=True`: the TLS port, with the test CA and client certificate."""
+        if not tls:
+            return f"zk://{self.hosts}{root}" + _query(query)
+        assert self.tls is not None, "started without tls="
+        return f"zk://{self.host}:{self.secure_port}{root}" + _query({**_tls_query(self.tls), **query})
 
 
 class EtcdServer(ServerProcess):
@@ -321,8 +364,12 @@ class EtcdServer(ServerProcess):
         return f"etcd://{self.endpoint}{prefix}" + _query(query)
 
 
-def _query(query: dict[str, float]) -> str:
-    return ("?" + "&".join(f"{k}={v}" for k, v in query.items())) if query else ""
+def _query(query: Mapping[str, float | str]) -> str:
+    return ("?" + urllib.parse.urlencode(query, safe="/")) if query else ""
+
+
+def _tls_query(pki: TestPKI) -> dict[str, float | str]:
+    return {"tls_ca": pki.ca, "tls_cert": pki.client.cert, "tls_key": pki.client.key}
 
 
 def started(factory: Callable[[], ServerProcess]) -> ServerProcess:
