@@ -52,6 +52,10 @@ log = logging.getLogger("quorumlog.replication.auditor")
 METADATA_READS_IN_FLIGHT_MAX = 16
 
 
+READ_RETRY_S_MIN = 0.1  # backoff of a re-read after a watch fired while the store was unreachable
+READ_RETRY_S_MAX = 5.0
+
+
 @dataclass(frozen=True)
 class AuditorSettings:
     lost_bookie_recovery_delay_s: int = 0
@@ -281,13 +285,13 @@ class Auditor:
             seen = await self.store.exists(path)
             async for _ in w:
                 try:
-                    raw = await self.store.get(path)
+                    raw = await self._retrying("lostBookieRecoveryDelay", lambda: self.store.get(path))
                     new = int(raw.value)
                 except MetadataNotFoundError:
                     seen = None
                     continue
-                except (QuorumLogError, ValueError) as e:
-                    log.warning("auditor: cannot read lostBookieRecoveryDelay: %s", e)
+                except ValueError as e:
+                    log.warning("auditor: lostBookieRecoveryDelay is not a number: %s", e)
                     continue
                 if raw.version == seen:
                     continue
@@ -301,11 +305,25 @@ class Auditor:
                     self._bookie_audit_at = time.monotonic() + new
                     self._kick.set()
 
+    async def _retrying(self, what: str, read: Callable[[], Awaitable[Any]]) -> Any:
+        """`read()` until it succeeds: a watch fired, and the change must not be lost because the store was
+        briefly unreachable when we looked (no second event would come). Ends with the auditor (cancelled)."""
+        delay_s = READ_RETRY_S_MIN
+        while True:
+            try:
+                return await read()
+            except MetadataNotFoundError:
+                raise
+            except QuorumLogError as e:
+                log.warning("auditor: cannot read %s (retrying in %.1f s): %s", what, delay_s, e)
+            await asyncio.sleep(delay_s)  # the store is unreachable: no event says when it is back
+            delay_s = min(delay_s * 2, READ_RETRY_S_MAX)
+
     async def _follow(self, path: str) -> None:
         async with await self.store.watch_data(path) as w:
             async for _ in w:
                 self._kick.set()
-                if await self.urm.is_enabled():
+                if await self._retrying("the replication switch", self.urm.is_enabled):
                     # Audits skipped while disabled run now.
                     self._schedule_bookie_audit(time.monotonic())
 

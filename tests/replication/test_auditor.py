@@ -214,3 +214,39 @@ async def test_a_live_writer_keeps_writing_while_its_earlier_fragment_is_repaire
         count, problems = await verify_ledger(client, md)
         assert problems == [] and count == 140
         assert await urm.list_marked() == []
+
+
+async def test_enabling_replication_while_the_store_cannot_be_read_still_runs_the_skipped_audit() -> None:
+    """Issue 14 defect 3 (the auditor's watches): the replication switch fired, but reading it failed once
+    (the store was unreachable at that moment); the follower died and the skipped audit never ran. Now it
+    re-reads until it can."""
+    from quorumlog.errors import MetadataStoreError
+
+    async with cluster_and_client(4) as (cluster, client):
+        ledgers, _ = await write_ledgers(client, 6, 3, 100)
+        urm = UnderReplicationManager(client.store, owner="test")
+        await urm.init()
+        await urm.disable()
+        async with AutoRecovery(cluster.uri, settings(worker=True)) as ar:
+            assert ar.auditor is not None and ar.worker is not None
+            auditor = ar.auditor
+            await auditor.elected.wait()
+            await wait_until(lambda: _true(auditor.stats.audits_skipped_disabled >= 1), WAIT_S, "first audit")
+            victim = cluster.bookie(2).bookie_id
+            skipped = auditor.stats.audits_skipped_disabled
+            await cluster.bookie(2).kill()
+            await wait_until(
+                lambda: _true(auditor.stats.audits_skipped_disabled > skipped), WAIT_S, "the skipped audit"
+            )
+            real = auditor.urm.is_enabled
+            failures = [MetadataStoreError("store unreachable (injected)")]
+
+            async def flaky() -> bool:
+                if failures:
+                    raise failures.pop()
+                return await real()
+
+            auditor.urm.is_enabled = flaky  # type: ignore[method-assign]
+            await urm.enable()
+            await wait_until(lambda: _none_on(client, ledgers, victim), WAIT_S, "repair after enabling")
+            assert not failures  # the injected failure was hit, and survived
