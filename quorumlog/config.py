@@ -369,6 +369,31 @@ CLIENT = SettingsTable(
         Setting(
             "auth_token_file", str, "", "quorumlog-token: file holding this client's one 'name token' line"
         ),
+        Setting(
+            "tls_enabled",
+            bool,
+            False,
+            "send START_TLS on every new bookie connection and talk TLS (docs/SECURITY.md)",
+        ),
+        Setting(
+            "tls_certificate_path",
+            str,
+            "",
+            "PEM certificate chain presented to bookies for mutual TLS (with tls_key_path; re-read on change)",
+        ),
+        Setting("tls_key_path", str, "", "PEM private key of tls_certificate_path (unencrypted)"),
+        Setting(
+            "tls_trust_store_path",
+            str,
+            "",
+            "PEM CA certificates that bookie certificates must chain to (empty: the system's CAs)",
+        ),
+        Setting(
+            "tls_hostname_verification",
+            bool,
+            False,
+            "also require the bookie certificate to name the address connected to (off, as in BookKeeper)",
+        ),
     ),
 )
 

@@ -17,6 +17,13 @@ Rules it keeps:
 - A lost connection fails every request outstanding on it with `BookieUnavailableError`; the next request
   reconnects, but not before a backoff that doubles per failed attempt (`reconnect_backoff_s_min` ..
   `_max`); inside the backoff, requests fail at once instead of queueing behind a dead bookie.
+- With TLS (security/tls.py) every new connection first sends START_TLS and, once the bookie answers EOK
+  (in clear text), runs a client-side TLS handshake on the same socket, before anything else goes out on it,
+  as BookKeeper's client does with `tlsProviderFactoryClass` set. Any TLS failure (START_TLS refused,
+  handshake failed, our certificate refused by the bookie) is a `BookieTLSError`: a `BookieUnavailableError`
+  whose message says it was TLS and why. A bookie that refuses our certificate's role answers START_TLS again
+  with EIO after the handshake and EUA to everything (BookKeeper's `BookieAuthZFactory`): those EUA answers
+  become `UnauthorizedError`s saying so.
 - With an auth plugin (security/auth.py) every new connection runs BookKeeper's AUTH exchange before any
   other request goes out on it; a refusal fails the requests waiting for it with `AuthenticationError`
   (an `UnauthorizedError`: the writer or read fails with the reason, as on EUA) and backs off like a failed
@@ -44,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol, cast
@@ -51,6 +59,7 @@ from typing import Any, Protocol, cast
 from quorumlog.env import Env
 from quorumlog.errors import (
     BadRequestError,
+    BookieTLSError,
     BookieUnavailableError,
     ClientClosedError,
     InvalidArgumentError,
@@ -71,10 +80,13 @@ from quorumlog.proto.messages import (
     ReadRequest,
     Request,
     Response,
+    StartTLSRequest,
+    StartTLSResponse,
     WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
 from quorumlog.security.auth import AUTH_DISABLED_PLUGIN, AuthenticationError, ClientAuth
+from quorumlog.security.tls import TLSContextSource, describe_handshake_failure
 
 Resolver = Callable[[str], Awaitable[tuple[str, int]]]
 
@@ -277,6 +289,10 @@ class _Connection(asyncio.Protocol):
         # usually empty, as every entry is no larger than the ones before it.
         self._unproven: dict[Hashable, tuple[int, tuple[int, int]]] = {}
         self._refused = False  # the bookie answered EBADREQ on this connection
+        self.tls = False  # upgrading or upgraded by START_TLS
+        self.tls_heard = False  # the bookie sent something over TLS: it accepted our certificate
+        self.tls_refusal = ""  # why the bookie refused us after the handshake (certificate role)
+        self.failure: QuorumLogError | None = None  # what fail() was given
 
     # --- asyncio.Protocol -------------------------------------------------------------------------------
 
@@ -285,6 +301,7 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self.tls_heard = True
         try:
             responses = self.codec.receive(data)
         except QuorumLogError as e:
@@ -296,6 +313,19 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
             return  # we closed it (fail() ran first)
+        if self.tls and (isinstance(exc, ssl.SSLError) or not self.tls_heard):
+            # TLS 1.3: a bookie that refuses our certificate says so (an alert, or just a reset) after our
+            # side of the handshake ended.
+            where = f"bookie {self.owner.bookie_id}"
+            if isinstance(exc, ssl.SSLError):
+                why = describe_handshake_failure(exc, where, peer_is_server=True)
+            else:
+                why = (
+                    f"{where} refused the handshake (closed the connection right after it: {exc!r}): check "
+                    "this client's certificate (missing, expired, or not signed by a CA the bookie trusts)"
+                )
+            self.fail(BookieTLSError(why))
+            return
         reason = f": {exc}" if exc else ""
         what = f"connection to bookie {self.owner.bookie_id} lost{reason}"
         suspect = max(self._unproven.items(), key=lambda kv: kv[1][0], default=None)
@@ -405,6 +435,8 @@ class _Connection(asyncio.Protocol):
             if futs is not None and not futs:
                 del self.pending[key]
         if fut is None:
+            if type(response) is StartTLSResponse and self.tls and response.status != _EOK:
+                self._tls_refused(response.status)
             self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
             return
         self.pending_count -= 1
@@ -418,11 +450,21 @@ class _Connection(asyncio.Protocol):
         if fut.done():
             return
         if status != _EOK:
+            if status == StatusCode.EUA and self.tls_refusal:
+                fut.set_exception(UnauthorizedError(self.tls_refusal))
+                return
             fut.set_exception(
                 error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
         else:
             fut.set_result(response)
+
+    def _tls_refused(self, status: int) -> None:
+        self.tls_refusal = (
+            f"bookie {self.owner.bookie_id} refused this client after the TLS handshake (START_TLS answered "
+            f"again with status {status}): the first role in our certificate's OU (OU=0:<role>,...) is not "
+            "in its tls_authorized_roles (BookKeeper: authorizedRoles)"
+        )
 
     def _answered(self, unproven: tuple[int, tuple[int, int]] | None) -> None:
         if unproven is not None:
@@ -468,6 +510,7 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        self.failure = error
         if self._expiry_timer is not None:
             self._expiry_timer.cancel()
             self._expiry_timer = None
@@ -501,6 +544,7 @@ class BookieClient:
         outstanding_requests_max: int = OUTSTANDING_REQUESTS_MAX_DEFAULT,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         auth: ClientAuth | None = None,
+        tls: TLSContextSource | None = None,
     ) -> None:
         if request_timeout_s < 0 or connect_timeout_s <= 0:
             raise InvalidArgumentError("request_timeout_s must be >= 0 and connect_timeout_s > 0")
@@ -521,6 +565,7 @@ class BookieClient:
             raise InvalidArgumentError(f"max_frame_bytes={max_frame_bytes}: must be >= 1024")
         self.max_frame_bytes = max_frame_bytes
         self.auth = auth
+        self.tls = tls
         # The largest request frame this bookie has answered (any status), and the ADD (ledger id, entry
         # id) blamed for the last connection drop: see the module docstring.
         self.largest_frame_answered_bytes = 0
@@ -639,6 +684,18 @@ class BookieClient:
                     lambda: _Connection(self, version), host, port
                 )
             assert isinstance(proto, _Connection)
+            if self.tls is not None:
+                try:
+                    async with asyncio.timeout(self.connect_timeout_s):
+                        await self._start_tls(proto, self.tls, host, port)
+                except BaseException as e:
+                    if isinstance(e, TimeoutError):
+                        e = BookieTLSError(
+                            f"bookie {self.bookie_id} ({host}:{port}): START_TLS and TLS handshake not done "
+                            f"in {self.connect_timeout_s} s"
+                        )
+                    proto.fail(e if isinstance(e, BookieTLSError) else BookieTLSError(f"TLS: {e!r}"))
+                    raise e from None
             if self.auth is not None:
                 try:
                     async with asyncio.timeout(self.connect_timeout_s):
@@ -681,6 +738,41 @@ class BookieClient:
                 fut.set_exception(e)
                 continue
             inner.add_done_callback(functools.partial(_chain, outer=fut))
+
+    async def _start_tls(self, proto: _Connection, tls: TLSContextSource, host: str, port: int) -> None:
+        """BookKeeper's START_TLS on a new connection: the request, its EOK answer in clear text, then the
+        handshake on the same socket. Every failure is a `BookieTLSError` saying which bookie and why."""
+        where = f"bookie {self.bookie_id} ({host}:{port})"
+        ctx = tls.context()  # rebuilt here when the certificate files changed
+        try:
+            await proto.send(StartTLSRequest(), self.connect_timeout_s)
+        except BookieUnavailableError as e:
+            raise BookieTLSError(f"{where} dropped the connection during START_TLS: {e}") from e
+        except QuorumLogError as e:
+            raise BookieTLSError(
+                f"{where} refused START_TLS ({type(e).__name__}, status {e.code}): TLS is not configured on it "
+                "(quorumlog: tls_certificate_path; BookKeeper: tlsProviderFactoryClass)"
+            ) from e
+        transport = proto.transport
+        if transport is None or proto.closed:
+            raise BookieTLSError(f"{where} closed the connection after START_TLS")
+        proto.tls = True  # from here a lost connection is a TLS failure
+        proto.tls_heard = False
+        try:
+            upgraded = await proto.loop.start_tls(
+                transport,
+                proto,
+                ctx,
+                server_hostname=host if tls.check_hostname else None,
+                ssl_handshake_timeout=self.connect_timeout_s,
+            )
+        except (OSError, ssl.SSLError, ConnectionError) as e:
+            raise BookieTLSError(
+                "TLS handshake failed: " + describe_handshake_failure(e, where, peer_is_server=True)
+            ) from e
+        if upgraded is None or proto.closed:
+            raise proto.failure or BookieTLSError(f"{where} closed the connection during the TLS handshake")
+        proto.transport = cast(asyncio.Transport, upgraded)
 
     async def _authenticate(self, proto: _Connection, auth: ClientAuth) -> None:
         """BookKeeper's AUTH exchange on a new connection, before any other request goes out on it. A refusal

@@ -46,6 +46,7 @@ from quorumlog.proto.entry import DigestType, Entry
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import ProtocolVersion
 from quorumlog.security.auth import ClientAuth
+from quorumlog.security.tls import TLSContextSource
 
 __all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
 
@@ -84,11 +85,27 @@ class ClientConfig:
     """Authentication plugin run on every bookie connection (docs/SECURITY.md): "" or "quorumlog-token"."""
     auth_token_file: str = ""
     """quorumlog-token: a file holding this client's one `name token` line."""
+    tls_enabled: bool = False
+    """Send START_TLS on every new bookie connection and talk TLS (docs/SECURITY.md, "TLS")."""
+    tls_certificate_path: str = ""
+    """PEM certificate chain presented to bookies (mutual TLS); with `tls_key_path`."""
+    tls_key_path: str = ""
+    """PEM private key of `tls_certificate_path` (unencrypted)."""
+    tls_trust_store_path: str = ""
+    """PEM CA certificates that bookie certificates must chain to (empty: the system's CAs)."""
+    tls_hostname_verification: bool = False
+    """Also require the bookie's certificate to name the address connected to (off, as in BookKeeper)."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     """Largest frame sent or accepted (BookKeeper's nettyMaxFrameSizeBytes, 5 MiB): `append` refuses an
     entry whose ADD frame would be larger (InvalidArgumentError) -- set it to the bookies' own limit."""
 
     def __post_init__(self) -> None:
+        if not self.tls_enabled and (
+            self.tls_certificate_path or self.tls_key_path or self.tls_trust_store_path
+        ):
+            raise InvalidArgumentError(
+                "tls_certificate_path, tls_key_path, tls_trust_store_path need tls_enabled=True"
+            )
         for name in (
             "explicit_lac_interval_s",
             "add_timeout_s",
@@ -158,6 +175,18 @@ class Client:
         self._owns_store = owns_store
         # Read here, once: a missing or malformed token file fails Client.connect, not the first write.
         self._auth = ClientAuth(config.auth_plugin, config.auth_token_file) if config.auth_plugin else None
+        # Likewise unusable certificate files fail here (TLSError naming the file), not every connection.
+        self._tls = (
+            TLSContextSource(
+                server_side=False,
+                certificate_path=config.tls_certificate_path,
+                key_path=config.tls_key_path,
+                trust_store_path=config.tls_trust_store_path,
+                check_hostname=config.tls_hostname_verification,
+            )
+            if config.tls_enabled
+            else None
+        )
         self._bookies: dict[str, BookieClient] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         # Write handles still open: close() stops their timers and fails their pending adds.
@@ -192,6 +221,11 @@ class Client:
         max_frame_bytes: int = ClientConfig.max_frame_bytes,
         auth_plugin: str = ClientConfig.auth_plugin,
         auth_token_file: str = ClientConfig.auth_token_file,
+        tls_enabled: bool = ClientConfig.tls_enabled,
+        tls_certificate_path: str = ClientConfig.tls_certificate_path,
+        tls_key_path: str = ClientConfig.tls_key_path,
+        tls_trust_store_path: str = ClientConfig.tls_trust_store_path,
+        tls_hostname_verification: bool = ClientConfig.tls_hostname_verification,
         env: Env | None = None,
         store: MetadataStore | None = None,
     ) -> Client:
@@ -212,6 +246,11 @@ class Client:
             max_frame_bytes=max_frame_bytes,
             auth_plugin=auth_plugin,
             auth_token_file=auth_token_file,
+            tls_enabled=tls_enabled,
+            tls_certificate_path=tls_certificate_path,
+            tls_key_path=tls_key_path,
+            tls_trust_store_path=tls_trust_store_path,
+            tls_hostname_verification=tls_hostname_verification,
         )
         policy = placement_by_name(placement) if isinstance(placement, str) else placement
         owns = store is None
@@ -243,6 +282,7 @@ class Client:
                 request_timeout_s=self.config.read_timeout_s,
                 max_frame_bytes=self.config.max_frame_bytes,
                 auth=self._auth,
+                tls=self._tls,
             )
             self._bookies[bookie_id] = client
         return client
