@@ -24,6 +24,18 @@ How ZooKeeper's model maps onto etcd's flat, revisioned key space:
   re-reads; nothing after the re-read can be missed). When the keep-alives find etcd reachable again
   after failing, every stream is opened again the same way: a connection to a host that went silent
   may never report that it broke.
+
+Security (`security.py`: the URI's `tls_*`, `user`, `password_file`). With TLS the endpoints are https, checked
+against `tls_ca`, with the client certificate for etcd's `--client-cert-auth`. With a user, the store
+authenticates at connect (`/v3/auth/authenticate`) and sends the token as the `Authorization` header on
+every call, watch streams and lease keep-alives included. etcd forgets a token some time after its last use
+(simple tokens: `--auth-token-ttl`, 5 min by default; and on every restart): a call answered "invalid auth
+token" (HTTP 401) authenticates again -- once per stale token however many calls hit it -- and is sent once
+more (safe for writes too: etcd checks the token before it applies anything). A wrong password, a TLS
+handshake the server or we refuse, and an etcd that wants a user when none is given are
+`MetadataSecurityError`s at connect, naming the endpoint and the cause. etcd that has authentication
+turned off accepts a user and carries on without a token (so clients can be configured before
+`etcdctl auth enable`); a later 401 authenticates then.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 from typing import Any
 
 import aiohttp
@@ -41,9 +54,11 @@ import aiohttp
 from quorumlog.errors import (
     MetadataExistsError,
     MetadataNotFoundError,
+    MetadataSecurityError,
     MetadataStoreError,
     MetadataVersionError,
 )
+from quorumlog.meta.security import MetadataSecurity, describe_tls_error
 from quorumlog.meta.store import (
     ANY_VERSION,
     DEFAULT_LEDGERS_ROOT,
@@ -100,9 +115,30 @@ class _Ambiguous(Exception):
     """The connection failed after the request may have been sent."""
 
 
+class _TlsFailed(_NotSent):
+    """The TLS handshake failed (refused by us or by the server): nothing was sent."""
+
+    def __init__(self, endpoint: str, why: str) -> None:
+        super().__init__(f"TLS with etcd at {endpoint} failed: {why}")
+        self.endpoint = endpoint
+        self.why = why
+
+
+class _AuthExpired(Exception):
+    """etcd did not accept the token (HTTP 401): authenticate again and resend."""
+
+
 class EtcdStore(MetadataStore):
-    def __init__(self, uri: str, endpoints: list[str], prefix: str, options: StoreOptions) -> None:
+    def __init__(
+        self,
+        uri: str,
+        endpoints: list[str],
+        prefix: str,
+        options: StoreOptions,
+        security: MetadataSecurity | None = None,
+    ) -> None:
         super().__init__(uri, DEFAULT_LEDGERS_ROOT, options)
+        self.security = security or MetadataSecurity()
         self.endpoints = endpoints
         self.prefix = prefix.rstrip("/").encode()
         self._endpoint = 0
@@ -113,38 +149,73 @@ class EtcdStore(MetadataStore):
         self._tasks: list[asyncio.Task[None]] = []
         self._streams: dict[Watch, _Stream] = {}
         self._lease_lock = asyncio.Lock()
+        self._token = ""
+        self._auth_lock = asyncio.Lock()
+        self.authentications = 0
+        """How many times a token was obtained (the first at connect; more as tokens expire)."""
+        self._tls_failures: dict[str, str] = {}
 
     @classmethod
     async def connect(
-        cls, uri: str, hosts: list[tuple[str, int]], prefix: str, options: StoreOptions
+        cls,
+        uri: str,
+        hosts: list[tuple[str, int]],
+        prefix: str,
+        options: StoreOptions,
+        *,
+        security: MetadataSecurity | None = None,
     ) -> EtcdStore:
         if not hosts:
             raise MetadataStoreError(f"metadata URI {uri!r} names no etcd endpoint")
-        store = cls(uri, [f"http://{h}:{p}" for h, p in hosts], prefix, options)
+        security = security or MetadataSecurity()
+        # Certificate files and the password are checked before any connection: a ConfigError names them.
+        context = security.client_context() if security.tls else False
+        if security.user:
+            security.password()
+        scheme = "https" if security.tls else "http"
+        store = cls(uri, [f"{scheme}://{h}:{p}" for h, p in hosts], prefix, options, security)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(2.0, options.connect_timeout_s))
         store._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False), timeout=timeout
+            connector=aiohttp.TCPConnector(limit=0, force_close=False, ssl=context), timeout=timeout
         )
         # Writes go on a connection of their own. A pooled keep-alive connection to an etcd that restarted
         # is found dead only when a request is written to it, and a write that failed that way cannot be
         # told from one etcd received and then died on: it would fail as ambiguous, unretried (the first
         # registration after an outage did). A fresh connection costs one loopback handshake per write.
         store._http_fresh = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=True), timeout=timeout
+            connector=aiohttp.TCPConnector(limit=0, force_close=True, ssl=context), timeout=timeout
         )
         try:
             async with asyncio.timeout(options.connect_timeout_s):
                 while True:
                     try:
+                        if security.user:
+                            await store._authenticate("")
                         store._lease = await store._grant()
+                        # A lease grant is not access-checked by etcd 3.4: this read is what finds out that
+                        # etcd wants a user we were not given, or that the user may not use the prefix.
+                        await store._post(
+                            "/v3/kv/range", {"key": _b64(store.prefix + b"/"), "keys_only": True}
+                        )
                         break
+                    except _TlsFailed as e:
+                        store._tls_failures[e.endpoint] = e.why
+                        if set(store.endpoints) <= set(store._tls_failures):
+                            raise MetadataSecurityError(
+                                "TLS with etcd failed: "
+                                + "; ".join(f"{ep}: {w}" for ep, w in sorted(store._tls_failures.items()))
+                            ) from None
                     except _NotSent:
-                        await asyncio.sleep(options.retry_backoff_s)
+                        pass
+                    await asyncio.sleep(options.retry_backoff_s)
+        except MetadataSecurityError:
+            await store._close_http()
+            raise
         except (TimeoutError, _Ambiguous, MetadataStoreError) as e:
-            await store._http.close()
-            await store._http_fresh.close()
+            await store._close_http()
+            tls = "".join(f"; TLS with {ep} failed: {w}" for ep, w in store._tls_failures.items())
             raise MetadataStoreError(
-                f"cannot reach etcd at {', '.join(store.endpoints)} within {options.connect_timeout_s}s: {e!r}"
+                f"cannot reach etcd at {', '.join(store.endpoints)} within {options.connect_timeout_s}s: {e!r}{tls}"
             ) from None
         store._tasks.append(asyncio.create_task(store._keepalive_loop(), name="meta-etcd-keepalive"))
         return store
@@ -161,27 +232,122 @@ class EtcdStore(MetadataStore):
         return self.prefix + b"/seq" + path.encode()
 
     # -- HTTP --
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token else {}
+
     async def _post(self, api: str, body: dict[str, Any], *, fresh: bool = False) -> dict[str, Any]:
+        """One request, sent once more with a new token if etcd no longer knows ours."""
+        token = self._token
+        try:
+            return await self._post_once(api, body, fresh)
+        except _AuthExpired:
+            await self._authenticate(token)
+        try:
+            return await self._post_once(api, body, fresh)
+        except _AuthExpired:
+            raise MetadataSecurityError(
+                f"etcd at {self.endpoints[self._endpoint]} refused a token it had just issued to user "
+                f"{self.security.user!r} ({api})"
+            ) from None
+
+    async def _post_once(self, api: str, body: dict[str, Any], fresh: bool) -> dict[str, Any]:
         """One request. `fresh`: on a new connection, so a failure to send it is never ambiguous."""
         http = self._http_fresh if fresh else self._http
         assert http is not None
-        url = self.endpoints[self._endpoint] + api
+        endpoint = self.endpoints[self._endpoint]
         try:
-            async with http.post(url, data=json.dumps(body)) as resp:
+            async with http.post(endpoint + api, data=json.dumps(body), headers=self._headers()) as resp:
                 text = await resp.text()
                 if resp.status != 200:
+                    self._check_auth(endpoint, api, resp.status, text)
                     err = MetadataStoreError(f"etcd {api} answered HTTP {resp.status}: {text[:200]}")
                     # 503 = gRPC Unavailable (no leader, leader changed): worth retrying; the rest are final.
                     err.retriable = resp.status == 503
                     raise err
                 result: dict[str, Any] = json.loads(text)
                 return result
+        except (aiohttp.ClientSSLError, ssl.SSLError) as e:
+            self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+            raise self._tls_failed(endpoint, e) from e
         except aiohttp.ClientConnectorError as e:
             self._endpoint = (self._endpoint + 1) % len(self.endpoints)
             raise _NotSent(str(e)) from e
         except (aiohttp.ClientError, ConnectionError) as e:
             self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+            cause = _ssl_cause(e)
+            if cause is not None:  # the server refused our certificate after the handshake (TLS 1.3)
+                raise self._tls_failed(endpoint, cause) from e
             raise _Ambiguous(repr(e)) from e
+
+    def _tls_failed(self, endpoint: str, e: BaseException) -> _TlsFailed:
+        why = describe_tls_error(getattr(e, "os_error", None) or e, self.security)
+        if self._tls_failures.get(endpoint) != why and not self._closed:
+            log.error("TLS with etcd at %s failed: %s (%s)", endpoint, why, self.uri)
+        self._tls_failures[endpoint] = why
+        return _TlsFailed(endpoint, why)
+
+    def _check_auth(self, endpoint: str, api: str, status: int, text: str) -> None:
+        """Turn etcd's authentication answers into what they mean for us."""
+        if status == 401 and self.security.user:
+            raise _AuthExpired
+        # etcd 3.4 answers a call without a token 403 "permission denied", or 400 "user name is empty".
+        if (status in (401, 403) or "user name is empty" in text) and not self.security.user:
+            raise MetadataSecurityError(
+                f"etcd at {endpoint} requires authentication ({_etcd_message(text)}): give user=NAME and "
+                "password_file=PATH in the metadata URI"
+            )
+        if status == 403:
+            raise MetadataSecurityError(
+                f"etcd at {endpoint}: user {self.security.user!r} may not {api} under "
+                f"{self.prefix.decode()!r} ({_etcd_message(text)}): grant it a role with readwrite on that prefix"
+            )
+
+    async def _authenticate(self, stale: str) -> None:
+        """Get a token, unless another call already replaced `stale` (one re-authentication per expiry)."""
+        async with self._auth_lock:
+            if self._token != stale:
+                return
+            endpoint = self.endpoints[self._endpoint]
+            http = self._http_fresh
+            assert http is not None
+            body = {"name": self.security.user, "password": self.security.password()}
+            try:
+                async with http.post(endpoint + "/v3/auth/authenticate", data=json.dumps(body)) as resp:
+                    text = await resp.text()
+            except (aiohttp.ClientSSLError, ssl.SSLError) as e:
+                self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+                raise self._tls_failed(endpoint, e) from e
+            except (aiohttp.ClientError, ConnectionError) as e:
+                self._endpoint = (self._endpoint + 1) % len(self.endpoints)
+                cause = _ssl_cause(e)
+                if cause is not None:
+                    raise self._tls_failed(endpoint, cause) from e
+                raise _NotSent(repr(e)) from e  # authentication changes nothing: safe to retry
+            message = _etcd_message(text)
+            if resp.status == 200:
+                self._token = str(json.loads(text).get("token", ""))
+                self.authentications += 1
+                if self.authentications > 1:
+                    log.info("etcd token renewed for user %r (%s)", self.security.user, self.uri)
+                return
+            if "authentication is not enabled" in message:
+                # Users can be configured before authentication is switched on: carry on without a token.
+                log.warning(
+                    "etcd at %s has authentication disabled; user %r is not needed yet",
+                    endpoint,
+                    self.security.user,
+                )
+                self._token = ""
+                return
+            if "authentication failed" in message:
+                raise MetadataSecurityError(
+                    f"etcd at {endpoint} refused user {self.security.user!r}: wrong user name or password"
+                )
+            err = MetadataStoreError(
+                f"etcd at {endpoint}: authenticate answered HTTP {resp.status}: {message}"
+            )
+            err.retriable = resp.status == 503
+            raise err
 
     async def _read(self, what: str, body: dict[str, Any], api: str = "/v3/kv/range") -> dict[str, Any]:
         return await self._call(what, lambda: self._post(api, body), retry=True, is_transient=_any_transient)
@@ -489,14 +655,31 @@ class EtcdStore(MetadataStore):
             if stream.next_rev:
                 body["start_revision"] = str(stream.next_rev)
             url = self.endpoints[self._endpoint] + "/v3/watch"
+            token = self._token
             try:
-                async with self._http.post(url, data=json.dumps({"create_request": body})) as resp:
+                async with self._http.post(
+                    url, data=json.dumps({"create_request": body}), headers=self._headers()
+                ) as resp:
                     if resp.status != 200:
                         raise aiohttp.ClientError(f"HTTP {resp.status}")
                     async for line in resp.content:
                         if not line.strip():
                             continue
-                        result = json.loads(line).get("result", {})
+                        message = json.loads(line)
+                        if "error" in message:
+                            # The stream itself failed; a stale token is the one cause we can fix here.
+                            error = message["error"]
+                            if error.get("http_code") == 401 and self.security.user:
+                                await self._authenticate(token)
+                            raise aiohttp.ClientError(f"watch stream error: {error.get('message', error)}")
+                        result = message.get("result", {})
+                        if result.get("canceled"):
+                            reason = str(result.get("cancel_reason", ""))
+                            # etcd refuses a watch made with a stale token (after its TTL, after a restart)
+                            # by cancelling it at creation.
+                            if "invalid auth token" in reason and self.security.user:
+                                await self._authenticate(token)
+                            raise aiohttp.ClientError(f"watch canceled: {reason}")
                         if result.get("compact_revision"):
                             # Changes from our revision on were compacted away: resume from the oldest one
                             # kept, and have the watcher re-read once that stream is armed -- a re-read
@@ -523,7 +706,14 @@ class EtcdStore(MetadataStore):
                             stream.next_rev = max(stream.next_rev, rev + 1)
             except asyncio.CancelledError:
                 raise
-            except (aiohttp.ClientError, ConnectionError, ValueError) as e:
+            except (
+                aiohttp.ClientError,
+                ConnectionError,
+                ValueError,
+                ssl.SSLError,
+                MetadataStoreError,
+                _NotSent,
+            ) as e:
                 log.warning("etcd watch on %s broke: %r; resuming in %.1fs", watch.path, e, pause_s)
                 self._endpoint = (self._endpoint + 1) % len(self.endpoints)
             await asyncio.sleep(pause_s)
@@ -554,6 +744,9 @@ class EtcdStore(MetadataStore):
             async with asyncio.timeout(min(2.0, self.options.op_timeout_s)):
                 await self._post("/v3/lease/revoke", {"ID": self._lease})
         self._closed = True
+        await self._close_http()
+
+    async def _close_http(self) -> None:
         for http in (self._http, self._http_fresh):
             if http is not None:
                 await http.close()
@@ -577,6 +770,27 @@ def _kvs(txn: dict[str, Any], i: int) -> list[dict[str, Any]]:
         return []
     kvs: list[dict[str, Any]] = responses[i].get("response_range", {}).get("kvs") or []
     return kvs
+
+
+def _etcd_message(text: str) -> str:
+    try:
+        return str(json.loads(text).get("message", text))[:200]
+    except (ValueError, AttributeError):
+        return text[:200]
+
+
+def _ssl_cause(e: BaseException) -> BaseException | None:
+    """The TLS alert behind a dropped connection, if that is what it was (not a plain EOF)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLError) and not isinstance(
+            cur, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError
+        ):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def _any_transient(e: BaseException) -> bool:

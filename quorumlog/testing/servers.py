@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -323,18 +324,41 @@ class ZooKeeperServer(ServerProcess):
 
 
 class EtcdServer(ServerProcess):
-    """A single-member etcd 3.4 with short heartbeats (fast leader election at start)."""
+    """A single-member etcd 3.4 with short heartbeats (fast leader election at start).
+
+    `tls=` (a `pki.TestPKI`): the client port speaks https only, with the test server certificate, and
+    `client_cert_auth=True` (etcd's `--client-cert-auth`) requires a client certificate from the test CA.
+    `root_password=`: authentication is enabled once the server first answers (user `root` with role
+    `root`, then `auth enable`, through the JSON gateway as `etcdctl` would do it); `auth_token_ttl_s` is
+    etcd's `--auth-token-ttl` for its simple tokens. `uri(tls=True, user=...)` builds matching URIs."""
 
     name = "etcd"
 
-    def __init__(self, **kw: Any) -> None:
+    def __init__(
+        self,
+        *,
+        tls: TestPKI | None = None,
+        client_cert_auth: bool = True,
+        root_password: str | None = None,
+        auth_token_ttl_s: int | None = None,
+        **kw: Any,
+    ) -> None:
         super().__init__(**kw)
         self.peer_port = free_port()
+        self.tls = tls
+        self.client_cert_auth = client_cert_auth
+        self.root_password = root_password
+        self.auth_token_ttl_s = auth_token_ttl_s
+        self._auth_enabled = False
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
 
     def command(self) -> list[str]:
-        client = f"http://{self.host}:{self.port}"
+        client = f"{self.scheme}://{self.host}:{self.port}"
         peer = f"http://{self.host}:{self.peer_port}"
-        return [
+        cmd = [
             ETCD_BINARY,
             "--name=ql-test",
             f"--data-dir={self.data_dir}",
@@ -348,10 +372,51 @@ class EtcdServer(ServerProcess):
             "--log-level=warn",
             "--logger=zap",
         ]
+        if self.tls is not None:
+            cmd += [
+                f"--cert-file={self.tls.server.cert}",
+                f"--key-file={self.tls.server.key}",
+                f"--trusted-ca-file={self.tls.ca}",
+            ]
+            if self.client_cert_auth:
+                cmd.append("--client-cert-auth")
+        if self.auth_token_ttl_s is not None:
+            cmd.append(f"--auth-token-ttl={self.auth_token_ttl_s}")
+        return cmd
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls is None:
+            return None
+        context = ssl.create_default_context(cafile=self.tls.ca)
+        context.load_cert_chain(self.tls.client.cert, self.tls.client.key)
+        return context
+
+    def api(self, path: str, body: dict[str, Any], token: str = "") -> dict[str, Any]:
+        """One call to etcd's JSON gateway (e.g. `/v3/auth/user/add`), as a test or an operator makes it."""
+        request = urllib.request.Request(
+            f"{self.scheme}://{self.host}:{self.port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": token} if token else {},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5, context=self._ssl_context()) as r:
+            result: dict[str, Any] = json.loads(r.read())
+            return result
+
+    def start(self) -> ServerProcess:
+        super().start()
+        if self.root_password is not None and not self._auth_enabled:  # kept in its data dir after that
+            self.api("/v3/auth/role/add", {"name": "root"})
+            self.api("/v3/auth/user/add", {"name": "root", "password": self.root_password})
+            self.api("/v3/auth/user/grant", {"user": "root", "role": "root"})
+            self.api("/v3/auth/enable", {})
+            self._auth_enabled = True
+        return self
 
     def ready(self) -> bool:
         try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.port}/health", timeout=0.5) as r:
+            url = f"{self.scheme}://{self.host}:{self.port}/health"
+            with urllib.request.urlopen(url, timeout=0.5, context=self._ssl_context()) as r:
                 return bool(json.loads(r.read()).get("health") == "true")
         except (OSError, ValueError):
             return False
@@ -360,7 +425,11 @@ class EtcdServer(ServerProcess):
     def endpoint(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def uri(self, prefix: str = "/quorumlog", **query: float) -> str:
+    def uri(self, prefix: str = "/quorumlog", *, tls: bool = False, **query: float | str) -> str:
+        """The store's URI; `tls=True` adds the test CA and client certificate."""
+        if tls:
+            assert self.tls is not None, "started without tls="
+            query = {**_tls_query(self.tls), **query}
         return f"etcd://{self.endpoint}{prefix}" + _query(query)
 
 
