@@ -252,7 +252,8 @@ class BookieConnection(asyncio.Protocol):
             log.warning("TLS %s refused: %s", peer, refusal)
             self.tls_refusal = f"certificate refused: {refusal}"
             self._pending += 1
-            self.reply(m.StartTLSResponse(StatusCode.EIO, req.txn_id))
+            # As BookKeeper writes it: the request's header and a status, no StartTLSResponse part.
+            self.reply(m.ErrorResponse(int(m.OpCode.START_TLS), StatusCode.EIO, req.txn_id))
             self._flush()
         else:
             self.tls_refusal = None

@@ -76,6 +76,8 @@ from quorumlog.proto.messages import (
     AddRequest,
     AuthRequest,
     AuthResponse,
+    ErrorResponse,
+    OpCode,
     ProtocolVersion,
     ReadRequest,
     Request,
@@ -301,10 +303,17 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        first_over_tls = self.tls and not self.tls_heard
         self.tls_heard = True
         try:
             responses = self.codec.receive(data)
         except QuorumLogError as e:
+            if first_over_tls and self.version is ProtocolVersion.V2:
+                # A bookie refusing our certificate role answers START_TLS again in v3 (EIO), which a v2
+                # connection past its START_TLS cannot decode: that first frame is the refusal.
+                self._tls_refused(StatusCode.EIO)
+                self.fail(BookieTLSError(self.tls_refusal))
+                return
             self.fail(BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}"))
             return
         for response in responses:
@@ -435,7 +444,7 @@ class _Connection(asyncio.Protocol):
             if futs is not None and not futs:
                 del self.pending[key]
         if fut is None:
-            if type(response) is StartTLSResponse and self.tls and response.status != _EOK:
+            if self.tls and _is_start_tls_refusal(response):
                 self._tls_refused(response.status)
             self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
             return
@@ -835,6 +844,16 @@ def _set_txn_id(request: Request, txn_id: int) -> None:
     if setter is None:
         setter = _TXN_SETTERS[cls] = cls.__dict__["txn_id"].__set__
     setter(request, txn_id)
+
+
+def _is_start_tls_refusal(response: Response) -> bool:
+    """A START_TLS answer with an error status (BookKeeper's bookie sends it, as a bare header + status,
+    when it refuses the certificate it just accepted in the handshake)."""
+    if type(response) is StartTLSResponse:
+        return response.status != _EOK
+    return (
+        type(response) is ErrorResponse and response.operation == OpCode.START_TLS and response.status != _EOK
+    )
 
 
 def _to_callback(callback: AnswerCallback, context: Any, fut: asyncio.Future[Response]) -> None:
