@@ -94,6 +94,13 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         )
     if start == Position.TAIL:
         raise InvalidArgumentError("quorumlog: start=TAIL means no data for a read; use a position or HEAD")
+    if end is not None and start != Position.TAIL and end < start:
+        # An empty range here is always a mistake (the two were swapped, or mistyped): say so instead of
+        # reading nothing.
+        raise InvalidArgumentError(
+            f"quorumlog: option 'end' ({end}) is before option 'start' ({start}); "
+            "start is inclusive and end exclusive"
+        )
     password = opts["password"].encode() if "password" in opts else STREAM_PASSWORD
     try:
         partition_bytes_max = int(opts.get("partition_bytes_max", PARTITION_BYTES_MAX_DEFAULT))

@@ -22,7 +22,7 @@ from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
-from quorumlog.errors import LogTruncatedError, NoSuchLedgerError
+from quorumlog.errors import InvalidArgumentError, LogTruncatedError, NoSuchLedgerError
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import (
     BASE_NAMES,
@@ -148,15 +148,42 @@ async def _ledgers_view(client: Any, opts: SourceOptions) -> LogView:
 # --- driver: how it is split --------------------------------------------------------------------------------
 
 
-def batch_spans(opts: SourceOptions, lv: LogView) -> list[Span]:
-    """Partitions of a batch read: the options' position and timestamp bounds, split by size."""
-    start, end = opts.start, opts.end
-    md = lv.metadata
-    if md is not None and start != Position.HEAD and start < md.truncated_before:
+def tail(lv: LogView) -> Position:
+    """The position just after the last readable record: the next entry of the open segment, or the start
+    of the segment after the last closed one. A record at or after it does not exist yet."""
+    assert lv.metadata is not None
+    if not lv.segments:
+        return Position(lv.metadata.next_seq, 0, 0)
+    last = lv.segments[-1]
+    if last.open:
+        return Position(last.seq, last.last_entry + 1, 0)
+    return Position(last.seq + 1, 0, 0)
+
+
+def check_start(opts: SourceOptions, lv: LogView) -> None:
+    """A `start` position must lie in what the log keeps: before its truncation point is LogTruncatedError
+    (never a silent jump ahead), past its tail is InvalidArgumentError (never a silent empty read). Exactly
+    at the tail is allowed: "everything after what I read last time" is legitimately empty."""
+    start, md = opts.start, lv.metadata
+    if md is None or start == Position.HEAD:
+        return
+    if start < md.truncated_before:
         raise LogTruncatedError(
             f"{opts.target}: start position {start} was truncated (records before {md.truncated_before} "
             "are deleted); start at HEAD to read what is kept"
         )
+    end_of_log = tail(lv)
+    if start > end_of_log:
+        raise InvalidArgumentError(
+            f"{opts.target}: start position {start} is past the end of the log (the next record will be at "
+            f"{end_of_log}); nothing can be read from there"
+        )
+
+
+def batch_spans(opts: SourceOptions, lv: LogView) -> list[Span]:
+    """Partitions of a batch read: the options' position and timestamp bounds, split by size."""
+    start, end = opts.start, opts.end
+    check_start(opts, lv)
     spans: list[Span] = []
     for seg in lv.segments:
         if opts.log is not None and (seg.seq < start.segment or (end is not None and seg.seq > end.segment)):

@@ -42,6 +42,7 @@ from quorumlog.spark.scan import (
     RowFilter,
     Span,
     batch_spans,
+    check_start,
     read_span,
     split,
     view,
@@ -175,6 +176,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         first = seg.seq
                         break
             return _offset(first, 0)
+        check_start(self.opts, lv)
         return _offset(start.segment, start.entry)
 
     def _latest(self, start: tuple[int, int]) -> tuple[int, int]:

@@ -27,16 +27,20 @@ def test_offsets_follow_the_log_and_refuse_truncated_ranges(quorumlog_uri: str) 
         async def setup(client: Any) -> Any:
             log = await client.namespace("offsets").create_log("l", **SMALL)
             w = await log.open_writer()
-            await w.write_many([b"x" * 200 for _ in range(100)])  # ~5 closed segments + an open one
-            return log, w
+            written = await w.write_many([b"x" * 200 for _ in range(100)])  # ~5 closed segments + an open one
+            return log, w, written[-1]
 
-        log, writer = conn.run(setup)
+        log, writer, last = conn.run(setup)
         try:
             opts = parse_options({"metadata": quorumlog_uri, "namespace": "offsets", "log": "l"})
             reader = StreamReader(opts, StructType.fromJson(_schema_json()))
             start = reader.initialOffset()
             assert start == {"segment": 1, "entry": 0}
             latest = reader.latestOffset(start, None)
+            for _ in range(1000):  # the writer's LAC reaches readers shortly after the acknowledgement
+                if _key(latest) > (last.segment, last.entry):
+                    break
+                latest = reader.latestOffset(start, None)
             segs = conn.run(lambda c: log.segments())
             open_seg = segs[-1]
             assert open_seg.state == "open" and latest["segment"] == open_seg.seq  # stops at the open one

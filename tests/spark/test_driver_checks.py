@@ -1,0 +1,89 @@
+"""What the `quorumlog` source refuses on the driver, without a SparkSession (docs/SPARK.md "Options",
+issue 18): a range whose end is before its start, and a start past the end of the log, are errors instead of
+an empty read."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from quorumlog.errors import InvalidArgumentError
+from quorumlog.spark.connection import connect
+from quorumlog.spark.options import parse_options
+from quorumlog.spark.scan import Span
+from quorumlog.spark.source import BatchReader, StreamReader
+
+SMALL = {"batch_max_bytes": 4096, "roll_bytes": 4096, "linger_s": 0.001}
+
+
+def base_schema() -> Any:
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType, TimestampType
+
+    return StructType(
+        [
+            StructField("segment", LongType()),
+            StructField("entry_id", LongType()),
+            StructField("slot", IntegerType()),
+            StructField("timestamp", TimestampType()),
+            StructField("payload", BinaryType()),
+        ]
+    )
+
+
+@pytest.fixture(scope="module")
+def closed_log(quorumlog_uri: str) -> str:
+    """A log of three closed segments of 20 one-record entries each (segments 1..3): its tail is 4:0:0."""
+
+    async def setup(client: Any) -> None:
+        log = await client.namespace("checks").create_log("l", **SMALL)
+        async with await log.open_writer() as w:
+            for _ in range(60):
+                await w.write(b"x" * 200)  # one entry each (write() waits for the acknowledgement)
+
+    with connect(quorumlog_uri) as conn:
+        conn.run(setup)
+        segs = conn.run(lambda c: _segments(c))
+    assert [s.state for s in segs] == ["closed"] * len(segs) and len(segs) >= 2
+    return quorumlog_uri
+
+
+async def _segments(client: Any) -> list[Any]:
+    return await (await client.namespace("checks").open_log("l")).segments()
+
+
+def options(uri: str, **extra: str) -> Any:
+    return parse_options({"metadata": uri, "namespace": "checks", "log": "l", **extra})
+
+
+def test_end_before_start_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match=r"'end' \(2:0:0\) is before option 'start' \(3:1:0\)"):
+        parse_options({"metadata": "file:///x", "log": "l", "start": "3:1:0", "end": "2:0:0"})
+    # equal bounds are an empty range, not a mistake
+    assert parse_options({"metadata": "file:///x", "log": "l", "start": "3:1:0", "end": "3:1:0"}).end
+
+
+def test_start_past_the_end_of_the_log_is_refused(closed_log: str) -> None:
+    with connect(closed_log) as conn:
+        segs = conn.run(lambda c: _segments(c))
+    last = segs[-1]
+    tail = f"{last.seq + 1}:0:0"
+    beyond = [f"{last.seq + 1}:0:1", f"{last.seq + 1}:5:0", f"{last.seq + 7}:0:0"]
+    for start in beyond:
+        with pytest.raises(InvalidArgumentError, match=f"start position {start} is past the end of the log"):
+            BatchReader(options(closed_log, start=start), base_schema()).partitions()
+        with pytest.raises(InvalidArgumentError, match="past the end of the log"):
+            StreamReader(options(closed_log, start=start), base_schema()).initialOffset()
+    # exactly at the tail (or just after a closed segment's last entry): nothing yet, and no error
+    for start in (tail, f"{last.seq}:{last.last_entry_id + 1}:0"):
+        spans = spans_of(BatchReader(options(closed_log, start=start), base_schema()))
+        assert all(s.last_entry < s.first_entry for s in spans)
+    inside = f"{last.seq}:{last.last_entry_id}:0"
+    spans = spans_of(BatchReader(options(closed_log, start=inside), base_schema()))
+    assert spans[0].first_entry == last.last_entry_id
+
+
+def spans_of(reader: BatchReader) -> list[Span]:
+    spans = reader.partitions()
+    assert all(isinstance(s, Span) for s in spans)
+    return cast(list[Span], spans)
