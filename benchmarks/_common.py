@@ -174,10 +174,32 @@ def bookie_pids(cluster: LocalCluster) -> list[int]:
 
 
 @contextlib.asynccontextmanager
-async def cluster(bookies: int = 3) -> Any:
+async def cluster(bookies: int = 3, **bookie_settings: Any) -> Any:
     """Real bookie processes with journal fsync on and embedded metadata; removed on exit."""
-    async with LocalCluster(bookies, processes=True, journal_sync=True) as c:
+    async with LocalCluster(bookies, processes=True, journal_sync=True, **bookie_settings) as c:
         yield c
+
+
+def tls_setup(directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(bookie settings, client options) for mutual TLS with a throw-away CA written under `directory`."""
+    from quorumlog.testing.tls_certs import CertificateAuthority
+
+    ca = CertificateAuthority(directory)
+    bookie, client = ca.issue("bookie"), ca.issue("client", roles="0:bench")
+    bookie_settings = {
+        "tls_certificate_path": bookie.cert,
+        "tls_key_path": bookie.key,
+        "tls_trust_store_path": ca.ca,
+        "tls_client_auth": "required",
+        "tls_required": True,
+    }
+    client_options = {
+        "tls_enabled": True,
+        "tls_certificate_path": client.cert,
+        "tls_key_path": client.key,
+        "tls_trust_store_path": ca.ca,
+    }
+    return bookie_settings, client_options
 
 
 async def closed_loop(

@@ -7,11 +7,16 @@ client and the bookies. `--plot` draws latency (p50, p99) against throughput, on
 
     quorumlog bench throughput_latency [--outstanding 1,10,100,1000] [--seconds 8] [--warmup-s 2]
                                        [--entry-bytes 1024] [--protocol v3] [--profile FILE] [--quick]
+                                       [--tls]
+
+`--tls`: every client-bookie connection runs mutual TLS (a throw-away CA, bookies with tls_required), to
+measure what TLS costs (docs/PERFORMANCE.md, "TLS").
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import _common as common
@@ -25,10 +30,14 @@ async def main(args: Any) -> dict[str, Any]:
     e, w, a = (int(x) for x in args.quorum.split(","))
     payload = os.urandom(args.entry_bytes)
     results = []
-    async with common.cluster(args.bookies) as cluster:
+    bookie_tls: dict[str, Any] = {}
+    client_tls: dict[str, Any] = {}
+    if args.tls:
+        bookie_tls, client_tls = common.tls_setup(tempfile.mkdtemp(prefix="ql-bench-tls-"))
+    async with common.cluster(args.bookies, **bookie_tls) as cluster:
         info = common.machine(cluster.base_dir)
         pids = common.bookie_pids(cluster)
-        async with await common.connect(cluster.uri, protocol=args.protocol) as client:
+        async with await common.connect(cluster.uri, protocol=args.protocol, **client_tls) as client:
             with common.progress(not args.no_progress) as bar, common.profiled(args.profile):
                 per_point = args.warmup_s + args.seconds
                 task = bar.add_task("throughput_latency", total=per_point * len(points))
@@ -60,6 +69,7 @@ async def main(args: Any) -> dict[str, Any]:
             "seconds": args.seconds,
             "warmup_s": args.warmup_s,
             "journal_sync": True,
+            "tls": bool(args.tls),
         },
         "results": results,
     }
@@ -91,6 +101,7 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--protocol", default="v3", choices=("v3", "v2"))
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
+    p.add_argument("--tls", action="store_true", help="mutual TLS on every client-bookie connection")
     ns = p.parse_args()
     common.quick(ns, p, seconds=1.5, warmup_s=0.5)
     result = run(main(ns))
