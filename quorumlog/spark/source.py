@@ -30,12 +30,12 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType, TimestampType
 
 from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncatedError, QuorumLogError
 from quorumlog.spark.commit import TaskLedger, delete_unlinked, link_ledgers
 from quorumlog.spark.connection import connect
-from quorumlog.spark.options import SourceOptions, parse_options
+from quorumlog.spark.options import BASE_NAMES, SourceOptions, ddl_names, parse_options
 from quorumlog.spark.scan import (
     BASE_COLUMNS,
     LogView,
@@ -72,12 +72,15 @@ class QuorumLogDataSource(DataSource):
         return f"{BASE_COLUMNS}, {opts.json_schema}"
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BatchReader(self._options(), schema)
+        opts = self._options()
+        check_schema(opts, schema)
+        return BatchReader(opts, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         opts = self._options()
         if opts.log is None:
             raise InvalidArgumentError("quorumlog: streaming reads need option 'log' (not 'ledgers')")
+        check_schema(opts, schema)
         return StreamReader(opts, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -91,6 +94,39 @@ class QuorumLogDataSource(DataSource):
                 "(or 'query_id'): it identifies the query so each micro-batch is linked into the log once"
             )
         return StreamWriter(plan)
+
+
+_BASE_TYPES = (LongType(), LongType(), IntegerType(), TimestampType(), BinaryType())
+
+
+def check_schema(opts: SourceOptions, schema: StructType) -> None:
+    """The schema a read will produce: ours, or one given with `.schema(...)`. Tasks build Arrow batches of
+    exactly the base columns followed by JSON-decoded columns, so anything else would only fail inside the
+    tasks with an Arrow type error; refuse it here, saying what is accepted."""
+    fields = list(schema.fields)
+    base = [(f.name.lower(), f.dataType) for f in fields[: len(BASE_NAMES)]]
+    problem = None
+    if base != list(zip(BASE_NAMES, _BASE_TYPES, strict=True)):
+        problem = f"it must begin with the source's columns `{BASE_COLUMNS}`"
+    else:
+        extra = [f.name.lower() for f in fields[len(BASE_NAMES) :]]
+        if opts.json_schema is not None and extra != ddl_names(opts.json_schema):
+            problem = (
+                f"after the source's columns it must list option json_schema's columns `{opts.json_schema}`"
+            )
+        else:
+            try:
+                from pyspark.sql.pandas.types import to_arrow_schema
+
+                to_arrow_schema(StructType(fields[len(BASE_NAMES) :]), timezone="UTC")
+            except Exception as exc:
+                problem = f"its JSON-decoded columns cannot be built as Arrow columns ({exc})"
+    if problem is not None:
+        raise InvalidArgumentError(
+            f"quorumlog {opts.target}: the user-specified schema `{schema.simpleString()}` is not accepted: "
+            f"{problem}. Further columns are decoded from JSON payloads, like option json_schema; to read "
+            "fewer columns, select() them after load()"
+        )
 
 
 def _explain(opts: SourceOptions, exc: QuorumLogError) -> QuorumLogError:

@@ -87,3 +87,29 @@ def spans_of(reader: BatchReader) -> list[Span]:
     spans = reader.partitions()
     assert all(isinstance(s, Span) for s in spans)
     return cast(list[Span], spans)
+
+
+def test_user_schema_is_checked_on_the_driver() -> None:
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from quorumlog.spark.source import QuorumLogDataSource
+
+    def source(**extra: str) -> QuorumLogDataSource:
+        return QuorumLogDataSource({"metadata": "file:///x", "namespace": "checks", "log": "l", **extra})
+
+    wrong = [
+        StructType([StructField("payload", BinaryType())]),
+        StructType([*base_schema().fields[:4], StructField("payload", StringType())]),
+        StructType(list(reversed(base_schema().fields))),
+    ]
+    for schema in wrong:
+        for make in (source().reader, source().streamReader):
+            with pytest.raises(
+                InvalidArgumentError, match=r"user-specified schema .* must begin with the source's"
+            ):
+                make(schema)
+    decoded = StructType([*base_schema().fields, StructField("n", LongType())])
+    assert isinstance(source().reader(decoded), BatchReader)  # further columns: decoded from JSON
+    assert isinstance(source(json_schema="n LONG").reader(decoded), BatchReader)
+    with pytest.raises(InvalidArgumentError, match="option json_schema's columns `m LONG`"):
+        source(json_schema="m LONG").reader(decoded)

@@ -222,3 +222,30 @@ def test_streaming_exactly_once_across_restart(spark: Any, quorumlog_uri: str, t
     payloads = [bytes(r.payload) for r in reader(spark, uri, "dst").collect()]
     assert sorted(payloads) == [b"r%05d" % i for i in range(600)]
     assert len(payloads) == 600
+
+
+def test_user_schema_and_bounds_fail_on_the_driver(spark: Any, quorumlog_uri: str) -> None:
+    """`.schema("payload BINARY")` failed inside the tasks with an Arrow type error, and swapped bounds read
+    nothing; both are now errors before any task runs. A schema that adds columns decodes them from JSON."""
+
+    async def setup(client: Any) -> None:
+        log = await client.namespace("t").create_log("schema", **SMALL)
+        async with await log.open_writer() as w:
+            await w.write_many([json.dumps({"n": i}).encode() for i in range(5)])
+
+    run(quorumlog_uri, setup)
+    with pytest.raises(Exception, match=r"user-specified schema .* must begin with the source's columns"):
+        spark.read.format("quorumlog").schema("payload BINARY").option("metadata", quorumlog_uri).option(
+            "namespace", "t"
+        ).option("log", "schema").load().collect()
+    with pytest.raises(Exception, match=r"option 'end' .* is before option 'start'"):
+        reader(spark, quorumlog_uri, "schema", start="1:3:0", end="1:1:0").collect()
+    decoded = (
+        spark.read.format("quorumlog")
+        .schema("segment LONG, entry_id LONG, slot INT, timestamp TIMESTAMP, payload BINARY, n INT")
+        .option("metadata", quorumlog_uri)
+        .option("namespace", "t")
+        .option("log", "schema")
+        .load()
+    )
+    assert sorted(r.n for r in decoded.select("n").collect()) == list(range(5))
