@@ -34,7 +34,7 @@ _STAT = re.compile(r"^stat::(\w+):\s+(\d+)", re.M)
 @dataclass
 class FuzzResult:
     target: str
-    seconds: float
+    seconds: float  # wall time of the child, start-up included
     seed: int
     executions: int = 0
     exec_per_s: float = 0.0
@@ -116,6 +116,7 @@ def run_target(
     result = FuzzResult(target, float(total_s), seed, log_path=log_path)
     # Start-up (imports, the bookie, the seeds) plus the run, plus one input's timeout, plus slack.
     wall_limit_s = total_s + per_input_timeout_s + 120
+    started = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -125,6 +126,7 @@ def run_target(
             proc.wait()
             result.killed_after_wall_limit = True
             result.returncode = proc.returncode
+    result.seconds = round(time.monotonic() - started, 1)  # shorter than asked when it stopped at a finding
     with open(log_path, errors="replace") as f:
         text = f.read()
     _parse(text, result)

@@ -141,7 +141,8 @@ def _damage_index(
             loc = txn.get(raw_key)
             if loc is None:
                 continue
-            log_id, offset, length = LOCATION.unpack(loc)
+            # (an earlier damage of this input may have left garbage there)
+            log_id, offset, length = LOCATION.unpack(loc) if len(loc) == LOCATION.size else (1, 0, 0)
             if kind == 5:
                 txn.put(raw_key, txn.get(_KEY.pack(*keys[arg % len(keys)])) or loc)
             elif kind == 6:
