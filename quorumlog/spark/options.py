@@ -53,7 +53,8 @@ class SourceOptions:
     json_schema: str | None
     partition_bytes_max: int
     create: bool
-    query_id: str | None
+    query_id: str | None  # option query_id, as given
+    checkpoint_location: str | None  # option checkpointLocation, as given (resolved by the stream writer)
 
     @property
     def target(self) -> str:
@@ -128,7 +129,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         json_schema=json_schema,
         partition_bytes_max=partition_bytes_max,
         create=opts.get("create", "false").lower() in ("1", "true", "yes"),
-        query_id=opts.get("query_id") or opts.get("checkpointlocation") or None,
+        query_id=opts.get("query_id") or None,
+        checkpoint_location=opts.get("checkpointlocation") or None,
     )
 
 

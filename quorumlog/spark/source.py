@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -87,13 +89,16 @@ class QuorumLogDataSource(DataSource):
         return BatchWriter(_write_plan(self._options(), schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        plan = _write_plan(self._options(), schema, overwrite)
-        if plan.opts.query_id is None:
+        opts = self._options()
+        plan = _write_plan(opts, schema, overwrite)
+        if opts.query_id is not None:
+            return StreamWriter(plan, opts.query_id, None)
+        if opts.checkpoint_location is None:
             raise InvalidArgumentError(
-                f"quorumlog: writing a stream into {plan.opts.target} needs option 'checkpointLocation' "
+                f"quorumlog: writing a stream into {opts.target} needs option 'checkpointLocation' "
                 "(or 'query_id'): it identifies the query so each micro-batch is linked into the log once"
             )
-        return StreamWriter(plan)
+        return StreamWriter(plan, None, local_checkpoint(opts))
 
 
 _BASE_TYPES = (LongType(), LongType(), IntegerType(), TimestampType(), BinaryType())
@@ -541,16 +546,57 @@ class BatchWriter(DataSourceWriter):
         _abort(self.plan, list(messages))
 
 
+def local_checkpoint(opts: SourceOptions) -> str:
+    """The query's checkpoint directory as an absolute local path. This runs in a Python worker of the driver,
+    whose working directory is the driver JVM's, the one Spark resolves a relative location against."""
+    assert opts.checkpoint_location is not None
+    location = opts.checkpoint_location
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme == "file":
+        location = urllib.parse.unquote(parsed.path)
+    elif parsed.scheme and len(parsed.scheme) > 1:  # (one letter: a Windows drive)
+        raise InvalidArgumentError(
+            f"quorumlog: writing a stream into {opts.target}: checkpointLocation {location!r} is not a local "
+            "path, so the sink cannot read the query's id from it; set option 'query_id' to a value unique to "
+            "this checkpoint (and change it whenever the checkpoint is deleted)"
+        )
+    return os.path.abspath(location)
+
+
+def spark_query_key(checkpoint: str) -> str:
+    """What identifies a streaming query for its batch marks: Spark's query id (the `id` in the checkpoint's
+    `metadata` file, new for every new checkpoint, kept across restarts) and the checkpoint's absolute path.
+    The location string alone is not enough: the same relative path from two working directories, or a
+    checkpoint deleted and started again, would share the marks and have their batches dropped as replays."""
+    path = os.path.join(checkpoint, "metadata")
+    try:
+        with open(path, encoding="utf-8") as f:
+            query_id = json.loads(f.readline())["id"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(
+            f"quorumlog: cannot read the streaming query's id from {path} ({exc}); the stream sink needs "
+            "Spark's checkpoint metadata, or option 'query_id'"
+        ) from None
+    if not isinstance(query_id, str) or not query_id:
+        raise InvalidArgumentError(f"quorumlog: no query id in {path}")
+    return f"spark:{query_id}@{checkpoint}"
+
+
 class StreamWriter(DataSourceStreamWriter):
-    def __init__(self, plan: WritePlan) -> None:
+    def __init__(self, plan: WritePlan, query_id: str | None, checkpoint: str | None) -> None:
         self.plan = plan
+        self.query_id = query_id  # given by the user; else derived from the checkpoint at commit time
+        self.checkpoint = checkpoint
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
         return write_task(self.plan, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        assert self.plan.opts.query_id is not None
-        _commit(self.plan, list(messages), (self.plan.opts.query_id, int(batchId)))
+        # Read at commit, not when the writer is made: by now Spark has surely written the metadata file.
+        if self.query_id is None:
+            assert self.checkpoint is not None
+            self.query_id = spark_query_key(self.checkpoint)
+        _commit(self.plan, list(messages), (self.query_id, int(batchId)))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _abort(self.plan, list(messages))

@@ -4,10 +4,13 @@ an empty read."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from typing import Any, cast
 
 import pytest
 
+from quorumlog import Position
 from quorumlog.errors import InvalidArgumentError
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import parse_options
@@ -113,3 +116,67 @@ def test_user_schema_is_checked_on_the_driver() -> None:
     assert isinstance(source(json_schema="n LONG").reader(decoded), BatchReader)
     with pytest.raises(InvalidArgumentError, match="option json_schema's columns `m LONG`"):
         source(json_schema="m LONG").reader(decoded)
+
+
+def fake_checkpoint(path: Any, query_id: str) -> None:
+    """A checkpoint directory as Spark starts it: `metadata` holds the new query's id as JSON."""
+    path.mkdir(parents=True)
+    (path / "metadata").write_text(json.dumps({"id": query_id}) + "\n")
+
+
+def test_stream_sink_keys_batches_on_the_query_not_the_location_string(
+    quorumlog_uri: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 18 defect 1: batch 0 of two queries that share the checkpoint string "chk" (started from two
+    working directories), and batch 0 of a query whose checkpoint was deleted and started again, are
+    different batches; each must be linked (the sink used to drop all but the first as replays)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from quorumlog.spark.source import QuorumLogDataSource
+
+    with connect(quorumlog_uri) as conn:
+        conn.run(lambda c: c.namespace("checks").create_log("sink", **SMALL))
+    schema = StructType([StructField("payload", StringType())])
+
+    def run_batch_0(cwd: Any, payload: str) -> None:
+        monkeypatch.chdir(cwd)  # the driver's working directory, against which Spark resolves "chk"
+        source = QuorumLogDataSource(
+            {"metadata": quorumlog_uri, "namespace": "checks", "log": "sink", "checkpointLocation": "chk"}
+        )
+        writer = source.streamWriter(schema, False)
+        writer.commit([writer.write(iter([(payload,)]))], 0)
+        # a replay of the same batch by the same query is still linked only once
+        writer.commit([writer.write(iter([(payload,)]))], 0)
+
+    fake_checkpoint(tmp_path / "a" / "chk", "11111111-aaaa")
+    fake_checkpoint(tmp_path / "b" / "chk", "22222222-bbbb")
+    run_batch_0(tmp_path / "a", "from a")
+    run_batch_0(tmp_path / "b", "from b")
+    shutil.rmtree(tmp_path / "a" / "chk")
+    fake_checkpoint(tmp_path / "a" / "chk", "33333333-cccc")  # deleted and started again: a new query id
+    run_batch_0(tmp_path / "a", "from a again")
+
+    async def payloads(client: Any) -> list[bytes]:
+        log = await client.namespace("checks").open_log("sink")
+        segs = await log.segments()
+        reader = await log.open_reader(start=Position.HEAD, end=Position(segs[-1].seq + 1, 0, 0))
+        return [r.payload async for r in reader]
+
+    with connect(quorumlog_uri) as conn:
+        assert conn.run(payloads) == [b"from a", b"from b", b"from a again"]
+
+
+def test_stream_sink_needs_a_query_id_it_can_read(quorumlog_uri: str, tmp_path: Any) -> None:
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from quorumlog.spark.source import QuorumLogDataSource
+
+    schema = StructType([StructField("payload", StringType())])
+    opts = {"metadata": quorumlog_uri, "namespace": "checks", "log": "needs-id", "create": "true"}
+    with pytest.raises(InvalidArgumentError, match="set option 'query_id'"):
+        QuorumLogDataSource({**opts, "checkpointLocation": "s3a://bucket/chk"}).streamWriter(schema, False)
+    writer = QuorumLogDataSource({**opts, "checkpointLocation": str(tmp_path / "none")}).streamWriter(
+        schema, False
+    )
+    with pytest.raises(InvalidArgumentError, match="cannot read the streaming query's id"):
+        writer.commit([], 0)

@@ -37,7 +37,7 @@ def test_options_are_parsed_into_plain_values() -> None:
     )
     assert opts.start_timestamp_ms == int(dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp() * 1000)
     assert opts.end_timestamp_ms == 1767225600001
-    assert opts.query_id == "/tmp/cp" and opts.target == "log ns/clicks"
+    assert opts.checkpoint_location == "/tmp/cp" and opts.query_id is None and opts.target == "log ns/clicks"
     assert parse_options({"metadata": URI, "ledgers": "7, 8"}).ledgers == (7, 8)
 
 

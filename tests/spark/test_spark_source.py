@@ -249,3 +249,55 @@ def test_user_schema_and_bounds_fail_on_the_driver(spark: Any, quorumlog_uri: st
         .load()
     )
     assert sorted(r.n for r in decoded.select("n").collect()) == list(range(5))
+
+
+def test_stream_sink_links_a_rerun_with_a_deleted_checkpoint(
+    spark: Any, quorumlog_uri: str, tmp_path: Any
+) -> None:
+    """Issue 18 defect 1: a query whose checkpoint was deleted starts again as a new query (Spark gives it a
+    new id) at batch 0; the sink used to key its batch marks on the location string and dropped that batch
+    as a replay while Spark reported it written."""
+    import shutil
+
+    async def setup(client: Any) -> None:
+        ns = client.namespace("t")
+        await ns.create_log("rerun-dst", **SMALL)
+        log = await ns.create_log("rerun-src", **SMALL)
+        async with await log.open_writer() as w:
+            await w.write_many([b"r%d" % i for i in range(10)])
+
+    run(quorumlog_uri, setup)
+    checkpoint = tmp_path / "chk"
+
+    def once() -> None:
+        query = (
+            reader_stream(spark, quorumlog_uri, "rerun-src")
+            .select("payload")
+            .writeStream.format("quorumlog")
+            .option("metadata", quorumlog_uri)
+            .option("namespace", "t")
+            .option("log", "rerun-dst")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(120)
+        assert query.exception() is None
+
+    once()
+    shutil.rmtree(checkpoint)
+    once()
+    payloads = sorted(bytes(r.payload) for r in reader(spark, quorumlog_uri, "rerun-dst").collect())
+    assert payloads == sorted([b"r%d" % i for i in range(10)] * 2)
+
+
+def reader_stream(spark: Any, uri: str, log: str, **options: str) -> Any:
+    r = (
+        spark.readStream.format("quorumlog")
+        .option("metadata", uri)
+        .option("namespace", "t")
+        .option("log", log)
+    )
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
