@@ -93,8 +93,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise InvalidArgumentError(
             "quorumlog: options 'start'/'end' are log positions; with 'ledgers' use start_timestamp/end_timestamp"
         )
-    if start == Position.TAIL:
-        raise InvalidArgumentError("quorumlog: start=TAIL means no data for a read; use a position or HEAD")
     if end is not None and start != Position.TAIL and end < start:
         # An empty range here is always a mistake (the two were swapped, or mistyped): say so instead of
         # reading nothing.

@@ -47,6 +47,7 @@ from quorumlog.spark.scan import (
     check_start,
     read_span,
     split,
+    tail,
     view,
 )
 from quorumlog.stream.metadata import LogSettings
@@ -75,6 +76,11 @@ class QuorumLogDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts = self._options()
+        if opts.start == Position.TAIL:
+            raise InvalidArgumentError(
+                "quorumlog: start=TAIL means no data for a batch read (it is for readStream: only records "
+                "written after the query starts); use a position or HEAD"
+            )
         check_schema(opts, schema)
         return BatchReader(opts, schema)
 
@@ -194,6 +200,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.schema_json = schema.json()
         self.json_fields = len(schema.fields) > 5
         self.target: tuple[int, int] | None = None  # set by trigger(availableNow=True)
+        # start=TAIL: the tail when this run first asked, and whether latestOffset has answered yet
+        self.tail_start: tuple[int, int] | None = None
+        self.answered = False
 
     def _view(self) -> LogView:
         try:
@@ -202,9 +211,15 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise _explain(self.opts, exc) from exc
 
     def initialOffset(self) -> dict[str, int]:
+        start = self.opts.start
+        if start == Position.TAIL:
+            # Spark asks again whenever it needs batch 0's start (also after a restart): one answer per run.
+            if self.tail_start is None:
+                at = tail(self._view())
+                self.tail_start = (at.segment, at.entry)
+            return _offset(*self.tail_start)
         lv = self._view()
         assert lv.metadata is not None
-        start = self.opts.start
         if start == Position.HEAD:
             first = lv.segments[0].seq if lv.segments else lv.metadata.next_seq
             if self.opts.start_timestamp_ms is not None:
@@ -244,6 +259,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, int]:
+        first_answer, self.answered = not self.answered, True
+        if first_answer and self.tail_start is not None and _key(start) == self.tail_start:
+            # start=TAIL on a new query: Spark keeps no initial offset in its checkpoint (and gives a Python
+            # source no checkpoint directory to keep one), so make batch 0 empty, ending at the tail: Spark
+            # writes that end to its offset log before running the batch, and from then on the query
+            # continues from its checkpoint, never from a new tail. Batch 0 re-run after a restart starts at
+            # the later tail it is then given and still reads nothing (partitions() of an inverted range).
+            return _offset(*self.tail_start)
         latest = self._latest(_key(start))
         if self.target is not None:
             latest = max(_key(start), min(latest, self.target))
@@ -277,7 +300,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, Span)
         rows = RowFilter(
-            self.opts.start if self.opts.start != Position.HEAD else None,
+            self.opts.start if self.opts.start not in (Position.HEAD, Position.TAIL) else None,
             self.opts.end,
             self.opts.start_timestamp_ms,
             self.opts.end_timestamp_ms,

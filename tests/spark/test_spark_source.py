@@ -301,3 +301,53 @@ def reader_stream(spark: Any, uri: str, log: str, **options: str) -> Any:
     for k, v in options.items():
         r = r.option(k, v)
     return r.load()
+
+
+def test_stream_from_tail_is_checkpointed(spark: Any, quorumlog_uri: str, tmp_path: Any) -> None:
+    """Issue 18 defect 3: readStream with start=TAIL (Kafka's `latest`) delivers only records written after
+    the query started; the starting point is in Spark's checkpoint, so a restarted query continues from it
+    instead of jumping to a new tail."""
+
+    async def setup(client: Any) -> None:
+        ns = client.namespace("t")
+        await ns.create_log("tail-dst", **SMALL)
+        await ns.create_log("tail-src", **SMALL)
+
+    def write(payloads: list[bytes]) -> None:
+        async def go(client: Any) -> None:
+            log = await client.namespace("t").open_log("tail-src")
+            async with await log.open_writer() as w:
+                await w.write_many(payloads)
+
+        run(quorumlog_uri, go)
+
+    run(quorumlog_uri, setup)
+    write([b"before-%d" % i for i in range(20)])
+    checkpoint = tmp_path / "chk"
+
+    def start(**trigger: Any) -> Any:
+        w = (
+            reader_stream(spark, quorumlog_uri, "tail-src", start="TAIL")
+            .select("payload")
+            .writeStream.format("quorumlog")
+            .option("metadata", quorumlog_uri)
+            .option("namespace", "t")
+            .option("log", "tail-dst")
+            .option("checkpointLocation", str(checkpoint))
+        )
+        return (w.trigger(**trigger) if trigger else w).start()
+
+    query = start()
+    try:
+        query.processAllAvailable()
+        assert (checkpoint / "offsets" / "0").exists()  # batch 0 (empty) holds the tail in the checkpoint
+        write([b"during-%d" % i for i in range(5)])
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    write([b"after-%d" % i for i in range(3)])  # while stopped: read by the restarted query
+    again = start(availableNow=True)
+    assert again.awaitTermination(120)
+    assert again.exception() is None
+    payloads = sorted(bytes(r.payload) for r in reader(spark, quorumlog_uri, "tail-dst").collect())
+    assert payloads == sorted([b"during-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(3)])
