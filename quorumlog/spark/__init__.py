@@ -3,7 +3,7 @@
     import quorumlog.spark; quorumlog.spark.register(spark)
     df = spark.read.format("quorumlog").option("metadata", uri).option("namespace", "ns").option("log", "l").load()
 
-The package owns the data source (`source`), its options (`options`), what a read sees and how it is split
+The package owns the data source (`source`; what Spark ships to Python workers is wrapped by `guard`), its options (`options`), what a read sees and how it is split
 (`scan`), the atomic commit of a write job (`commit`) and the per-task connections (`connection`). PySpark
 and pyarrow are imported only when Spark is used, so the rest of quorumlog does not pay for them.
 """
@@ -17,9 +17,13 @@ __all__ = ["register"]
 
 def register(spark: Any) -> None:
     """Register the `quorumlog` data source with a SparkSession."""
-    from quorumlog.spark.source import QuorumLogDataSource
+    from pyspark import cloudpickle
 
-    spark.dataSource.register(QuorumLogDataSource)
+    from quorumlog.spark import guard
+
+    # By value: a Python worker without quorumlog can then load the source and say what to set (guard.py).
+    cloudpickle.register_pickle_by_value(guard)
+    spark.dataSource.register(guard.QuorumLogDataSource)
     # `df.write.format("quorumlog")` finds Python data sources through the JVM thread's *active* session,
     # which a session made elsewhere (a fixture, another thread) does not set: writes would then fail with
     # DATA_SOURCE_NOT_FOUND although reads work. Make this session the active one (classic Spark only).
