@@ -410,7 +410,7 @@ class Bookie:
                 previous = poll.req.previous_lac
                 if lac is None or previous is None or lac > previous:
                     self._unpark_poll(poll)
-                    self._answer_poll(poll.req, poll.reply, waited=True)
+                    self._answer_poll(poll.req, poll.reply, waited=True, owner=poll.owner)
 
     def _entry(self, state: LedgerState, entry_id: int) -> bytes | None:
         """The stored entry (`entry_id` -1: the last one), None if absent; raises on corruption."""
@@ -520,14 +520,14 @@ class Bookie:
     def _poll_expired(self, poll: _Poll) -> None:
         poll.timer = None
         self._unpark_poll(poll)
-        self._answer_poll(poll.req, poll.reply, waited=True)
+        self._answer_poll(poll.req, poll.reply, waited=True, owner=poll.owner)
 
     def release_polls(self, owner: object) -> None:
         """The connection `owner` is gone: drop its parked polls without answering them."""
         for poll in list(self._polls_by_owner.get(owner, ())):
             self._unpark_poll(poll)
 
-    def _answer_poll(self, req: m.ReadRequest, reply: Reply, waited: bool) -> None:
+    def _answer_poll(self, req: m.ReadRequest, reply: Reply, waited: bool, owner: object = None) -> None:
         lid, txn = req.ledger_id, req.txn_id
         try:
             state = self.book.get(lid)
@@ -540,7 +540,10 @@ class Bookie:
                 reply(m.ReadResponse(StatusCode.EOK, lid, req.entry_id, None, max_lac=state.lac, txn_id=txn))
                 return
             want = previous + 1
-            body = self.storage.get(lid, want)
+            # A connection whose peer is not reading its answers gets the LAC without the entry (it reads
+            # the entry when it catches up): a wake-up of many parked polls must not buffer an entry each.
+            full = waited and getattr(owner, "output_full", False)
+            body = None if full else self.storage.get(lid, want)
             stamp = self.env.clock.wall_ms() if waited else None
             if body is None:
                 reply(m.ReadResponse(StatusCode.EOK, lid, req.entry_id, None, max_lac=state.lac, txn_id=txn))

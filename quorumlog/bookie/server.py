@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+from collections import deque
 from typing import Any, cast
 
 from quorumlog.bookie.bookie import Bookie, error_response
@@ -59,6 +60,9 @@ _AddResponse = m.AddResponse
 _V3 = ProtocolVersion.V3
 _StartTLS = m.StartTLSRequest
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
+# Answers one connection may have waiting in our hands before we stop serving its requests (the transport's
+# own high-water mark bounds what it holds; this bounds one event-loop turn's worth, e.g. a chunk of reads).
+OUTPUT_BYTES_MAX = 4 << 20
 
 
 class BookieConnection(asyncio.Protocol):
@@ -68,6 +72,9 @@ class BookieConnection(asyncio.Protocol):
         self.codec = ServerConnection(server.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
+        self._out_bytes = 0  # bytes in `_out`, not yet handed to the transport
+        # Requests read but not yet served because the peer is not reading its answers (see `output_full`).
+        self._backlog: deque[Any] = deque()
         self._flush_scheduled = False
         self._pending = 0
         self._max_pending = server.max_pending_requests
@@ -116,6 +123,8 @@ class BookieConnection(asyncio.Protocol):
         self.bookie.release_polls(self)  # parked long polls die with their connection
         self.transport = None
         self._out.clear()
+        self._out_bytes = 0
+        self._backlog.clear()
         self._add_bytes.clear()
 
     def pause_writing(self) -> None:
@@ -124,7 +133,17 @@ class BookieConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._backlog:
+            self._serve_backlog()
         self._update_reading()
+
+    @property
+    def output_full(self) -> bool:
+        """The peer is not reading its answers fast enough: the transport's buffer is over its high-water
+        mark, or this turn's answers already exceed `OUTPUT_BYTES_MAX`. Requests then wait unserved (their
+        answers could be far larger than the requests: a 30-byte read asks for up to 5 MiB), and long polls
+        are answered without their entry. What one peer can make the bookie buffer stays bounded."""
+        return self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX
 
     def data_received(self, data: bytes) -> None:
         self.last_active_s = self._loop.time()
@@ -143,11 +162,27 @@ class BookieConnection(asyncio.Protocol):
                 self._flush()
                 self.transport.close()
             return
+        if self._backlog:
+            self._backlog.extend(requests)  # behind what is already waiting, in order
+        else:
+            self._serve(requests)
+        self._update_reading()
+
+    def _serve_backlog(self) -> None:
+        backlog, self._backlog = self._backlog, deque()
+        self._serve(list(backlog))
+
+    def _serve(self, requests: list[Any]) -> None:
+        """Serve `requests` in order, until the peer's unread answers fill up (the rest waits in `_backlog`
+        for `resume_writing` or the next flush)."""
         journal = self.bookie.journal
         journal_full = journal.pending_bytes > journal.max_pending_bytes
         handle, add, reply = self.bookie.handle, self.bookie.add, self.reply
         add_bytes = self._add_bytes
-        for req in requests:
+        for i, req in enumerate(requests):
+            if self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX:
+                self._backlog.extend(requests[i:])
+                return
             self._pending += 1
             if not self.authenticated and type(req) is not _StartTLS:
                 self._unauthenticated(req)
@@ -173,7 +208,6 @@ class BookieConnection(asyncio.Protocol):
             except Exception:  # a bug must cost one request, not the bookie
                 log.exception("request %r failed", type(req).__name__)
                 reply(error_response(req, StatusCode.EIO))
-        self._update_reading()
 
     # --- TLS ------------------------------------------------------------------------------------------
 
@@ -310,9 +344,11 @@ class BookieConnection(asyncio.Protocol):
         try:
             if type(response) is _AddResponse and self.codec.version is _V3:
                 # Every add is answered here: go straight to the hand-written encoder the codec would pick.
-                self._out.append(encode_add_response(response))
+                frame = encode_add_response(response)
             else:
-                self._out.append(self.codec.send(response))
+                frame = self.codec.send(response)
+            self._out.append(frame)
+            self._out_bytes += len(frame)
         except Exception:  # a response we cannot encode is a bug: lose this connection, not the bookie
             log.exception("cannot encode %r; closing the connection", response)
             self.transport.close()
@@ -326,10 +362,14 @@ class BookieConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._out_bytes = 0
         if self._out and self.transport is not None:
             out = self._out
             self._out = []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if self._backlog and not self._writing_paused and self.transport is not None:
+            self._serve_backlog()  # the answers went out and the peer keeps up: serve what waited
+            self._update_reading()
 
     def _update_reading(self) -> None:
         t = self.transport
@@ -337,6 +377,7 @@ class BookieConnection(asyncio.Protocol):
             return
         pause = (
             self._writing_paused
+            or bool(self._backlog)
             or self._pending >= self._max_pending
             or self._pending_bytes >= self._max_pending_bytes
         )
