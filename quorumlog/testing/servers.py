@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from quorumlog.testing.pki import TestPKI
+    from quorumlog.testing.tls_certs import CertificateAuthority
 
 __all__ = [
     "EtcdServer",
@@ -219,10 +219,11 @@ class ServerProcess:
 class ZooKeeperServer(ServerProcess):
     """A standalone ZooKeeper 3.8 (Debian's jar) with a short tick, so short session timeouts are allowed.
 
-    With `tls=` (a `pki.TestPKI`) it also listens on a TLS client port (`secure_port`, Netty, PEM key and
-    trust stores, which ZooKeeper reads since 3.6); `client_auth` is ZooKeeper's `ssl.clientAuth` (`need`:
-    a client certificate from the test CA is required). The plain port stays for the readiness probe
-    (`ruok`); `uri(tls=True)` names the TLS port."""
+    With `tls=` (a `tls_certs.CertificateAuthority`, whose `server` leaf it presents) it also listens on a TLS
+    client port (`secure_port`, Netty, PEM key and trust stores, which ZooKeeper reads since 3.6);
+    `client_auth` is ZooKeeper's `ssl.clientAuth` (`need`: a client certificate from the CA is required).
+    The plain port stays for the readiness probe (`ruok`); `uri(tls=True)` names the TLS port, with the CA's
+    `client` leaf."""
 
     name = "zookeeper"
 
@@ -231,7 +232,7 @@ class ZooKeeperServer(ServerProcess):
         *,
         tick_ms: int = 200,
         force_sync: bool = False,
-        tls: TestPKI | None = None,
+        tls: CertificateAuthority | None = None,
         client_auth: str = "need",
         **kw: Any,
     ) -> None:
@@ -326,8 +327,8 @@ class ZooKeeperServer(ServerProcess):
 class EtcdServer(ServerProcess):
     """A single-member etcd 3.4 with short heartbeats (fast leader election at start).
 
-    `tls=` (a `pki.TestPKI`): the client port speaks https only, with the test server certificate, and
-    `client_cert_auth=True` (etcd's `--client-cert-auth`) requires a client certificate from the test CA.
+    `tls=` (a `tls_certs.CertificateAuthority`): the client port speaks https only, with the CA's `server`
+    leaf, and `client_cert_auth=True` (etcd's `--client-cert-auth`) requires a client certificate from the CA.
     `root_password=`: authentication is enabled once the server first answers (user `root` with role
     `root`, then `auth enable`, through the JSON gateway as `etcdctl` would do it); `auth_token_ttl_s` is
     etcd's `--auth-token-ttl` for its simple tokens. `uri(tls=True, user=...)` builds matching URIs."""
@@ -337,7 +338,7 @@ class EtcdServer(ServerProcess):
     def __init__(
         self,
         *,
-        tls: TestPKI | None = None,
+        tls: CertificateAuthority | None = None,
         client_cert_auth: bool = True,
         root_password: str | None = None,
         auth_token_ttl_s: int | None = None,
@@ -437,8 +438,8 @@ def _query(query: Mapping[str, float | str]) -> str:
     return ("?" + urllib.parse.urlencode(query, safe="/")) if query else ""
 
 
-def _tls_query(pki: TestPKI) -> dict[str, float | str]:
-    return {"tls_ca": pki.ca, "tls_cert": pki.client.cert, "tls_key": pki.client.key}
+def _tls_query(ca: CertificateAuthority) -> dict[str, float | str]:
+    return {"tls_ca": ca.ca, "tls_cert": ca.client.cert, "tls_key": ca.client.key}
 
 
 def started(factory: Callable[[], ServerProcess]) -> ServerProcess:

@@ -25,8 +25,8 @@ from quorumlog.errors import ConfigError, MetadataSecurityError
 from quorumlog.meta.etcd import EtcdStore
 from quorumlog.meta.security import PASSWORD_ENV
 from quorumlog.meta.store import EventType, open_store
-from quorumlog.testing.pki import TestPKI
 from quorumlog.testing.servers import EtcdServer, etcd_available, started
+from quorumlog.testing.tls_certs import CertificateAuthority
 
 PASSWORD = "correct horse battery staple"
 TOKEN_TTL_S = 1
@@ -37,13 +37,13 @@ WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
-    return TestPKI(str(tmp_path_factory.mktemp("pki")))
+def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    return CertificateAuthority(str(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.fixture(scope="module")
-def other_pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
-    return TestPKI(str(tmp_path_factory.mktemp("other-pki")), name="other")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    return CertificateAuthority(str(tmp_path_factory.mktemp("other-pki")), name="other")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def password_file(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def etcd(pki: TestPKI) -> Iterator[EtcdServer]:
+def etcd(pki: CertificateAuthority) -> Iterator[EtcdServer]:
     if not etcd_available():
         pytest.fail("etcd is not installed: run ./dev setup (Debian package etcd-server)")
     server = started(lambda: EtcdServer(tls=pki, root_password=PASSWORD, auth_token_ttl_s=TOKEN_TTL_S))
@@ -133,19 +133,23 @@ async def test_no_user_where_etcd_wants_one_is_a_typed_error(etcd: EtcdServer) -
     assert etcd.endpoint in message and "requires authentication" in message
 
 
-async def test_untrusted_server_certificate(etcd: EtcdServer, other_pki: TestPKI, password_file: str) -> None:
+async def test_untrusted_server_certificate(
+    etcd: EtcdServer, other_pki: CertificateAuthority, password_file: str
+) -> None:
     message = await _refused(_uri(etcd, password_file, tls_ca=other_pki.ca))
     assert etcd.endpoint in message and "not trusted" in message
 
 
-async def test_missing_client_certificate(etcd: EtcdServer, pki: TestPKI, password_file: str) -> None:
+async def test_missing_client_certificate(
+    etcd: EtcdServer, pki: CertificateAuthority, password_file: str
+) -> None:
     uri = f"etcd://{etcd.endpoint}/q?tls_ca={pki.ca}&user=root&password_file={password_file}"
     message = await _refused(uri)
     assert etcd.endpoint in message and "refused our client certificate" in message
 
 
 async def test_client_certificate_from_another_ca(
-    etcd: EtcdServer, other_pki: TestPKI, password_file: str
+    etcd: EtcdServer, other_pki: CertificateAuthority, password_file: str
 ) -> None:
     message = await _refused(
         _uri(etcd, password_file, tls_cert=other_pki.client.cert, tls_key=other_pki.client.key)

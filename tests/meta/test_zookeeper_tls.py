@@ -26,8 +26,8 @@ import pytest
 from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError, MetadataSecurityError
 from quorumlog.meta.store import EventType, open_store
-from quorumlog.testing.pki import TestPKI
 from quorumlog.testing.servers import ZooKeeperServer, started, zookeeper_available
+from quorumlog.testing.tls_certs import CertificateAuthority
 
 CONNECT_TIMEOUT_S = 20.0
 """Long on purpose: a TLS failure must be reported at once, far inside it (checked)."""
@@ -36,17 +36,17 @@ WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
-    return TestPKI(str(tmp_path_factory.mktemp("pki")))
+def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    return CertificateAuthority(str(tmp_path_factory.mktemp("pki")))
 
 
 @pytest.fixture(scope="module")
-def other_pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
-    return TestPKI(str(tmp_path_factory.mktemp("other-pki")), name="other")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    return CertificateAuthority(str(tmp_path_factory.mktemp("other-pki")), name="other")
 
 
 @pytest.fixture(scope="module")
-def zk(pki: TestPKI) -> Iterator[ZooKeeperServer]:
+def zk(pki: CertificateAuthority) -> Iterator[ZooKeeperServer]:
     if not zookeeper_available():
         pytest.fail("ZooKeeper is not installed: run ./dev setup (Debian package zookeeper)")
     server = started(lambda: ZooKeeperServer(tls=pki, client_auth="need"))
@@ -114,34 +114,38 @@ async def _refused(uri: str) -> str:
 
 
 async def test_untrusted_server_certificate_is_a_typed_error_naming_server_and_cause(
-    zk: ZooKeeperServer, other_pki: TestPKI
+    zk: ZooKeeperServer, other_pki: CertificateAuthority
 ) -> None:
     message = await _refused(zk.uri(tls=True, tls_ca=other_pki.ca))
     assert f"127.0.0.1:{zk.secure_port}" in message
     assert "not trusted" in message and other_pki.ca in message
 
 
-async def test_missing_client_certificate_is_a_typed_error(zk: ZooKeeperServer, pki: TestPKI) -> None:
+async def test_missing_client_certificate_is_a_typed_error(
+    zk: ZooKeeperServer, pki: CertificateAuthority
+) -> None:
     message = await _refused(f"zk://127.0.0.1:{zk.secure_port}/ledgers?tls_ca={pki.ca}")
     assert f"127.0.0.1:{zk.secure_port}" in message
     assert "refused our client certificate" in message and "tls_cert" in message
 
 
 async def test_client_certificate_from_another_ca_is_a_typed_error(
-    zk: ZooKeeperServer, other_pki: TestPKI
+    zk: ZooKeeperServer, other_pki: CertificateAuthority
 ) -> None:
     message = await _refused(zk.uri(tls=True, tls_cert=other_pki.client.cert, tls_key=other_pki.client.key))
     assert "refused our client certificate" in message and other_pki.client.cert in message
 
 
-async def test_tls_to_a_plain_text_port_is_a_typed_error(zk: ZooKeeperServer, pki: TestPKI) -> None:
+async def test_tls_to_a_plain_text_port_is_a_typed_error(
+    zk: ZooKeeperServer, pki: CertificateAuthority
+) -> None:
     plain = f"zk://127.0.0.1:{zk.port}/ledgers?tls_ca={pki.ca}&tls_cert={pki.client.cert}&tls_key={pki.client.key}"
     message = await _refused(plain)
     assert f"127.0.0.1:{zk.port}" in message and "TLS" in message
 
 
 async def test_missing_or_bad_certificate_files_are_config_errors_naming_the_file(
-    zk: ZooKeeperServer, pki: TestPKI, tmp_path: object
+    zk: ZooKeeperServer, pki: CertificateAuthority, tmp_path: object
 ) -> None:
     missing = os.path.join(str(tmp_path), "nope.pem")
     with pytest.raises(ConfigError, match=f"tls_ca file {missing}"):
