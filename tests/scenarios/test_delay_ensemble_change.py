@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tests.scenarios.conftest import PW, connect, fresh_cluster
+from tests.scenarios.conftest import PW, connect, fresh_cluster, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -62,6 +63,16 @@ async def test_immediate_mode_changes_on_the_first_failure_for_contrast() -> Non
         dead = w.metadata.ensembles[0][2]
         await cluster.node(dead).kill()
         assert await asyncio.gather(*(w.append(b"i%d" % i) for i in range(10, 30))) == list(range(10, 30))
+        # The adds may complete on the two live bookies before the dead one's lost connection is noticed
+        # (under load); the change must follow, with nothing else written.
+        await wait_for(_true_when(lambda: len(w.metadata.ensembles) == 2), "the immediate ensemble change")
         ensembles = w.metadata.ensembles
         assert len(ensembles) == 2 and dead not in ensembles[max(ensembles)], ensembles
         await w.close()
+
+
+def _true_when(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def predicate() -> bool:
+        return check()
+
+    return predicate
