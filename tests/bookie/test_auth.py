@@ -184,30 +184,20 @@ async def test_a_wrong_token_or_plugin_is_eua_and_the_connection_closes(
 async def test_tokens_rotate_without_a_restart(token_bookie: tuple[BookieProcess, str]) -> None:
     proc, tmp = token_bookie
     _token_file(tmp, f"app {TOKEN_A.decode()}\nnext {TOKEN_B.decode()}\n")  # 1. add the new token
-    c = await _connect_when_accepted(proc.port, "next", TOKEN_B)
+    c = await _connect_until(proc.port, "next", TOKEN_B, StatusCode.EOK)
     await c.close()
     _token_file(tmp, f"next {TOKEN_B.decode()}\n")  # 2. clients moved: remove the old one
-    old = await _connect_when_refused(proc.port, "app", TOKEN_A)
+    old = await _connect_until(proc.port, "app", TOKEN_A, StatusCode.EUA)
     await old.close()
 
 
-async def _connect_when_accepted(port: int, name: str, token: bytes) -> RawClient:
-    """The bookie re-reads the file at most once a second: a new connection within that may still see the
-    old file, so retry (bounded) until the change is seen."""
+async def _connect_until(port: int, name: str, token: bytes, status: StatusCode) -> RawClient:
+    """A connection whose exchange ends in `status`. The bookie re-reads the token file at most once a
+    second, so a new connection within that may still see the old file: retry (bounded) until it does."""
     async with asyncio.timeout(10):
         while True:
             c = await RawClient.connect("127.0.0.1", port)
-            if (await _authenticate(c, name, token)).status == StatusCode.EOK:
-                return c
-            await c.close()
-            await asyncio.sleep(0.2)
-
-
-async def _connect_when_refused(port: int, name: str, token: bytes) -> RawClient:
-    async with asyncio.timeout(10):
-        while True:
-            c = await RawClient.connect("127.0.0.1", port)
-            if (await _authenticate(c, name, token)).status == StatusCode.EUA:
+            if (await _authenticate(c, name, token)).status == status:
                 return c
             await c.close()
             await asyncio.sleep(0.2)
