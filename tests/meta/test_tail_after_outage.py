@@ -9,25 +9,13 @@ in this process, the reader's ZooKeeper paused (until its client notices) or res
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
 from quorumlog import Client
 from quorumlog.testing.cluster import LocalCluster
-from quorumlog.testing.servers import ZooKeeperServer, started, zookeeper_available
+from quorumlog.testing.servers import ZooKeeperServer
 from tests.meta.test_watch_outage import WAIT_S, outage, place, reconnected
-
-
-@pytest.fixture(scope="module")
-def zk() -> Iterator[ZooKeeperServer]:
-    if not zookeeper_available():
-        pytest.fail("ZooKeeper is not installed: run ./dev setup (Debian package zookeeper)")
-    server = started(ZooKeeperServer)
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        server.close()
 
 
 @pytest.mark.parametrize("kind", ["pause", "restart"])

@@ -34,14 +34,7 @@ from quorumlog.meta.ledger_manager import LedgerManager
 from quorumlog.meta.registration import BookieRegistration, BookieRegistry, BookieServiceInfo
 from quorumlog.meta.store import EventType, MetadataStore, open_store
 from quorumlog.meta.zookeeper import ZooKeeperStore
-from quorumlog.testing.servers import (
-    EtcdServer,
-    ServerProcess,
-    ZooKeeperServer,
-    etcd_available,
-    started,
-    zookeeper_available,
-)
+from quorumlog.testing.servers import EtcdServer, ServerProcess, ZooKeeperServer
 
 SESSION_TIMEOUT_S = 3.0
 """Short, so a ZooKeeper client notices a paused server within 2 s; long enough that the session
@@ -51,29 +44,6 @@ WAIT_S = 20.0
 """How long to wait for something that must happen; a correct store does it well within a second of
 reconnecting."""
 ETCD_PAUSE_S = 1.5
-
-
-@pytest.fixture(scope="module")
-def zk() -> Iterator[ZooKeeperServer]:
-    """A ZooKeeper of this module's own: the tests stop and pause it."""
-    if not zookeeper_available():
-        pytest.fail("ZooKeeper is not installed: run ./dev setup (Debian package zookeeper)")
-    server = started(ZooKeeperServer)
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        server.close()
-
-
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[EtcdServer]:
-    if not etcd_available():
-        pytest.fail("etcd is not installed: run ./dev setup (Debian package etcd-server)")
-    server = started(EtcdServer)
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        server.close()
 
 
 @pytest.fixture(params=["zookeeper", "etcd"])
