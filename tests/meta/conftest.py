@@ -19,6 +19,7 @@ from quorumlog.testing.servers import (
     started,
     zookeeper_available,
 )
+from quorumlog.testing.tls_certs import CertificateAuthority
 
 DRIVERS = ["embedded", "zookeeper", "etcd"]
 
@@ -68,6 +69,18 @@ def zk() -> Iterator[ZooKeeperServer]:
 def etcd() -> Iterator[EtcdServer]:
     """An etcd of the test module's own, for tests that stop, pause or restart it."""
     yield from running(EtcdServer)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    """The test module's certificate authority: its servers' and clients' certificates."""
+    return CertificateAuthority(str(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
+    """A second authority, which the module's servers do not trust."""
+    return CertificateAuthority(str(tmp_path_factory.mktemp("other-pki")), name="other")
 
 
 @pytest.fixture(params=DRIVERS)

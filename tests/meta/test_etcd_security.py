@@ -25,8 +25,9 @@ from quorumlog.errors import ConfigError, MetadataSecurityError
 from quorumlog.meta.etcd import EtcdStore
 from quorumlog.meta.security import PASSWORD_ENV
 from quorumlog.meta.store import EventType, open_store
-from quorumlog.testing.servers import EtcdServer, etcd_available, started
+from quorumlog.testing.servers import EtcdServer
 from quorumlog.testing.tls_certs import CertificateAuthority
+from tests.meta.conftest import running
 
 PASSWORD = "correct horse battery staple"
 TOKEN_TTL_S = 1
@@ -37,29 +38,15 @@ WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    return CertificateAuthority(str(tmp_path_factory.mktemp("pki")))
-
-
-@pytest.fixture(scope="module")
-def other_pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    return CertificateAuthority(str(tmp_path_factory.mktemp("other-pki")), name="other")
-
-
-@pytest.fixture(scope="module")
 def password_file(tmp_path_factory: pytest.TempPathFactory) -> str:
     return _write(str(tmp_path_factory.mktemp("secrets") / "etcd-password"), PASSWORD + "\n")
 
 
 @pytest.fixture(scope="module")
 def etcd(pki: CertificateAuthority) -> Iterator[EtcdServer]:
-    if not etcd_available():
-        pytest.fail("etcd is not installed: run ./dev setup (Debian package etcd-server)")
-    server = started(lambda: EtcdServer(tls=pki, root_password=PASSWORD, auth_token_ttl_s=TOKEN_TTL_S))
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        server.close()
+    yield from running(
+        EtcdServer, lambda: EtcdServer(tls=pki, root_password=PASSWORD, auth_token_ttl_s=TOKEN_TTL_S)
+    )
 
 
 def _prefix() -> str:

@@ -26,8 +26,9 @@ import pytest
 from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError, MetadataSecurityError
 from quorumlog.meta.store import EventType, open_store
-from quorumlog.testing.servers import ZooKeeperServer, started, zookeeper_available
+from quorumlog.testing.servers import ZooKeeperServer
 from quorumlog.testing.tls_certs import CertificateAuthority
+from tests.meta.conftest import running
 
 CONNECT_TIMEOUT_S = 20.0
 """Long on purpose: a TLS failure must be reported at once, far inside it (checked)."""
@@ -36,24 +37,8 @@ WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    return CertificateAuthority(str(tmp_path_factory.mktemp("pki")))
-
-
-@pytest.fixture(scope="module")
-def other_pki(tmp_path_factory: pytest.TempPathFactory) -> CertificateAuthority:
-    return CertificateAuthority(str(tmp_path_factory.mktemp("other-pki")), name="other")
-
-
-@pytest.fixture(scope="module")
 def zk(pki: CertificateAuthority) -> Iterator[ZooKeeperServer]:
-    if not zookeeper_available():
-        pytest.fail("ZooKeeper is not installed: run ./dev setup (Debian package zookeeper)")
-    server = started(lambda: ZooKeeperServer(tls=pki, client_auth="need"))
-    try:
-        yield server  # type: ignore[misc]
-    finally:
-        server.close()
+    yield from running(ZooKeeperServer, lambda: ZooKeeperServer(tls=pki, client_auth="need"))
 
 
 def _root() -> str:
