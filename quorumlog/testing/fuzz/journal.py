@@ -18,15 +18,17 @@ end), and whether replay runs with `skip_corrupt` (journal_skip_corrupt_records)
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
 import struct
-import tempfile
 
 from quorumlog.bookie.journal import Journal, JournalCorruptError, RecordType
 from quorumlog.env import default_env
 from quorumlog.testing.fuzz import check
+from quorumlog.testing.fuzz.files import OVERWRITE, scratch_dir
+from quorumlog.testing.fuzz.files import damage as damage_files
 
 MAX_BATCH_BYTES = 2048
 FILE_SIZE_BYTES = 12 << 10
@@ -39,7 +41,7 @@ class _Original:
     """The undamaged journal: its files (name -> bytes) and its records in order."""
 
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="ql-fuzz-journal-", dir=_scratch())
+        self.root = scratch_dir("ql-fuzz-journal-")
         self.loop = asyncio.new_event_loop()
         src = os.path.join(self.root, "original")
         self.records = self.loop.run_until_complete(_write_journal(src))
@@ -87,21 +89,9 @@ def _journal(directory: str, skip: bool) -> Journal:
     )
 
 
-def _scratch() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-_original: _Original | None = None
-
-
+@functools.cache
 def original() -> _Original:
-    global _original
-    if _original is None:
-        _original = _Original()
-        import atexit
-
-        atexit.register(shutil.rmtree, _original.root, True)
-    return _original
+    return _Original()
 
 
 def prepare() -> None:
@@ -110,41 +100,27 @@ def prepare() -> None:
 
 
 def damage(files: list[tuple[str, bytes]], data: bytes) -> tuple[bool, list[tuple[str, bytes]]]:
-    """(skip_corrupt, damaged files) for one input: byte 0 bit 0 is skip_corrupt, then `_OP` damages."""
+    """(skip_corrupt, damaged files) for one input: byte 0 bit 0 is skip_corrupt, then `_OP` damages (an
+    overwrite's bytes follow its `_OP`, `arg` of them)."""
     if not data:
         return False, files
-    skip = bool(data[0] & 1)
-    out = [bytearray(b) for _, b in files]
-    starts = []
-    at = 0
-    for b in out:
-        starts.append(at)
-        at += len(b)
-    total = max(at, 1)
+    ops: list[tuple[int, int, int, bytes]] = []
     pos = 1
     for _ in range(MAX_DAMAGES):
         if pos + _OP.size > len(data):
             break
         kind, offset, arg = _OP.unpack_from(data, pos)
         pos += _OP.size
-        offset %= total
-        i = max(k for k, s in enumerate(starts) if s <= offset)
-        buf, rel = out[i], offset - starts[i]
-        if rel > len(buf):
-            continue  # inside bytes an earlier truncation removed
-        kind %= 4
-        if kind == 0 and rel < len(buf):
-            buf[rel] ^= 1 << (arg % 8)
-        elif kind == 1:
+        kind %= 4  # flip, overwrite, truncate, zero
+        patch = b""
+        if kind == OVERWRITE:
             patch = data[pos : pos + arg]
             pos += len(patch)
-            buf[rel : rel + len(patch)] = patch
-        elif kind == 2:
-            del buf[rel:]
-        elif kind == 3:
-            end = min(len(buf), rel + arg * 16)
-            buf[rel:end] = bytes(end - rel)
-    return skip, [(name, bytes(b)) for (name, _), b in zip(files, out, strict=True)]
+        ops.append((kind, offset, arg, patch))
+    damaged = damage_files([raw for _, raw in files], ops)
+    return bool(data[0] & 1), [
+        (name, raw) for (name, _), raw in zip(files, damaged, strict=True) if raw is not None
+    ]
 
 
 def _replay(directory: str, skip: bool) -> list[tuple[RecordType, bytes]]:

@@ -25,7 +25,7 @@ every `RESTART_EVERY_LEDGERS` ledgers, which bounds the state (and memory) a lon
 from __future__ import annotations
 
 import asyncio
-import atexit
+import functools
 import logging
 import shutil
 import struct
@@ -40,6 +40,7 @@ from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ServerConnection
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
 from quorumlog.testing.fuzz import FuzzFinding, FuzzHang, check
+from quorumlog.testing.fuzz.files import scratch_dir
 from quorumlog.testing.fuzz.seeds import capture_requests
 
 REPLY_WAIT_S = 5.0  # a request not answered by then on an idle loop is a hang
@@ -68,7 +69,8 @@ class _Harness:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.dir_root = tempfile.mkdtemp(prefix="ql-fuzz-requests-", dir=_scratch())
+        # At exit only this directory goes: the executor a clean close needs is already shut down by then.
+        self.dir_root = scratch_dir("ql-fuzz-requests-")
         self.dir = ""
         self.bookie: Bookie | None = None
         self.hooks: list[Callable[[Bookie], None]] = []  # applied to every bookie started (planted bugs)
@@ -110,22 +112,9 @@ class _Harness:
         return bookie if bookie is not None else self.start()
 
 
-_harness: _Harness | None = None
-
-
-def _scratch() -> str | None:
-    import os
-
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
+@functools.cache
 def harness() -> _Harness:
-    global _harness
-    if _harness is None:
-        _harness = _Harness()
-        # At exit only the directory goes: the executor a clean close needs is already shut down by then.
-        atexit.register(shutil.rmtree, _harness.dir_root, True)
-    return _harness
+    return _Harness()
 
 
 def prepare() -> None:

@@ -17,12 +17,11 @@ checksums, so that is a question for the disk, not for this code.)
 
 from __future__ import annotations
 
-import atexit
+import functools
 import logging
 import os
 import shutil
 import struct
-import tempfile
 
 from quorumlog.bookie.entrylog import LOCATION, CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
@@ -31,6 +30,7 @@ from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import default_env
 from quorumlog.proto.entry import DigestManager, DigestType
 from quorumlog.testing.fuzz import check
+from quorumlog.testing.fuzz.files import damage, scratch_dir
 
 LEDGERS = 3
 ENTRIES = 30
@@ -43,7 +43,7 @@ _KEY = struct.Struct(">qq")
 
 class _Original:
     def __init__(self) -> None:
-        self.root = tempfile.mkdtemp(prefix="ql-fuzz-storage-", dir=_scratch())
+        self.root = scratch_dir("ql-fuzz-storage-")
         src = os.path.join(self.root, "original")
         self.entries: dict[tuple[int, int], bytes] = {}
         storage = _storage(src, 0)
@@ -79,53 +79,14 @@ def _storage(directory: str, read_ahead_bytes: int) -> LedgerStorage:
     )
 
 
-def _scratch() -> str | None:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-_original: _Original | None = None
-
-
+@functools.cache
 def original() -> _Original:
-    global _original
-    if _original is None:
-        _original = _Original()
-        atexit.register(shutil.rmtree, _original.root, True)
-    return _original
+    return _Original()
 
 
 def prepare() -> None:
     logging.disable(logging.CRITICAL)
     original()
-
-
-def _damage_logs(
-    logs: list[tuple[str, bytes]], ops: list[tuple[int, int, int, bytes]]
-) -> list[tuple[str, bytes | None]]:
-    out: list[bytearray | None] = [bytearray(b) for _, b in logs]
-    starts, at = [], 0
-    for _, b in logs:
-        starts.append(at)
-        at += len(b)
-    total = max(at, 1)
-    for kind, offset, arg, patch in ops:
-        offset %= total
-        i = max(k for k, s in enumerate(starts) if s <= offset)
-        buf, rel = out[i], offset - starts[i]
-        if buf is None or rel > len(buf):
-            continue
-        if kind == 0 and rel < len(buf):
-            buf[rel] ^= 1 << (arg % 8)
-        elif kind == 1:
-            buf[rel : rel + len(patch)] = patch
-        elif kind == 2:
-            del buf[rel:]
-        elif kind == 3:
-            end = min(len(buf), rel + arg * 16)
-            buf[rel:end] = bytes(end - rel)
-        elif kind == 4:
-            out[i] = None  # the log is gone
-    return [(name, None if b is None else bytes(b)) for (name, _), b in zip(logs, out, strict=True)]
 
 
 def _damage_index(
@@ -179,7 +140,8 @@ def one_input(data: bytes) -> None:
     shutil.rmtree(orig.work, ignore_errors=True)
     os.makedirs(os.path.join(orig.work, "entrylogs"))
     os.makedirs(os.path.join(orig.work, "index"))
-    for name, raw in _damage_logs(orig.logs, log_ops):
+    damaged = damage([raw for _, raw in orig.logs], log_ops)
+    for (name, _), raw in zip(orig.logs, damaged, strict=True):
         if raw is not None:
             with open(os.path.join(orig.work, "entrylogs", name), "wb") as f:
                 f.write(raw)
