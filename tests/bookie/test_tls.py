@@ -65,6 +65,30 @@ def tls_client(
     )
 
 
+def mtls_bookies(pki: dict[str, Any]) -> dict[str, Any]:
+    """Bookie settings (`LocalCluster` options) for mutual TLS, required, with `pki["bookie"]`'s certificate,
+    authorizing the role "writer"."""
+    return {
+        "tls_certificate_path": pki["bookie"].cert,
+        "tls_key_path": pki["bookie"].key,
+        "tls_trust_store_path": pki["ca"].ca,
+        "tls_client_auth": "required",
+        "tls_required": True,
+        "tls_authorized_roles": ["writer"],
+    }
+
+
+def client_tls(pki: dict[str, Any], who: str) -> dict[str, Any]:
+    """`Client.connect` options for TLS with `pki[who]`'s certificate, trusting `pki["ca"]`."""
+    leaf = pki[who]
+    return {
+        "tls_enabled": True,
+        "tls_certificate_path": leaf.cert,
+        "tls_key_path": leaf.key,
+        "tls_trust_store_path": pki["ca"].ca,
+    }
+
+
 async def bookie_info(host: str, port: int, tls: TLSContextSource | None, version: Any = V3) -> Any:
     bc = BookieClient(
         default_env(),
@@ -85,17 +109,7 @@ async def bookie_info(host: str, port: int, tls: TLSContextSource | None, versio
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def mtls_cluster(pki: dict[str, Any]) -> AsyncIterator[LocalCluster]:
-    cluster = LocalCluster(
-        3,
-        processes=True,
-        tls_certificate_path=pki["bookie"].cert,
-        tls_key_path=pki["bookie"].key,
-        tls_trust_store_path=pki["ca"].ca,
-        tls_client_auth="required",
-        tls_required=True,
-        tls_authorized_roles=["writer"],
-    )
-    async with cluster:
+    async with LocalCluster(3, processes=True, **mtls_bookies(pki)) as cluster:
         yield cluster
 
 
@@ -103,15 +117,7 @@ async def mtls_cluster(pki: dict[str, Any]) -> AsyncIterator[LocalCluster]:
 async def test_client_writes_and_reads_over_mutual_tls(
     mtls_cluster: LocalCluster, pki: dict[str, Any], protocol: str
 ) -> None:
-    w = pki["writer"]
-    client = await Client.connect(
-        mtls_cluster.uri,
-        protocol=protocol,
-        tls_enabled=True,
-        tls_certificate_path=w.cert,
-        tls_key_path=w.key,
-        tls_trust_store_path=pki["ca"].ca,
-    )
+    client = await Client.connect(mtls_cluster.uri, protocol=protocol, **client_tls(pki, "writer"))
     try:
         lh = await client.create_ledger(3, 2, 2, password=b"pw")
         for i in range(50):

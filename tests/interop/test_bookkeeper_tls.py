@@ -23,6 +23,7 @@ from quorumlog.testing import bkpeer
 from quorumlog.testing.cluster import LocalCluster
 from quorumlog.testing.servers import free_port
 from quorumlog.testing.tls_certs import CertificateAuthority
+from tests.bookie.test_tls import client_tls, mtls_bookies
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -85,21 +86,11 @@ def _free(port: int) -> bool:
     return True
 
 
-def _tls_options(pki: dict[str, Any], who: str) -> dict[str, Any]:
-    leaf = pki[who]
-    return {
-        "tls_enabled": True,
-        "tls_certificate_path": leaf.cert,
-        "tls_key_path": leaf.key,
-        "tls_trust_store_path": pki["ca"].ca,
-    }
-
-
 @pytest.mark.parametrize("protocol", ["v3", "v2"])
 async def test_our_client_writes_and_reads_on_java_tls_bookies(
     java: bkpeer.BookKeeperPeer, pki: dict[str, Any], protocol: str
 ) -> None:
-    client = await Client.connect(java.metadata_uri, protocol=protocol, **_tls_options(pki, "writer"))
+    client = await Client.connect(java.metadata_uri, protocol=protocol, **client_tls(pki, "writer"))
     try:
         lh = await client.create_ledger(3, 2, 2, password=b"pw")
         for i in range(20):
@@ -115,7 +106,7 @@ async def test_java_bookies_refuse_our_client_with_an_unauthorized_role(
     java: bkpeer.BookKeeperPeer, pki: dict[str, Any]
 ) -> None:
     client = await Client.connect(
-        java.metadata_uri, max_ensemble_changes=0, add_timeout_s=5, **_tls_options(pki, "reader")
+        java.metadata_uri, max_ensemble_changes=0, add_timeout_s=5, **client_tls(pki, "reader")
     )
     try:
         with pytest.raises(QuorumLogError, match=r"tls_authorized_roles|authorizedRoles"):
@@ -131,16 +122,7 @@ async def test_java_client_writes_and_reads_on_our_tls_bookies(
 ) -> None:
     uri = f"zk://127.0.0.1:{java.zk_port}/ql-{protocol}"
     cluster = LocalCluster(
-        3,
-        processes=True,
-        metadata_uri=uri,
-        base_dir=str(tmp_path / "ours"),
-        tls_certificate_path=pki["bookie"].cert,
-        tls_key_path=pki["bookie"].key,
-        tls_trust_store_path=pki["ca"].ca,
-        tls_client_auth="required",
-        tls_required=True,
-        tls_authorized_roles=["writer"],
+        3, processes=True, metadata_uri=uri, base_dir=str(tmp_path / "ours"), **mtls_bookies(pki)
     )
     async with cluster:
         classes = java.compile([os.path.join(JAVA_DIR, "TlsClient.java")])
@@ -150,7 +132,7 @@ async def test_java_client_writes_and_reads_on_our_tls_bookies(
         assert r.returncode == 0 and r.stdout.startswith("OK"), r.stdout + r.stderr[-3000:]
         ledger_id = int(r.stdout.split()[1])
         # What the Java client wrote is there for ours too.
-        client = await Client.connect(uri, **_tls_options(pki, "writer"))
+        client = await Client.connect(uri, **client_tls(pki, "writer"))
         try:
             rh = await client.open_ledger(ledger_id, password=b"pw")
             assert [e.payload for e in await rh.read(0, 19)] == [b"entry-%d" % i for i in range(20)]
