@@ -32,30 +32,23 @@ PW = b"oversized"
 _roots = itertools.count()
 
 
-async def _cluster(zk: ZooKeeperServer, **bookie_settings: Any) -> LocalCluster:
+def _cluster(zk: ZooKeeperServer, **bookie_settings: Any) -> LocalCluster:
     uri = zk.uri(f"/ql-big-{os.getpid()}-{next(_roots)}", session_timeout_s=2)
     # Four bookies for ensembles of three: a replacement exists, so an ensemble change would happen (and be
     # seen in metadata) if a refused request were taken for a failed bookie.
-    cluster = LocalCluster(4, processes=True, metadata_uri=uri, **bookie_settings)
-    try:
-        return await cluster.start()
-    except BaseException:
-        await cluster.close()
-        raise
+    return LocalCluster(4, processes=True, metadata_uri=uri, **bookie_settings)
 
 
 @pytest.fixture
 async def cluster(zookeeper: ZooKeeperServer) -> AsyncIterator[LocalCluster]:
-    c = await _cluster(zookeeper)
-    yield c
-    await c.close()
+    async with _cluster(zookeeper) as c:
+        yield c
 
 
 @pytest.fixture
 async def small_frame_cluster(zookeeper: ZooKeeperServer) -> AsyncIterator[LocalCluster]:
-    c = await _cluster(zookeeper, max_frame_bytes=64 << 10)
-    yield c
-    await c.close()
+    async with _cluster(zookeeper, max_frame_bytes=64 << 10) as c:
+        yield c
 
 
 class _SteadyWriter:
