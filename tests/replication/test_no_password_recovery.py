@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 
 import pytest
 
@@ -27,6 +26,7 @@ from quorumlog.replication.auditor import AuditorSettings
 from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.replication.worker import WorkerSettings
 from tests.replication.cluster_helpers import PW, check_replication, payload, process_cluster, wait_until
+from tests.scenarios.conftest import shell
 
 pytestmark = [pytest.mark.slow]
 
@@ -54,23 +54,6 @@ async def _ledger(client: Client, **kw: object) -> int:
 
 async def _off(client: Client, lid: int, victim: str) -> bool:
     return victim not in (await client.get_ledger_metadata(lid)).bookies()
-
-
-async def _shell(uri: str, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "quorumlog",
-        "shell",
-        "--metadata",
-        uri,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_recovery_of_ledgers_without_a_stored_password() -> None:
@@ -111,14 +94,14 @@ async def test_recovery_of_ledgers_without_a_stored_password() -> None:
                 assert bare in await urm.list_marked()
             assert await client.get_ledger_metadata(bare) == mds[bare]
 
-            code, out, err = await _shell(cluster.uri, "recover", victim, "--password", "wrong", "--json")
+            code, out, err = await shell(cluster, "recover", victim, "--password", "wrong", "--json")
             assert code != 0
             report = json.loads(out)
             assert str(bare) in report["failed"] and "wrong password" in report["failed"][str(bare)]
             assert report["entries_copied"] == 0
             assert await client.get_ledger_metadata(bare) == mds[bare]
 
-            code, out, err = await _shell(cluster.uri, "recover", victim, "--password", PW.decode(), "--json")
+            code, out, err = await shell(cluster, "recover", victim, "--password", PW.decode(), "--json")
             assert code == 0, out + err
             assert await _off(client, bare, victim)
             await check_replication(client, ledgers, SIZE, {victim})
