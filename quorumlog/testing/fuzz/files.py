@@ -1,7 +1,9 @@
 """What the fuzz targets share for their files: a scratch directory per process, and the damages that the
 on-disk targets (`journal`, `storage`) do to a copy of real files.
 
-Damages address the files laid end to end, so one offset the fuzzer picks lands in any of them; each is a
+An input encodes its damages after its first byte (which each target reads as it likes): up to `MAX_DAMAGES`
+`OP`s, `(kind, offset, arg)`, an `OP` of a kind that writes bytes followed by those bytes. They address the
+files laid end to end, so one offset the fuzzer picks lands in any of them; each is a
 `(kind, offset, arg, patch)`: 0 flips bit `arg % 8` of the byte at the offset, 1 writes `patch` there, 2
 truncates the file there, 3 zeroes `16 * arg` bytes from there, 4 removes the file. An offset past the end
 of a file an earlier damage truncated does nothing.
@@ -12,10 +14,13 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import struct
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 FLIP, OVERWRITE, TRUNCATE, ZERO, REMOVE = range(5)
+MAX_DAMAGES = 8
+OP = struct.Struct(">BIB")  # kind, offset (or whatever else the target's kind addresses), argument
 
 
 def scratch_dir(prefix: str) -> str:
@@ -25,6 +30,27 @@ def scratch_dir(prefix: str) -> str:
     root = tempfile.mkdtemp(prefix=prefix, dir=shm)
     atexit.register(shutil.rmtree, root, True)
     return root
+
+
+def read_damages(
+    data: bytes, kinds: int, patch_kinds: Collection[int], patch_bytes_max: int
+) -> list[tuple[int, int, int, bytes]]:
+    """The damages `data` encodes from its byte 1 on, as `(kind % kinds, offset, arg, patch)`: a kind in
+    `patch_kinds` takes the `arg % (patch_bytes_max + 1)` bytes after its `OP` as its patch."""
+    ops: list[tuple[int, int, int, bytes]] = []
+    pos = 1
+    for _ in range(MAX_DAMAGES):
+        if pos + OP.size > len(data):
+            break
+        kind, offset, arg = OP.unpack_from(data, pos)
+        pos += OP.size
+        kind %= kinds
+        patch = b""
+        if kind in patch_kinds:
+            patch = data[pos : pos + arg % (patch_bytes_max + 1)]
+            pos += len(patch)
+        ops.append((kind, offset, arg, patch))
+    return ops
 
 
 def damage(files: list[bytes], ops: Iterable[tuple[int, int, int, bytes]]) -> list[bytes | None]:

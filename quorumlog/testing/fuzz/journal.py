@@ -27,14 +27,12 @@ import struct
 from quorumlog.bookie.journal import Journal, JournalCorruptError, RecordType
 from quorumlog.env import default_env
 from quorumlog.testing.fuzz import check
-from quorumlog.testing.fuzz.files import OVERWRITE, scratch_dir
+from quorumlog.testing.fuzz.files import OP, OVERWRITE, read_damages, scratch_dir
 from quorumlog.testing.fuzz.files import damage as damage_files
 
 MAX_BATCH_BYTES = 2048
 FILE_SIZE_BYTES = 12 << 10
 JOURNAL_BATCHES = 45
-MAX_DAMAGES = 8
-_OP = struct.Struct(">BIB")  # kind, offset over all files, argument
 
 
 class _Original:
@@ -100,23 +98,11 @@ def prepare() -> None:
 
 
 def damage(files: list[tuple[str, bytes]], data: bytes) -> tuple[bool, list[tuple[str, bytes]]]:
-    """(skip_corrupt, damaged files) for one input: byte 0 bit 0 is skip_corrupt, then `_OP` damages (an
-    overwrite's bytes follow its `_OP`, `arg` of them)."""
+    """(skip_corrupt, damaged files) for one input: byte 0 bit 0 is skip_corrupt, then the damages."""
     if not data:
         return False, files
-    ops: list[tuple[int, int, int, bytes]] = []
-    pos = 1
-    for _ in range(MAX_DAMAGES):
-        if pos + _OP.size > len(data):
-            break
-        kind, offset, arg = _OP.unpack_from(data, pos)
-        pos += _OP.size
-        kind %= 4  # flip, overwrite, truncate, zero
-        patch = b""
-        if kind == OVERWRITE:
-            patch = data[pos : pos + arg]
-            pos += len(patch)
-        ops.append((kind, offset, arg, patch))
+    # Flip, overwrite (up to 255 bytes), truncate, zero: the journal's files are never removed.
+    ops = read_damages(data, 4, (OVERWRITE,), 255)
     damaged = damage_files([raw for _, raw in files], ops)
     return bool(data[0] & 1), [
         (name, raw) for (name, _), raw in zip(files, damaged, strict=True) if raw is not None
@@ -179,8 +165,8 @@ def seeds() -> list[bytes]:
     for _, raw in orig.files:
         for rel in (10, 4096 + 20, len(raw) // 2):
             for skip in (0, 1):
-                out.append(bytes([skip]) + _OP.pack(0, at + rel, 3))
-        out.append(b"\x00" + _OP.pack(2, at + len(raw) // 3, 0))
-        out.append(b"\x01" + _OP.pack(3, at, 255))
+                out.append(bytes([skip]) + OP.pack(0, at + rel, 3))
+        out.append(b"\x00" + OP.pack(2, at + len(raw) // 3, 0))
+        out.append(b"\x01" + OP.pack(3, at, 255))
         at += len(raw)
     return out

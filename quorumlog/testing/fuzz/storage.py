@@ -30,14 +30,12 @@ from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import default_env
 from quorumlog.proto.entry import DigestManager, DigestType
 from quorumlog.testing.fuzz import check
-from quorumlog.testing.fuzz.files import damage, scratch_dir
+from quorumlog.testing.fuzz.files import OP, REMOVE, damage, read_damages, scratch_dir
 
 LEDGERS = 3
 ENTRIES = 30
 LOG_SIZE_BYTES = 2 << 10
-MAX_DAMAGES = 8
 MAP_SIZE_BYTES = 8 << 20
-_OP = struct.Struct(">BIB")  # kind, offset (entry logs) or key number (index), argument
 _KEY = struct.Struct(">qq")
 
 
@@ -123,20 +121,10 @@ def _damage_index(
 def one_input(data: bytes) -> None:
     orig = original()
     read_ahead = 4096 if data[:1] and data[0] & 1 else 0
-    log_ops: list[tuple[int, int, int, bytes]] = []
-    index_ops: list[tuple[int, int, int, bytes]] = []
-    pos = 1
-    for _ in range(MAX_DAMAGES):
-        if pos + _OP.size > len(data):
-            break
-        kind, offset, arg = _OP.unpack_from(data, pos)
-        pos += _OP.size
-        kind %= 11
-        patch = b""
-        if kind in (1, 9):
-            patch = data[pos : pos + arg % 32]
-            pos += len(patch)
-        (log_ops if kind <= 4 else index_ops).append((kind, offset, arg, patch))
+    # Kinds 0-4 damage the entry logs (offsets over the logs), 5-10 the index (offset: a key number).
+    ops = read_damages(data, 11, (1, 9), 31)
+    log_ops = [op for op in ops if op[0] <= REMOVE]
+    index_ops = [op for op in ops if op[0] > REMOVE]
     shutil.rmtree(orig.work, ignore_errors=True)
     os.makedirs(os.path.join(orig.work, "entrylogs"))
     os.makedirs(os.path.join(orig.work, "index"))
@@ -175,5 +163,5 @@ def seeds() -> list[bytes]:
     total = sum(len(b) for _, b in orig.logs)
     for ra in (0, 1):
         for kind in range(11):
-            out.append(bytes([ra]) + _OP.pack(kind, (total // 3) + 7 * kind, 3 + kind) + b"\x01\x02\x03")
+            out.append(bytes([ra]) + OP.pack(kind, (total // 3) + 7 * kind, 3 + kind) + b"\x01\x02\x03")
     return out
