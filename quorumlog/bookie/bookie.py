@@ -26,11 +26,13 @@ import fcntl
 import logging
 import os
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial as _partial
 from typing import Any
 
+from quorumlog.admin.sketch import OpStats
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
@@ -150,6 +152,9 @@ class Bookie:
         self._started = False
         self.failed: BaseException | None = None  # a storage failure: the bookie stops acknowledging
         self.on_failure: Callable[[BaseException], None] | None = None  # e.g. re-register as read-only
+        # Checkpoints (write-cache flushes), for monitoring: milliseconds by outcome, and bytes flushed.
+        self.flush_ms = OpStats()
+        self.flushed_bytes = 0
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
@@ -282,15 +287,20 @@ class Bookie:
             self._storage_failed(exc)
             raise
         cache = self.storage.begin_flush()
+        flush_bytes = cache.size_bytes
+        started = time.perf_counter()
         try:
             pos = await marked
             await self.env.run_blocking(self.storage.flush, cache, states, pos)
         except BaseException as exc:
+            self.flush_ms.record(False, (time.perf_counter() - started) * 1000.0)
             self.storage.end_flush(False)
             self.book.dirty.update(states)
             if not isinstance(exc, asyncio.CancelledError):
                 self._storage_failed(exc)
             raise
+        self.flush_ms.record(True, (time.perf_counter() - started) * 1000.0)
+        self.flushed_bytes += flush_bytes
         self.storage.end_flush(True)
         await self.env.run_blocking(self.journal.release_before, pos.seq)
         self._unpark()

@@ -193,7 +193,20 @@ SETTINGS: tuple[Setting, ...] = (
         "roles a client certificate's first OU role (OU=0:role,...) must be one of; empty: any trusted "
         "certificate (needs tls_client_auth=required)",
     ),
-    Setting("http_port", int, 0, "admin HTTP port (planned; 0 = off)", 0, 65535),
+    Setting("http_port", int, 0, "admin HTTP API and /metrics port (0 = off)", 0, 65535),
+    Setting(
+        "http_host",
+        str,
+        "127.0.0.1",
+        "address the admin HTTP API binds; off loopback, changes (PUT) need http_token_file",
+    ),
+    Setting(
+        "http_token_file",
+        str,
+        "",
+        "file whose first line is the bearer token the admin API's changes (PUT) need; empty: changes are "
+        "served on a loopback http_host only",
+    ),
 )
 _BY_NAME = {s.name: s for s in SETTINGS}
 TABLE = SettingsTable(
@@ -250,6 +263,8 @@ class BookieConfig:
     tls_required: bool = False
     tls_authorized_roles: list[str] = field(default_factory=list)
     http_port: int = 0
+    http_host: str = "127.0.0.1"
+    http_token_file: str = ""
 
     def __post_init__(self) -> None:
         for s in SETTINGS:

@@ -51,6 +51,7 @@ from itertools import chain
 
 import crc32c
 
+from quorumlog.admin.sketch import Sketch
 from quorumlog.env import Env, File
 from quorumlog.errors import JournalCorruptError
 
@@ -230,6 +231,10 @@ class Journal:
         self._closed_files: list[int] = []  # sealed by the sync thread since start (guarded by _cond)
         self.batches_synced = 0
         self.bytes_written = 0
+        # Per batch, never per record (sync thread): fdatasync milliseconds, records and bytes per batch.
+        self.sync_ms = Sketch()
+        self.batch_records = Sketch()
+        self.batch_bytes = Sketch()
 
     # --- replay ---------------------------------------------------------------------------------------
 
@@ -562,6 +567,11 @@ class Journal:
         """Bytes appended and not yet taken by the sync thread (for back-pressure)."""
         return self._queued_bytes + self._staged_bytes
 
+    @property
+    def queued_records(self) -> int:
+        """Records appended and not yet taken by the sync thread (a monitoring number: read unlocked)."""
+        return len(self._records) + len(self._staged)
+
     def append(self, rtype: RecordType, payload: bytes, callback: Callback | None) -> None:
         """Queue a record; `callback(None)` runs on the loop once it is durable, `callback(exc)` on failure."""
         self.append_parts(record_header(rtype, payload), payload, callback)
@@ -719,9 +729,13 @@ class Journal:
         if data:
             f.pwrite(encode_batch(self._file_seq, data), self._offset)
             if self.sync:
+                started = time.perf_counter()
                 f.fdatasync()
+                self.sync_ms.record((time.perf_counter() - started) * 1000.0)
             self._offset += size
             self.bytes_written += size
+            self.batch_records.record(len(batch.records))
+            self.batch_bytes.record(size)
         self.batches_synced += 1
         # Marks all sit at the end of this batch (see _split_batch).
         pos = JournalPosition(self._file_seq, self._offset)

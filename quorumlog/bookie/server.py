@@ -41,8 +41,10 @@ import asyncio
 import logging
 import ssl
 from collections import deque
+from time import perf_counter
 from typing import Any, cast
 
+from quorumlog.admin.sketch import ADD_SAMPLE_EVERY, RequestStats
 from quorumlog.bookie.bookie import Bookie, error_response
 from quorumlog.env import Env, Server
 from quorumlog.errors import ConfigError, ProtocolError
@@ -57,6 +59,8 @@ from quorumlog.security.tls import TLSContextSource, authorize_roles, describe_h
 log = logging.getLogger(__name__)
 
 _AddResponse = m.AddResponse
+_EOK = StatusCode.EOK
+_ADD_SAMPLE_MASK = ADD_SAMPLE_EVERY - 1
 _V3 = ProtocolVersion.V3
 _StartTLS = m.StartTLSRequest
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
@@ -70,6 +74,7 @@ class BookieConnection(asyncio.Protocol):
         self.server = server
         self.bookie = server.bookie
         self.codec = ServerConnection(server.max_frame_bytes)
+        self._stats = server.stats
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_bytes = 0  # bytes in `_out`, not yet handed to the transport
@@ -179,35 +184,57 @@ class BookieConnection(asyncio.Protocol):
         journal_full = journal.pending_bytes > journal.max_pending_bytes
         handle, add, reply = self.bookie.handle, self.bookie.add, self.reply
         add_bytes = self._add_bytes
-        for i, req in enumerate(requests):
-            if self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX:
-                self._backlog.extend(requests[i:])
-                return
-            self._pending += 1
-            if not self.authenticated and type(req) is not _StartTLS:
-                self._unauthenticated(req)
-                continue
-            if self.tls_refusal is not None and not self._tls_allows(req):
-                continue
-            is_add = type(req) is m.AddRequest
-            if is_add:
-                size = len(req.body)  # type: ignore[union-attr]
-                add_bytes[(req.ledger_id, req.entry_id, req.txn_id)] = size  # type: ignore[union-attr]
-                self._pending_bytes += size
-            if self._pending > self._max_pending or (journal_full and is_add):
-                reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
-                continue
-            try:
+        stats = self._stats
+        written = 0  # add bytes: one update of the stats per call, not one per add
+        try:
+            for i, req in enumerate(requests):
+                if self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX:
+                    self._backlog.extend(requests[i:])
+                    return
+                self._pending += 1
+                if not self.authenticated and type(req) is not _StartTLS:
+                    self._unauthenticated(req)
+                    continue
+                if self.tls_refusal is not None and not self._tls_allows(req):
+                    continue
+                is_add = type(req) is m.AddRequest
                 if is_add:
-                    add(req, reply)  # type: ignore[arg-type]  # the hot path, without the general dispatch
-                elif type(req) is _StartTLS and self.server.tls is not None:
-                    self._start_tls(req, trailing=req is not requests[-1])  # type: ignore[arg-type]
-                    return  # reading is paused; anything after START_TLS closed the connection
-                else:
-                    handle(req, reply, self)
-            except Exception:  # a bug must cost one request, not the bookie
-                log.exception("request %r failed", type(req).__name__)
-                reply(error_response(req, StatusCode.EIO))
+                    size = len(req.body)  # type: ignore[union-attr]
+                    add_bytes[(req.ledger_id, req.entry_id, req.txn_id)] = size  # type: ignore[union-attr]
+                    self._pending_bytes += size
+                    written += size
+                if self._pending > self._max_pending or (journal_full and is_add):
+                    reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
+                    continue
+                try:
+                    if is_add:
+                        # The hot path, without the general dispatch. Adds whose entry id is a multiple of
+                        # ADD_SAMPLE_EVERY are timed: a sample chosen without a counter of its own.
+                        if req.entry_id & _ADD_SAMPLE_MASK:  # type: ignore[union-attr]
+                            add(req, reply)  # type: ignore[arg-type]
+                        else:
+                            add(req, self._timed("ADD_ENTRY", reply))  # type: ignore[arg-type]
+                    elif type(req) is _StartTLS and self.server.tls is not None:
+                        self._start_tls(req, trailing=req is not requests[-1])  # type: ignore[arg-type]
+                        return  # reading is paused; anything after START_TLS closed the connection
+                    else:
+                        handle(req, self._timed(_op_name(req), reply), self)
+                except Exception:  # a bug must cost one request, not the bookie
+                    log.exception("request %r failed", type(req).__name__)
+                    reply(error_response(req, StatusCode.EIO))
+        finally:
+            stats.write_bytes += written
+
+    def _timed(self, op: str, reply: Any) -> Any:
+        """`reply`, recording the time until it is called in the server's latency stats."""
+        start = perf_counter()
+        observe = self._stats.observe
+
+        def timed_reply(response: Any) -> None:
+            observe(op, response.status == _EOK, (perf_counter() - start) * 1000.0)
+            reply(response)
+
+        return timed_reply
 
     # --- TLS ------------------------------------------------------------------------------------------
 
@@ -339,6 +366,12 @@ class BookieConnection(asyncio.Protocol):
             self._pending_bytes -= self._add_bytes.pop(
                 (response.ledger_id, response.entry_id, response.txn_id), 0
             )
+            if response.status is _EOK:
+                self._stats.add_ok += 1
+            else:
+                self._stats.count(response)
+        else:
+            self._stats.count(response)
         if self.transport is None:
             return
         try:
@@ -397,6 +430,17 @@ class BookieConnection(asyncio.Protocol):
     def idle(self) -> bool:
         """Nothing in flight (a parked long poll is in flight) and nothing half-sent."""
         return self._pending == 0 and self.codec.buffered_bytes == 0
+
+
+def _op_name(req: Any) -> str:
+    """The operation's name in BookKeeper's server stats (fencing and long-poll reads apart)."""
+    if type(req) is m.ReadRequest:
+        if req.fence:
+            return "READ_ENTRY_FENCE"
+        if req.piggyback and req.previous_lac is not None:
+            return "READ_ENTRY_LONG_POLL"
+    op = getattr(req, "op", None)
+    return op.name if op is not None else "UNKNOWN"
 
 
 class ServerAuth:
@@ -460,6 +504,7 @@ class BookieServer:
         self._server: Server | None = None
         self._reaper: asyncio.TimerHandle | None = None
         self.idle_closed = 0  # connections closed for idleness (observability)
+        self.stats = RequestStats()
 
     def track(self, task: asyncio.Task[None]) -> None:
         self._tasks.add(task)  # the loop keeps only weak references to tasks

@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from quorumlog import gc_policy
+from quorumlog.admin.metrics import bookie_registry
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.server import BookieServer, ServerAuth
@@ -56,6 +57,11 @@ class BookieService:
         self._disk_full = False
         self._storage_failed = False
         self._registration_stale = False  # a move between available/ and available/readonly/ failed
+        self.disk_used_fraction = 0.0  # at the last disk check (monitoring)
+        self._operator_read_only = False  # asked for through the admin API; kept across disk checks
+        self.stopping = False
+        self.metrics = bookie_registry(self)  # this bookie's own: in-process bookies must not mix numbers
+        self.http: Any = None  # the admin HTTP server (admin/http.py), when http_port is set
 
     @property
     def bookie_id(self) -> str:
@@ -107,6 +113,11 @@ class BookieService:
                 if cfg.gc_interval_s > 0:
                     self._gc_task = asyncio.create_task(self._start_gc(), name="bookie-gc")
             self._disk_checker = asyncio.create_task(self._check_disk_every(), name="bookie-disk-checker")
+            if cfg.http_port:
+                from quorumlog.admin.http import AdminServer  # aiohttp loads only when the API is on
+
+                self.http = AdminServer(self, cfg.http_host, cfg.http_port, cfg.http_token_file)
+                await self.http.start()
         except BaseException:
             await self._close_parts()
             raise
@@ -142,14 +153,21 @@ class BookieService:
         self._failure_task = asyncio.get_running_loop().create_task(self.set_read_only(True))
 
     async def _start_gc(self) -> None:
-        from quorumlog.bookie.gc import GarbageCollector
-        from quorumlog.meta.ledger_manager import LedgerManager
+        await self.garbage_collector().run_forever()
 
-        assert self.bookie is not None
-        self.gc = GarbageCollector(
-            self.bookie, LedgerManager(self.store).exists, interval_s=self.config.gc_interval_s
-        )
-        await self.gc.run_forever()
+    def garbage_collector(self) -> Any:
+        """The bookie's `GarbageCollector` (made on first use; needs metadata): the periodic one, or the one an
+        operator's forced GC runs when `gc_interval_s` is 0."""
+        if self.gc is None:
+            from quorumlog.bookie.gc import GarbageCollector
+            from quorumlog.meta.ledger_manager import LedgerManager
+
+            if self.store is None or self.bookie is None:
+                raise ConfigError("garbage collection needs a running bookie with a metadata store")
+            self.gc = GarbageCollector(
+                self.bookie, LedgerManager(self.store).exists, interval_s=self.config.gc_interval_s
+            )
+        return self.gc
 
     async def _check_disk_every(self) -> None:
         """Read-only above `disk_usage_threshold`, writable again below `disk_usage_lwm` (DESIGN.md §3)."""
@@ -164,7 +182,12 @@ class BookieService:
     async def _check_disk_once(self) -> None:
         await self.apply_disk_usage(self.env.disk.usage(self.config.ledger_dir).used_fraction)
 
+    @property
+    def disk_full(self) -> bool:
+        return self._disk_full
+
     async def apply_disk_usage(self, used_fraction: float) -> None:
+        self.disk_used_fraction = used_fraction
         bookie = self.bookie
         assert bookie is not None
         cfg = self.config
@@ -178,9 +201,19 @@ class BookieService:
         elif self._disk_full and not full:
             log.info("disk %.1f%% full: writable again", used_fraction * 100)
         self._disk_full = full
-        want = full or self._storage_failed
+        want = full or self._storage_failed or self._operator_read_only
         if want != bookie.read_only or self._registration_stale:
             await self.set_read_only(want)
+
+    async def set_operator_read_only(self, read_only: bool) -> bool:
+        """An operator's choice (admin API): read-only stays until they lift it; lifting it makes the bookie
+        writable only if its disk and storage allow. Returns whether the bookie is read-only now."""
+        assert self.bookie is not None
+        self._operator_read_only = read_only
+        want = read_only or self._disk_full or self._storage_failed
+        if want != self.bookie.read_only or self._registration_stale:
+            await self.set_read_only(want)
+        return self.bookie.read_only
 
     async def set_read_only(self, read_only: bool) -> None:
         """Refuse (or accept again) writes, and move the registration to match.
@@ -199,6 +232,10 @@ class BookieService:
 
     async def stop(self) -> None:
         """Clean shutdown (what SIGTERM does)."""
+        self.stopping = True
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         for task in (self._disk_checker, self._gc_task, self._failure_task):
             if task is not None:
                 task.cancel()
@@ -213,6 +250,9 @@ class BookieService:
         self._stopped.set()
 
     async def _close_parts(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+            self.http = None
         if self.server is not None:
             self.server.stop_accepting()
         if self.bookie is not None:

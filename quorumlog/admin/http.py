@@ -1,0 +1,433 @@
+"""The bookie's HTTP admin API (BookKeeper's endpoints and JSON shapes) on the bookie's own event loop.
+
+What it owns: the routes, their answers, and who may change what (docs/OPERATIONS.md "Monitoring" lists the
+endpoints; docs/SECURITY.md the admin port's row).
+
+Rules it keeps:
+- Binds `http_host` (127.0.0.1 unless configured): anyone who reaches the port reads metrics, configuration
+  and ledger metadata (never passwords).
+- Mutating calls (PUT) need `Authorization: Bearer <token>` matching `http_token_file` when one is set.
+  Without a token file they are served only when the server is bound to a loopback address: a port opened
+  to the network with no token is read-only.
+- Hostile input gets a 4xx with a JSON body `{"error": ...}`: unknown paths 404, wrong methods 405, bad JSON
+  or parameters 400, bodies over `BODY_BYTES_MAX` 413, a missing or wrong token 401/403. A bug answers 500
+  with a JSON body and the traceback goes to the log, never to the client.
+- Reads of the metadata store are bounded by the store's own operation timeouts; a listing stops at
+  `LEDGER_LIST_MAX` ledgers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import ipaddress
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from quorumlog.errors import (
+    ConfigError,
+    MetadataNotFoundError,
+    MetadataStoreError,
+    NoSuchLedgerError,
+    OperationTimeoutError,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.bookie.service import BookieService
+
+log = logging.getLogger(__name__)
+
+BODY_BYTES_MAX = 64 << 10  # the largest request body: every PUT here takes a few fields
+LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    """An answer other than 200, with its reason (becomes `{"error": reason}`)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, indent=2))
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: str) -> str:
+    """The admin token: the first non-empty line of `path` (a ConfigError if unreadable or empty)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except OSError as e:
+        raise ConfigError(f"http_token_file {path}: {e.strerror or e}") from None
+    token = next((line for line in lines if line), "")
+    if not token:
+        raise ConfigError(f"http_token_file {path} holds no token")
+    return token
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ApiError(400, f"{name} must be true or false, not {value!r}")
+    return value in ("true", "1", "yes")
+
+
+def _ledger_id_param(request: web.Request) -> int:
+    raw = request.query.get("ledger_id")
+    if raw is None:
+        raise ApiError(400, "ledger_id is required")
+    try:
+        ledger_id = int(raw)
+    except ValueError:
+        raise ApiError(400, f"ledger_id must be an integer, not {raw[:40]!r}") from None
+    if not 0 <= ledger_id < 2**63:
+        raise ApiError(400, f"ledger_id {ledger_id} is out of range (0 .. 2^63-1)")
+    return ledger_id
+
+
+def metadata_json(md: Any) -> dict[str, Any]:
+    """Ledger metadata in the shape BookKeeper's HTTP API serialises it (camelCase; never the password)."""
+    return {
+        "metadataFormatVersion": md.format_version,
+        "ensembleSize": md.ensemble_size,
+        "writeQuorumSize": md.write_quorum,
+        "ackQuorumSize": md.ack_quorum,
+        "lastEntryId": md.last_entry_id,
+        "length": md.length,
+        "digestType": md.digest.name,
+        "ctime": md.ctime_ms,
+        "state": md.state.name,
+        "closed": md.state.name == "CLOSED",
+        "cToken": md.ctoken,
+        "allEnsembles": {str(first): list(bookies) for first, bookies in md.ensembles.items()},
+        "customMetadata": {k: bytes(v).hex() for k, v in md.custom_metadata.items()},
+    }
+
+
+class AdminServer:
+    """The admin API of one `BookieService`: `await start()`, `port`, `await stop()`."""
+
+    def __init__(self, service: BookieService, host: str, port: int, token_file: str = "") -> None:
+        self.service = service
+        self.host = host
+        self.port = port
+        self.token_file = token_file
+        if token_file:
+            read_token(token_file)  # refuse to start with an unusable token file
+        self._runner: web.AppRunner | None = None
+        self._force_gc: asyncio.Task[None] | None = None
+        self.app = web.Application(middlewares=[self._errors], client_max_size=BODY_BYTES_MAX)
+        r = self.app.router
+        r.add_get("/heartbeat", self.heartbeat)
+        r.add_get("/metrics", self.metrics)
+        r.add_get("/api/v1/config/server_config", self.server_config)
+        r.add_get("/api/v1/bookie/info", self.bookie_info)
+        r.add_get("/api/v1/bookie/state", self.bookie_state)
+        r.add_get("/api/v1/bookie/state/readonly", self.readonly_get)
+        r.add_put("/api/v1/bookie/state/readonly", self._mutating(self.readonly_put))
+        r.add_get("/api/v1/bookie/list_bookies", self.list_bookies)
+        r.add_get("/api/v1/bookie/last_log_mark", self.last_log_mark)
+        r.add_get("/api/v1/bookie/gc", self.gc_get)
+        r.add_put("/api/v1/bookie/gc", self._mutating(self.gc_put))
+        r.add_get("/api/v1/bookie/gc_details", self.gc_details)
+        r.add_get("/api/v1/ledger/list", self.ledger_list)
+        r.add_get("/api/v1/ledger/metadata", self.ledger_metadata)
+        r.add_get("/api/v1/autorecovery/list_under_replicated_ledger", self.under_replicated)
+        r.add_get("/api/v1/autorecovery/who_is_auditor", self.who_is_auditor)
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+            await site.start()
+        except OSError as e:
+            await runner.cleanup()
+            raise ConfigError(f"admin HTTP port {self.host}:{self.port}: {e.strerror or e}") from None
+        self._runner = runner
+        server = getattr(site, "_server", None)
+        sockets = getattr(server, "sockets", None)
+        if sockets:
+            self.port = sockets[0].getsockname()[1]  # port 0 picks a free port
+        log.info("admin HTTP API on http://%s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._force_gc is not None:
+            self._force_gc.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._force_gc
+            self._force_gc = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # --- errors and authorization ---------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return _json({"error": e.reason}, e.status)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            reason = e.reason
+            if e.status == 413:
+                reason = f"request body over {BODY_BYTES_MAX} bytes"
+            elif e.status == 404:
+                reason = f"no such endpoint: {request.path[:200]}"
+            elif e.status == 405:
+                reason = f"{request.method} is not allowed on {request.path[:200]}"
+            return _json({"error": reason}, e.status)
+        except ConfigError as e:
+            return _json({"error": str(e)}, 409)
+        except (MetadataStoreError, OperationTimeoutError) as e:
+            # The metadata store is unreachable or slow: the bookie is fine, the question cannot be answered.
+            return _json({"error": f"metadata store: {e}"}, 503)
+        except Exception:
+            log.exception("admin API: %s %s failed", request.method, request.path[:200])
+            return _json({"error": "internal error (logged by the bookie)"}, 500)
+
+    def _mutating(self, handler: Handler) -> Handler:
+        async def authorized(request: web.Request) -> web.StreamResponse:
+            self._authorize(request)
+            return await handler(request)
+
+        return authorized
+
+    def _authorize(self, request: web.Request) -> None:
+        if not self.token_file:
+            if not is_loopback(self.host):
+                raise ApiError(
+                    403,
+                    f"changes need http_token_file when the admin API listens on {self.host} (not loopback)",
+                )
+            return
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            raise ApiError(401, "this change needs an Authorization: Bearer <token> header")
+        try:
+            token = read_token(self.token_file)  # read each time: a rotated token applies at once
+        except ConfigError as e:
+            log.error("admin API: %s", e)
+            raise ApiError(403, "the bookie cannot read its http_token_file; changes are refused") from None
+        if not hmac.compare_digest(header[7:].strip().encode(), token.encode()):
+            raise ApiError(403, "wrong token")
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        raw = await request.read()  # bounded by client_max_size (413 past it)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        return body
+
+    def _store(self) -> Any:
+        store = self.service.store
+        if store is None:
+            raise ApiError(404, "this bookie runs without a metadata store (no `metadata` setting)")
+        return store
+
+    def _bookie(self) -> Any:
+        bookie = self.service.bookie
+        if bookie is None:
+            raise ApiError(503, "the bookie is not running")
+        return bookie
+
+    # --- endpoints --------------------------------------------------------------------------------------
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK\n")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.service.metrics)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def server_config(self, request: web.Request) -> web.Response:
+        out: dict[str, str] = {}
+        for key, value in dataclasses.asdict(self.service.config).items():
+            out[key] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        return _json(out)
+
+    async def bookie_info(self, request: web.Request) -> web.Response:
+        service = self.service
+        usage = service.env.disk.usage(service.config.ledger_dir)
+        return _json({"freeSpace": usage.free_bytes, "totalSpace": usage.total_bytes})
+
+    async def bookie_state(self, request: web.Request) -> web.Response:
+        service = self.service
+        bookie = service.bookie
+        running = bookie is not None and service.server is not None
+        return _json(
+            {
+                "running": running,
+                "readOnly": bool(bookie is not None and bookie.read_only),
+                "shuttingDown": service.stop_requested.is_set() or service.stopping,
+                "availableForHighPriorityWrites": running
+                and not service.disk_full
+                and bookie is not None
+                and bookie.failed is None,
+            }
+        )
+
+    async def readonly_get(self, request: web.Request) -> web.Response:
+        return _json({"readOnly": self._bookie().read_only})
+
+    async def readonly_put(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        want = body.get("readOnly")
+        if not isinstance(want, bool):
+            raise ApiError(400, 'the body must be {"readOnly": true} or {"readOnly": false}')
+        self._bookie()
+        read_only = await self.service.set_operator_read_only(want)
+        if read_only != want:
+            raise ApiError(409, "the bookie stays read-only: its disk is full or its storage failed")
+        return _json({"readOnly": read_only})
+
+    async def list_bookies(self, request: web.Request) -> web.Response:
+        from quorumlog.meta import layout
+
+        kind = request.query.get("type", "")
+        if kind not in ("rw", "ro"):
+            raise ApiError(400, 'type must be "rw" (writable bookies) or "ro" (read-only bookies)')
+        hostnames = _bool_param(request, "print_hostnames")
+        store = self._store()
+        root = store.ledgers_root
+        path = layout.available_path(root) if kind == "rw" else layout.readonly_path(root)
+        try:
+            names = sorted(n for n in await store.children(path) if n != layout.READONLY)
+        except MetadataNotFoundError:
+            names = []
+        return _json({n: (n.rsplit(":", 1)[0] if hostnames else None) for n in names})
+
+    async def last_log_mark(self, request: web.Request) -> web.Response:
+        bookie = self._bookie()
+        mark = await bookie.env.run_blocking(bookie.index.checkpoint)
+        value = "none" if mark is None else f"LogId - {mark.seq}, LogPos - {mark.offset}"
+        return _json({self.service.config.journal_dir: value})
+
+    async def gc_get(self, request: web.Request) -> web.Response:
+        running = self._force_gc is not None and not self._force_gc.done()
+        return _json({"is_in_force_gc": "true" if running else "false"})
+
+    async def gc_put(self, request: web.Request) -> web.Response:
+        await self._body(request)  # BookKeeper's compaction parameters are accepted and not used
+        self._store()
+        gc = self.service.garbage_collector()
+        if self._force_gc is None or self._force_gc.done():
+            self._force_gc = asyncio.create_task(self._run_gc(gc), name="bookie-forced-gc")
+        host, port = self.service.address
+        return _json(f"Triggered GC on BookieServer: {host}:{port}")
+
+    async def _run_gc(self, gc: Any) -> None:
+        try:
+            await gc.collect_once()
+            await gc.compactor.maybe_compact()
+        except Exception:
+            log.exception("forced garbage collection failed")
+
+    async def gc_details(self, request: web.Request) -> web.Response:
+        gc = self.service.gc
+        if gc is None:
+            return _json([])
+        compactor = gc.compactor
+        schedule, stats = compactor.schedule, compactor.stats
+        clock = self.service.env.clock
+        wall_ms, mono_s = time.time() * 1000.0, clock.monotonic_s()
+
+        def when(mono: float) -> int:
+            return int(wall_ms - (mono_s - mono) * 1000.0) if mono > 0 else 0
+
+        forcing = self._force_gc is not None and not self._force_gc.done()
+        return _json(
+            [
+                {
+                    "forceCompacting": forcing,
+                    "majorCompacting": False,
+                    "minorCompacting": False,
+                    "lastMajorCompactionTime": when(schedule.last_major),
+                    "lastMinorCompactionTime": when(schedule.last_minor),
+                    "majorCompactionCounter": stats.major_runs,
+                    "minorCompactionCounter": stats.minor_runs,
+                }
+            ]
+        )
+
+    async def ledger_list(self, request: web.Request) -> web.Response:
+        from quorumlog.meta.ledger_manager import LedgerManager
+
+        with_metadata = _bool_param(request, "print_metadata")
+        manager = LedgerManager(self._store())
+        out: dict[str, Any] = {}
+        truncated = False
+        async for ledger_id in manager.list_ledgers():
+            if len(out) >= LEDGER_LIST_MAX:
+                truncated = True
+                break
+            value = None
+            if with_metadata:
+                try:
+                    value = metadata_json((await manager.read(ledger_id)).value)
+                except (MetadataNotFoundError, NoSuchLedgerError):
+                    continue  # deleted while we listed
+            out[str(ledger_id)] = value
+        response = _json(out)
+        if truncated:
+            response.headers["X-Quorumlog-Truncated"] = f"first {LEDGER_LIST_MAX} ledgers only"
+        return response
+
+    async def ledger_metadata(self, request: web.Request) -> web.Response:
+        from quorumlog.meta.ledger_manager import LedgerManager
+
+        ledger_id = _ledger_id_param(request)
+        try:
+            md = (await LedgerManager(self._store()).read(ledger_id)).value
+        except (MetadataNotFoundError, NoSuchLedgerError):
+            raise ApiError(404, f"ledger {ledger_id} does not exist") from None
+        return _json({str(ledger_id): metadata_json(md)})
+
+    async def under_replicated(self, request: web.Request) -> web.Response:
+        from quorumlog.meta.underreplication import UnderReplicationManager
+
+        missing = _bool_param(request, "print_missing_replica")
+        urm = UnderReplicationManager(self._store(), owner=self.service.bookie_id)
+        marked = await urm.list_marked()
+        if not marked:
+            raise ApiError(404, "no under-replicated ledgers found")
+        if missing:
+            return _json({str(i): await urm.missing_replicas(i) or [] for i in marked})
+        return _json(marked)
+
+    async def who_is_auditor(self, request: web.Request) -> web.Response:
+        from quorumlog.meta.underreplication import UnderReplicationManager
+
+        auditor = await UnderReplicationManager(self._store(), owner=self.service.bookie_id).auditor()
+        if auditor is None:
+            raise ApiError(404, "no auditor is elected")
+        return _json({"Auditor": auditor})
+
+
+__all__ = ["AdminServer", "ApiError", "is_loopback", "metadata_json", "read_token"]

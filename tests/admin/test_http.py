@@ -1,0 +1,231 @@
+"""The bookie's admin API over real HTTP: BookKeeper's endpoints and shapes, the bind address, the token on
+changes, and clear JSON 4xx answers to hostile input."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+
+from quorumlog.admin.http import BODY_BYTES_MAX, AdminServer
+from quorumlog.client.client import Client
+from quorumlog.errors import ConfigError
+from quorumlog.meta.store import open_store
+from quorumlog.meta.underreplication import UnderReplicationManager
+from tests.admin.conftest import StartAdminBookie
+
+
+async def test_heartbeat_config_info_state_and_bind_address(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    assert await b.get("/heartbeat") == (200, "OK\n")
+    assert b.service.http is not None
+    assert b.service.http.host == "127.0.0.1"  # the default http_host: loopback only
+    runner = b.service.http._runner
+    assert runner is not None and [a[0] for a in runner.addresses] == ["127.0.0.1"]
+
+    status, config = await b.get("/api/v1/config/server_config")
+    assert status == 200
+    assert config["http_port"] == str(b.service.http.port)
+    assert config["metadata"] == b.uri
+    assert all(isinstance(v, str) for v in config.values())
+
+    status, info = await b.get("/api/v1/bookie/info")
+    assert status == 200 and info["totalSpace"] >= info["freeSpace"] > 0
+
+    status, state = await b.get("/api/v1/bookie/state")
+    assert status == 200
+    assert state == {
+        "running": True,
+        "readOnly": False,
+        "shuttingDown": False,
+        "availableForHighPriorityWrites": True,
+    }
+
+
+async def test_readonly_put_moves_state_and_registration(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    bookie_id = b.service.bookie_id
+    assert await b.get("/api/v1/bookie/state/readonly") == (200, {"readOnly": False})
+    assert await b.get("/api/v1/bookie/list_bookies?type=rw") == (200, {bookie_id: None})
+
+    assert await b.put("/api/v1/bookie/state/readonly", json={"readOnly": True}) == (200, {"readOnly": True})
+    assert (await b.get("/api/v1/bookie/state"))[1]["readOnly"] is True
+    assert await b.get("/api/v1/bookie/list_bookies?type=rw") == (200, {})
+    assert await b.get("/api/v1/bookie/list_bookies?type=ro&print_hostnames=true") == (
+        200,
+        {bookie_id: "127.0.0.1"},
+    )
+    # The operator's read-only survives a disk check that finds room.
+    await b.service.apply_disk_usage(0.1)
+    assert await b.get("/api/v1/bookie/state/readonly") == (200, {"readOnly": True})
+
+    assert await b.put("/api/v1/bookie/state/readonly", json={"readOnly": False}) == (
+        200,
+        {"readOnly": False},
+    )
+    assert await b.get("/api/v1/bookie/list_bookies?type=rw") == (200, {bookie_id: None})
+
+    # A full disk keeps it read-only whatever the operator asks, and the answer says so.
+    await b.service.apply_disk_usage(0.99)
+    status, body = await b.put("/api/v1/bookie/state/readonly", json={"readOnly": False})
+    assert status == 409 and "disk is full" in body["error"]
+
+
+async def test_hostile_input_gets_json_4xx(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    cases: list[tuple[str, str, dict[str, Any], int, str]] = [
+        ("GET", "/no/such/thing", {}, 404, "no such endpoint"),
+        ("DELETE", "/heartbeat", {}, 405, "not allowed"),
+        ("PUT", "/api/v1/bookie/state/readonly", {"data": b"{not json"}, 400, "not JSON"),
+        ("PUT", "/api/v1/bookie/state/readonly", {"data": b"[1, 2]"}, 400, "JSON object"),
+        ("PUT", "/api/v1/bookie/state/readonly", {"json": {"readOnly": "yes"}}, 400, "readOnly"),
+        ("PUT", "/api/v1/bookie/state/readonly", {"data": b"x" * (BODY_BYTES_MAX + 1)}, 413, "body over"),
+        ("GET", "/api/v1/bookie/list_bookies?type=everything", {}, 400, '"rw"'),
+        ("GET", "/api/v1/bookie/list_bookies?type=rw&print_hostnames=maybe", {}, 400, "true or false"),
+        ("GET", "/api/v1/ledger/metadata", {}, 400, "ledger_id is required"),
+        ("GET", "/api/v1/ledger/metadata?ledger_id=abc", {}, 400, "integer"),
+        ("GET", "/api/v1/ledger/metadata?ledger_id=-1", {}, 400, "out of range"),
+        ("GET", "/api/v1/ledger/metadata?ledger_id=424242", {}, 404, "does not exist"),
+    ]
+    for method, path, kw, want_status, want_text in cases:
+        async with b.session.request(method, b.base + path, **kw) as r:
+            assert r.status == want_status, (method, path, await r.text())
+            assert r.content_type == "application/json", (method, path)
+            body = await r.json()
+            assert want_text in body["error"], (method, path, body)
+            assert "Traceback" not in body["error"]
+    assert await b.get("/heartbeat") == (200, "OK\n")  # still serving
+
+
+async def test_ledger_list_and_metadata_in_bookkeeper_shape(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    client = await Client.connect(b.uri)
+    try:
+        handle = await client.create_ledger(1, 1, 1, password=b"secret", custom_metadata={"app": b"t"})
+        await handle.append_wait(b"hello")
+        lid = handle.ledger_id
+    finally:
+        await client.close()
+    assert await b.get("/api/v1/ledger/list") == (200, {str(lid): None})
+    status, listed = await b.get("/api/v1/ledger/list?print_metadata=true")
+    assert status == 200
+    md = listed[str(lid)]
+    assert md["ensembleSize"] == md["writeQuorumSize"] == md["ackQuorumSize"] == 1
+    assert md["allEnsembles"] == {"0": [b.service.bookie_id]}
+    assert md["state"] == "OPEN" and md["customMetadata"] == {"app": b"t".hex()}
+    assert "password" not in md and "secret" not in str(listed)
+    assert await b.get(f"/api/v1/ledger/metadata?ledger_id={lid}") == (200, {str(lid): md})
+
+
+async def test_last_log_mark_and_gc(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    status, mark = await b.get("/api/v1/bookie/last_log_mark")
+    assert status == 200
+    assert list(mark) == [b.service.config.journal_dir] and mark[b.service.config.journal_dir].startswith(
+        "LogId - "
+    )
+
+    assert await b.get("/api/v1/bookie/gc") == (200, {"is_in_force_gc": "false"})
+    assert await b.get("/api/v1/bookie/gc_details") == (200, [])  # gc_interval_s=0: none has run
+    status, text = await b.put("/api/v1/bookie/gc")
+    assert (
+        status == 200
+        and text == f"Triggered GC on BookieServer: {b.service.address[0]}:{b.service.address[1]}"
+    )
+    assert b.service.http is not None and b.service.http._force_gc is not None
+    await b.service.http._force_gc
+    assert b.service.gc.stats.rounds == 1
+    status, details = await b.get("/api/v1/bookie/gc_details")
+    assert status == 200 and len(details) == 1
+    assert set(details[0]) == {
+        "forceCompacting",
+        "majorCompacting",
+        "minorCompacting",
+        "lastMajorCompactionTime",
+        "lastMinorCompactionTime",
+        "majorCompactionCounter",
+        "minorCompactionCounter",
+    }
+
+
+async def test_autorecovery_under_replicated_and_auditor(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    status, body = await b.get("/api/v1/autorecovery/list_under_replicated_ledger")
+    assert status == 404 and "no under-replicated" in body["error"]
+    status, body = await b.get("/api/v1/autorecovery/who_is_auditor")
+    assert status == 404 and "no auditor" in body["error"]
+    store = await open_store(b.uri)
+    try:
+        urm = UnderReplicationManager(store, owner="auditor-host:3181")
+        await urm.mark(7, ["10.0.0.9:3181"])
+        await urm.vote()
+        assert await b.get("/api/v1/autorecovery/list_under_replicated_ledger") == (200, [7])
+        assert await b.get(
+            "/api/v1/autorecovery/list_under_replicated_ledger?print_missing_replica=true"
+        ) == (
+            200,
+            {"7": ["10.0.0.9:3181"]},
+        )
+        assert await b.get("/api/v1/autorecovery/who_is_auditor") == (200, {"Auditor": "auditor-host:3181"})
+    finally:
+        await store.close()
+
+
+async def test_changes_need_the_token_when_one_is_set(admin_bookie: StartAdminBookie, tmp_path: str) -> None:
+    token_file = os.path.join(tmp_path, "admin-token")
+    _write(token_file, "\ns3cret-token\n")
+    b = await admin_bookie(http_token_file=token_file)
+    url = "/api/v1/bookie/state/readonly"
+    status, body = await b.put(url, json={"readOnly": True})
+    assert status == 401 and "Bearer" in body["error"]
+    status, body = await b.put(url, json={"readOnly": True}, headers={"Authorization": "Bearer wrong"})
+    assert status == 403 and body == {"error": "wrong token"}
+    assert await b.get(url) == (200, {"readOnly": False})  # reads need no token
+    ok = {"Authorization": "Bearer s3cret-token"}
+    assert await b.put(url, json={"readOnly": True}, headers=ok) == (200, {"readOnly": True})
+    # A rotated token applies at once.
+    _write(token_file, "next-token\n")
+    assert (await b.put(url, json={"readOnly": False}, headers=ok))[0] == 403
+    rotated = {"Authorization": "Bearer next-token"}
+    assert await b.put(url, json={"readOnly": False}, headers=rotated) == (200, {"readOnly": False})
+
+
+async def test_without_a_token_changes_are_refused_off_loopback(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    # The policy follows the configured http_host; the test serves it on loopback (tests never bind wider).
+    admin = AdminServer(b.service, "192.0.2.10", 0)
+    server = TestServer(admin.app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{server.port}"
+            async with session.put(base + "/api/v1/bookie/state/readonly", json={"readOnly": True}) as r:
+                assert r.status == 403
+                assert "http_token_file" in (await r.json())["error"]
+            async with session.get(base + "/api/v1/bookie/state/readonly") as r:
+                assert r.status == 200 and await r.json() == {"readOnly": False}
+    finally:
+        await server.close()
+
+
+async def test_admin_api_off_by_default_and_port_in_use_is_a_clear_error(
+    admin_bookie: StartAdminBookie,
+) -> None:
+    off = await admin_bookie("off", http_port=0)
+    assert off.service.http is None
+    b = await admin_bookie("b")
+    assert b.service.http is not None
+    taken = b.service.http.port
+    try:
+        await admin_bookie("c", http_port=taken)
+    except ConfigError as e:
+        assert str(taken) in str(e)
+    else:
+        raise AssertionError("a second admin API on a taken port started")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
