@@ -25,6 +25,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -146,14 +147,20 @@ class AdminServer:
         r.add_get("/api/v1/bookie/state/readonly", self.readonly_get)
         r.add_put("/api/v1/bookie/state/readonly", self._mutating(self.readonly_put))
         r.add_get("/api/v1/bookie/list_bookies", self.list_bookies)
+        r.add_get("/api/v1/bookie/cluster_info", self.cluster_info)
         r.add_get("/api/v1/bookie/last_log_mark", self.last_log_mark)
+        r.add_get("/api/v1/bookie/list_disk_file", self.list_disk_file)
         r.add_get("/api/v1/bookie/gc", self.gc_get)
         r.add_put("/api/v1/bookie/gc", self._mutating(self.gc_put))
         r.add_get("/api/v1/bookie/gc_details", self.gc_details)
         r.add_get("/api/v1/ledger/list", self.ledger_list)
         r.add_get("/api/v1/ledger/metadata", self.ledger_metadata)
+        r.add_delete("/api/v1/ledger/delete", self._mutating(self.ledger_delete))
         r.add_get("/api/v1/autorecovery/list_under_replicated_ledger", self.under_replicated)
         r.add_get("/api/v1/autorecovery/who_is_auditor", self.who_is_auditor)
+        r.add_put("/api/v1/autorecovery/trigger_audit", self._mutating(self.trigger_audit))
+        r.add_get("/api/v1/autorecovery/lost_bookie_recovery_delay", self.recovery_delay_get)
+        r.add_put("/api/v1/autorecovery/lost_bookie_recovery_delay", self._mutating(self.recovery_delay_put))
 
     async def start(self) -> None:
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
@@ -323,6 +330,62 @@ class AdminServer:
             names = []
         return _json({n: (n.rsplit(":", 1)[0] if hostnames else None) for n in names})
 
+    async def cluster_info(self, request: web.Request) -> web.Response:
+        from quorumlog.meta import layout
+        from quorumlog.meta.underreplication import UnderReplicationManager
+
+        store = self._store()
+        root = store.ledgers_root
+
+        async def children(path: str) -> set[str]:
+            try:
+                return {n for n in await store.children(path) if n != layout.READONLY}
+            except MetadataNotFoundError:
+                return set()
+
+        writable = await children(layout.available_path(root))
+        readonly = await children(layout.readonly_path(root)) - writable
+        known = await children(layout.cookies_path(root))  # every bookie that ever joined has a cookie
+        unavailable = known - writable - readonly
+        urm = UnderReplicationManager(store, owner=self.service.bookie_id)
+        auditor = await urm.auditor()
+        return _json(
+            {
+                "auditorElected": auditor is not None,
+                "auditorId": auditor or "",
+                "clusterUnderReplicated": bool(await urm.list_marked()),
+                "ledgerReplicationEnabled": await urm.is_enabled(),
+                "totalBookiesCount": len(writable) + len(readonly) + len(unavailable),
+                "writableBookiesCount": len(writable),
+                "readonlyBookiesCount": len(readonly),
+                "unavailableBookiesCount": len(unavailable),
+            }
+        )
+
+    async def list_disk_file(self, request: web.Request) -> web.Response:
+        cfg = self.service.config
+        kinds = {
+            "journal": cfg.journal_dir,
+            "entrylog": os.path.join(cfg.ledger_dir, "entrylogs"),
+            "index": os.path.join(cfg.ledger_dir, "index"),
+        }
+        wanted = request.query.get("file_type", "")
+        if wanted and wanted not in kinds:
+            raise ApiError(400, f"file_type must be one of {', '.join(kinds)}, not {wanted[:40]!r}")
+
+        def listing() -> dict[str, str]:
+            out = {}
+            for kind, directory in kinds.items():
+                if not wanted or wanted == kind:
+                    try:
+                        names = sorted(os.listdir(directory))
+                    except OSError:
+                        names = []
+                    out[f"{kind} files"] = " ".join(n for n in names if not n.startswith("."))
+            return out
+
+        return _json(await self.service.env.run_blocking(listing))
+
     async def last_log_mark(self, request: web.Request) -> web.Response:
         bookie = self._bookie()
         mark = await bookie.env.run_blocking(bookie.index.checkpoint)
@@ -408,6 +471,47 @@ class AdminServer:
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
         return _json({str(ledger_id): metadata_json(md)})
+
+    async def ledger_delete(self, request: web.Request) -> web.Response:
+        from quorumlog.meta.ledger_manager import LedgerManager
+
+        ledger_id = _ledger_id_param(request)
+        # What a client's delete does: the metadata goes, bookies drop the entries at their next GC.
+        try:
+            await LedgerManager(self._store()).delete(ledger_id)
+        except (MetadataNotFoundError, NoSuchLedgerError):
+            raise ApiError(404, f"ledger {ledger_id} does not exist") from None
+        return _json(f"Deleted ledger {ledger_id}")
+
+    async def trigger_audit(self, request: web.Request) -> web.Response:
+        from quorumlog.errors import IllegalOperationError
+        from quorumlog.replication import admin
+
+        try:
+            await admin.trigger_audit(self._store())
+        except IllegalOperationError as e:
+            raise ApiError(409, str(e)) from None
+        return _json("Successfully triggered audit")
+
+    async def recovery_delay_get(self, request: web.Request) -> web.Response:
+        from quorumlog.replication import admin
+
+        delay = await admin.get_lost_bookie_recovery_delay(self._store())
+        if delay is None:
+            raise ApiError(
+                404, "lostBookieRecoveryDelay is not set (the auditor uses its configured default)"
+            )
+        return _json(f"lostBookieRecoveryDelay value: {delay}")
+
+    async def recovery_delay_put(self, request: web.Request) -> web.Response:
+        from quorumlog.replication import admin
+
+        body = await self._body(request)
+        delay = body.get("delay_seconds")
+        if type(delay) is not int or not 0 <= delay < 2**31:
+            raise ApiError(400, 'the body must be {"delay_seconds": N} with N in 0 .. 2^31-1')
+        await admin.set_lost_bookie_recovery_delay(self._store(), delay)
+        return _json(f"Successfully set lostBookieRecoveryDelay to {delay}")
 
     async def under_replicated(self, request: web.Request) -> web.Response:
         from quorumlog.meta.underreplication import UnderReplicationManager

@@ -4,6 +4,7 @@ changes, and clear JSON 4xx answers to hostile input."""
 from __future__ import annotations
 
 import os
+import urllib.request
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,9 @@ from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError
 from quorumlog.meta.store import open_store
 from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.testing.servers import free_port
 from tests.admin.conftest import StartAdminBookie
+from tests.bookie.helpers import BookieProcess
 
 
 async def test_heartbeat_config_info_state_and_bind_address(admin_bookie: StartAdminBookie) -> None:
@@ -190,6 +193,15 @@ async def test_changes_need_the_token_when_one_is_set(admin_bookie: StartAdminBo
     assert (await b.put(url, json={"readOnly": False}, headers=ok))[0] == 403
     rotated = {"Authorization": "Bearer next-token"}
     assert await b.put(url, json={"readOnly": False}, headers=rotated) == (200, {"readOnly": False})
+    # Every change is guarded, not only this one.
+    for method, path in (
+        ("PUT", "/api/v1/bookie/gc"),
+        ("DELETE", "/api/v1/ledger/delete?ledger_id=1"),
+        ("PUT", "/api/v1/autorecovery/trigger_audit"),
+        ("PUT", "/api/v1/autorecovery/lost_bookie_recovery_delay"),
+    ):
+        async with b.session.request(method, b.base + path) as r:
+            assert r.status == 401, (method, path)
 
 
 async def test_without_a_token_changes_are_refused_off_loopback(admin_bookie: StartAdminBookie) -> None:
@@ -229,3 +241,91 @@ async def test_admin_api_off_by_default_and_port_in_use_is_a_clear_error(
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
+
+
+async def test_cluster_info_and_disk_files(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    status, info = await b.get("/api/v1/bookie/cluster_info")
+    assert status == 200
+    assert info == {
+        "auditorElected": False,
+        "auditorId": "",
+        "clusterUnderReplicated": False,
+        "ledgerReplicationEnabled": True,
+        "totalBookiesCount": 1,
+        "writableBookiesCount": 1,
+        "readonlyBookiesCount": 0,
+        "unavailableBookiesCount": 0,
+    }
+    assert (await b.put("/api/v1/bookie/state/readonly", json={"readOnly": True}))[0] == 200
+    other = await admin_bookie("other")
+    await other.service.stop()  # it leaves its cookie: known, not available
+    status, info = await b.get("/api/v1/bookie/cluster_info")
+    assert (info["writableBookiesCount"], info["readonlyBookiesCount"], info["unavailableBookiesCount"]) == (
+        0,
+        1,
+        1,
+    )
+    assert info["totalBookiesCount"] == 2
+
+    status, files = await b.get("/api/v1/bookie/list_disk_file")
+    assert status == 200 and set(files) == {"journal files", "entrylog files", "index files"}
+    assert files["journal files"]  # the current journal file at least
+    status, only = await b.get("/api/v1/bookie/list_disk_file?file_type=journal")
+    assert status == 200 and only == {"journal files": files["journal files"]}
+    status, body = await b.get("/api/v1/bookie/list_disk_file?file_type=../../etc")
+    assert status == 400 and "file_type" in body["error"]
+
+
+async def test_ledger_delete(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    client = await Client.connect(b.uri)
+    try:
+        lid = (await client.create_ledger(1, 1, 1)).ledger_id
+    finally:
+        await client.close()
+    async with b.session.delete(f"{b.base}/api/v1/ledger/delete?ledger_id={lid}") as r:
+        assert r.status == 200 and await r.json() == f"Deleted ledger {lid}"
+    assert await b.get("/api/v1/ledger/list") == (200, {})
+    async with b.session.delete(f"{b.base}/api/v1/ledger/delete?ledger_id={lid}") as r:
+        assert r.status == 404 and "does not exist" in (await r.json())["error"]
+
+
+async def test_lost_bookie_recovery_delay_and_trigger_audit(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    url = "/api/v1/autorecovery/lost_bookie_recovery_delay"
+    assert (await b.get(url))[0] == 404
+    assert await b.put(url, json={"delay_seconds": 30}) == (
+        200,
+        "Successfully set lostBookieRecoveryDelay to 30",
+    )
+    assert await b.get(url) == (200, "lostBookieRecoveryDelay value: 30")
+    for bad in ({"delay_seconds": -1}, {"delay_seconds": "30"}, {"delay_seconds": 2**31}, {}):
+        status, body = await b.put(url, json=bad)
+        assert status == 400 and "delay_seconds" in body["error"], bad
+
+    status, body = await b.put("/api/v1/autorecovery/trigger_audit")
+    assert status == 409 and "no auditor" in body["error"]
+    store = await open_store(b.uri)
+    try:
+        await UnderReplicationManager(store, owner="auditor-host:3181").vote()
+        assert await b.put("/api/v1/autorecovery/trigger_audit") == (200, "Successfully triggered audit")
+    finally:
+        await store.close()
+    assert await b.get(url) == (200, "lostBookieRecoveryDelay value: 30")  # rewritten unchanged
+
+
+def test_bookie_process_serves_the_admin_api_on_its_http_port(tmp_path: str) -> None:
+    """`quorumlog bookie --http-port N` (the flag comes from the settings table): a real process answers."""
+    http_port = free_port()
+    proc = BookieProcess(os.path.join(tmp_path, "p"), free_port(), "--http-port", str(http_port))
+    proc.start()
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        with urllib.request.urlopen(base + "/heartbeat", timeout=10) as r:
+            assert r.read() == b"OK\n"
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert "bookie_SERVER_STATUS 1.0" in text and "bookkeeper_server_ADD_ENTRY_REQUEST_count" in text
+    finally:
+        assert proc.stop() == 0
