@@ -90,6 +90,7 @@ class BookieCollector:
             yield _gauge("quorumlog_bookie_connections", "Open client connections", len(server.connections))
         if bookie is not None:
             yield from self._bookie(bookie)
+            yield from self._gc(bookie, service.gc)
         yield _gauge(
             "quorumlog_bookie_disk_usage_ratio",
             "Used fraction of the ledger disk at the last disk check (read-only from disk_usage_threshold)",
@@ -195,6 +196,51 @@ class BookieCollector:
         )
         yield _bk_counter(
             "bookie_flush_size", "Bytes moved from the write cache by checkpoints", bookie.flushed_bytes
+        )
+
+    def _gc(self, bookie: Any, gc: Any) -> Iterator[Metric]:
+        """Garbage collection, compaction and entry logs (BookKeeper's GarbageCollectorStats names)."""
+        live = bookie.storage.usage.live_bytes()
+        yield _gauge("bookie_ACTIVE_ENTRY_LOG_TOTAL", "Entry logs holding live entries", len(live))
+        yield _gauge(
+            "bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES", "Live entry bytes in entry logs", sum(live.values())
+        )
+        gc_stats = gc.stats if gc is not None else None
+        compaction = gc.compactor.stats if gc is not None else None
+        yield _bk_counter(
+            "bookie_DELETED_LEDGER_TOTAL",
+            "Ledgers dropped by garbage collection (deleted in metadata)",
+            gc_stats.ledgers_deleted if gc_stats else 0,
+        )
+        yield _bk_counter(
+            "bookie_MINOR_COMPACTION_TOTAL",
+            "Minor compactions run",
+            compaction.minor_runs if compaction else 0,
+        )
+        yield _bk_counter(
+            "bookie_MAJOR_COMPACTION_TOTAL",
+            "Major compactions run",
+            compaction.major_runs if compaction else 0,
+        )
+        yield _bk_counter(
+            "bookie_RECLAIMED_COMPACTION_SPACE_BYTES",
+            "Disk bytes compaction gave back (log bytes deleted minus live bytes copied)",
+            compaction.bytes_reclaimed if compaction else 0,
+        )
+        yield CounterMetricFamily(
+            "quorumlog_bookie_gc_rounds",
+            "Garbage-collection rounds run",
+            value=gc_stats.rounds if gc_stats else 0,
+        )
+        yield CounterMetricFamily(
+            "quorumlog_bookie_gc_entry_logs_deleted",
+            "Entry logs deleted by garbage collection (no live entry left)",
+            value=gc_stats.logs_deleted if gc_stats else 0,
+        )
+        yield CounterMetricFamily(
+            "quorumlog_bookie_compaction_entries_moved",
+            "Live entries compaction copied out of sparse entry logs",
+            value=compaction.entries_moved if compaction else 0,
         )
 
 

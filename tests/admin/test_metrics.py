@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quorumlog.admin.sketch import ADD_SAMPLE_EVERY, Sketch
 from quorumlog.bookie.journal import RecordType
+from quorumlog.client.client import Client
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 from tests.admin.conftest import AdminBookie, StartAdminBookie
@@ -165,3 +166,51 @@ async def test_bookies_in_one_process_keep_their_own_numbers(admin_bookie: Start
     assert (
         value(await scrape(two), "quorumlog_bookie_requests_total", operation="ADD_ENTRY", status="EOK") == 0
     )
+
+
+async def test_gc_compaction_and_entry_log_metrics_move(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie(entry_log_size_bytes=1 << 20)
+    bookie = b.service.bookie
+    assert bookie is not None
+    big = b"x" * (100 << 10)
+    client = await Client.connect(b.uri)
+    c = await RawClient.connect(*b.service.address)
+    try:
+
+        async def fill(ledger_id: int, n: int, body: bytes) -> None:
+            for e in range(n):
+                r = await c.call(m.AddRequest(ledger_id, e, KEY, entry(ledger_id, e, body)))
+                assert r.status == StatusCode.EOK
+
+        # Ledgers 11, 13 and 15 have no metadata: garbage collection drops them. 11 alone fills the first
+        # entry log (deleted whole by GC); the one kept ledger's entry shares a log with 13 (compacted).
+        await fill(11, 12, big)
+        await bookie.checkpoint()
+        kept = await client.create_ledger(1, 1, 1)
+        await kept.append_wait(b"kept")
+        await fill(13, 12, big)
+        await bookie.checkpoint()
+        await fill(15, 1, b"y")
+        await bookie.checkpoint()  # rolls: every log holding the kept entry is sealed
+    finally:
+        await c.close()
+        await client.close()
+    before = await scrape(b)
+    assert value(before, "bookie_ACTIVE_ENTRY_LOG_TOTAL") >= 3
+    assert value(before, "bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES") > 24 * len(big)
+    assert value(before, "bookie_DELETED_LEDGER_TOTAL") == 0
+
+    assert (await b.put("/api/v1/bookie/gc"))[0] == 200
+    assert b.service.http is not None and b.service.http._force_gc is not None
+    await b.service.http._force_gc
+    gc = b.service.gc
+    assert gc is not None
+    await gc.compactor.compact(0.5, "major")
+    after = await scrape(b)
+    assert value(after, "bookie_DELETED_LEDGER_TOTAL") == 3
+    assert value(after, "quorumlog_bookie_gc_rounds_total") == 1
+    assert value(after, "quorumlog_bookie_gc_entry_logs_deleted_total") >= 1
+    assert value(after, "bookie_ACTIVE_ENTRY_LOG_SPACE_BYTES") < 1000  # only the kept ledger's entry
+    assert value(after, "bookie_MAJOR_COMPACTION_TOTAL") + value(after, "bookie_MINOR_COMPACTION_TOTAL") >= 1
+    assert value(after, "quorumlog_bookie_compaction_entries_moved_total") == 1
+    assert value(after, "bookie_RECLAIMED_COMPACTION_SPACE_BYTES") > 1 << 20
