@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from quorumlog.cli.common import config_errors, usage
+from quorumlog.cli.common import LOG_LEVELS, config_errors, open_cluster_store, run_async, usage
 from quorumlog.replication.config import AUTORECOVERY, settings_from
 
 
@@ -32,7 +32,13 @@ from quorumlog.replication.config import AUTORECOVERY, settings_from
 @click.option(
     "--ready-fd", type=int, default=None, help="Write 'ready OWNER' and a newline here once running."
 )
-@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Python logging level.",
+)
 @AUTORECOVERY.click_options()
 def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
     """Run auto-recovery: stand for auditor, and re-replicate under-replicated ledgers, until SIGTERM."""
@@ -42,9 +48,7 @@ def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, 
     values = config_errors(lambda: AUTORECOVERY.load(config_path, overrides=AUTORECOVERY.parse_flags(flags)))
     if not values["metadata"]:
         usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")
-    from quorumlog.env import run
-
-    run(_main(values, ready_fd))
+    run_async(_main(values, ready_fd))
 
 
 def serve_metrics(host: str, port: int) -> Any:
@@ -65,7 +69,14 @@ async def _main(values: dict[str, Any], ready_fd: int | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    ar = await AutoRecovery(values["metadata"], settings_from(values)).start()
+    # Refuse a wrong root or a mistyped file:// path as the shell does: started there, an auditor would
+    # elect itself and write its nodes into a tree that holds no cluster.
+    store = await open_cluster_store(values["metadata"])
+    try:
+        ar = await AutoRecovery(values["metadata"], settings_from(values), store=store).start()
+    except BaseException:
+        await store.close()
+        raise
     try:
         line = f"ready {ar.owner}\n"
         if ready_fd is not None:
@@ -84,3 +95,4 @@ async def _main(values: dict[str, Any], ready_fd: int | None) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await ar.stop()
+        await store.close()

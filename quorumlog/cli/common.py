@@ -11,6 +11,8 @@ Rules kept here:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import sys
 from collections.abc import Callable, Coroutine
@@ -42,6 +44,9 @@ T = TypeVar("T")
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""What `--log-level` accepts (any case): the standard logging levels, so a typo is a usage error."""
 
 
 class CliError(click.ClickException):
@@ -101,6 +106,13 @@ def explain(exc: BaseException) -> CliError:
     if isinstance(exc, QuorumLogError):
         found = next((h for cls, h in _HINTS if isinstance(exc, cls)), None)
         return CliError(f"{str(exc) or type(exc).__name__} ({type(exc).__name__})", found)
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        # A bind, not a file: the path hint would send the operator looking at the wrong thing.
+        return CliError(
+            str(exc),
+            "another process already listens on that port (often a bookie or standalone still running; "
+            "`ss -ltnp` shows which): stop it, or choose a free port (--port)",
+        )
     if isinstance(exc, OSError):
         return CliError(str(exc), "check the path and its permissions")
     return CliError(
@@ -145,6 +157,41 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
         if debug_enabled():
             raise
         raise explain(exc) from exc
+
+
+async def open_cluster_store(uri: str, **options: float) -> Any:
+    """The metadata store `uri` names, checked to hold an initialised cluster (closed again if not).
+
+    What every command that works on an existing cluster opens (the shell, `autorecovery`): a wrong root or
+    a mistyped `file://` path fails here with a clear error, before anything is written there -- the
+    embedded store would otherwise be created, and an auditor would elect itself in an empty tree.
+    """
+    from quorumlog.meta.cluster import check_cluster
+    from quorumlog.meta.store import open_cluster_store as open_existing
+    from quorumlog.meta.store import parse_uri
+
+    parsed = parse_uri(uri)
+    if parsed.scheme == "file":
+        import os
+        import urllib.parse
+
+        from quorumlog.meta.embedded import DB_FILE
+
+        directory = urllib.parse.unquote(parsed.path)
+        if not os.path.exists(os.path.join(directory, DB_FILE)):  # noqa: ASYNC240 (one stat)
+            fail(
+                f"no embedded metadata store at {directory}",
+                "check the path: `quorumlog standalone` prints its URI as `metadata: file://...`; "
+                "`quorumlog shell --metadata URI initnewcluster` creates a new one",
+            )
+    store = await open_existing(uri, **options)
+    try:
+        await check_cluster(store)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await store.close()
+        raise
+    return store
 
 
 def fail(message: str, hint: str | None = None, exit_code: int = EXIT_FAILURE) -> NoReturn:

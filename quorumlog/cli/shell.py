@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +30,13 @@ from typing import Any
 import click
 
 from quorumlog.cli.common import (
+    EXIT_INTERRUPTED,
     CliError,
     config_errors,
     console,
     fail,
     human_bytes,
+    open_cluster_store,
     print_json,
     quiet_logging,
     run_async,
@@ -70,29 +70,17 @@ class ShellContext:
         return self.metadata
 
     @contextlib.asynccontextmanager
-    async def store(self, *, create: bool = False, need_cluster: bool = True) -> AsyncIterator[Any]:
-        """The open metadata store (closed on exit); checks a cluster exists unless told otherwise."""
-        from quorumlog.meta.cluster import check_cluster
-        from quorumlog.meta.store import open_store, parse_uri
+    async def store(self, *, create: bool = False) -> AsyncIterator[Any]:
+        """The open metadata store (closed on exit), checked to hold a cluster unless `create`."""
+        from quorumlog.meta.store import open_store
 
         uri = self.uri()
-        parsed = parse_uri(uri)
-        if parsed.scheme == "file" and not create:
-            from quorumlog.meta.embedded import DB_FILE
-
-            directory = urllib.parse.unquote(parsed.path)
-            if not os.path.exists(os.path.join(directory, DB_FILE)):  # noqa: ASYNC240 (one stat)
-                fail(
-                    f"no embedded metadata store at {directory}",
-                    "check the path: `quorumlog standalone` prints its URI as `metadata: file://...`; "
-                    "`initnewcluster` creates a new one",
-                )
-        store = await open_store(
-            uri, connect_timeout_s=self.connect_timeout_s, op_timeout_s=self.op_timeout_s
-        )
+        timeouts = {"connect_timeout_s": self.connect_timeout_s, "op_timeout_s": self.op_timeout_s}
+        if create:
+            store = await open_store(uri, **timeouts)
+        else:
+            store = await open_cluster_store(uri, **timeouts)
         try:
-            if need_cluster:
-                await check_cluster(store)
             yield store
         finally:
             with contextlib.suppress(Exception):
@@ -192,8 +180,13 @@ def listbookies(only_readonly: bool, only_writable: bool, as_json: bool) -> None
             registry = BookieRegistry(store)
             await registry.start()
             try:
-                ids = [(b, "writable") for b in sorted(registry.writable_bookies()) if not only_readonly]
-                ids += [(b, "read-only") for b in sorted(registry.readonly_bookies()) if not only_writable]
+                both = await _settle_registrations(registry, store.options.session_timeout_s)
+                writable = registry.writable_bookies() - both
+                readonly = registry.readonly_bookies() - both
+                ids = [(b, "writable") for b in sorted(writable) if not only_readonly]
+                ids += [(b, "read-only") for b in sorted(readonly) if not only_writable]
+                if not (only_readonly or only_writable):
+                    ids += [(b, "writable and read-only (conflicting registrations)") for b in sorted(both)]
                 return list(
                     await asyncio.gather(*(_bookie_row(b, state, registry.resolve, sc) for b, state in ids))
                 )
@@ -211,6 +204,25 @@ def listbookies(only_readonly: bool, only_writable: bool, as_json: bool) -> None
             r["bookie_id"], r["state"], r["address"] or "?", free, human_bytes(r["total_disk_bytes"])
         )
     _print(table)
+
+
+async def _settle_registrations(registry: Any, session_timeout_s: float) -> frozenset[str]:
+    """Wait for bookies registered both writable and read-only to be in one list; returns those still in both.
+
+    A bookie moving between the lists creates the new node before deleting the old one, and a bookie
+    restarted after a crash in the other mode sits beside the node of its dead session until that session
+    expires: for a moment it is in both, and listing it twice (as the watches see it) would be wrong either
+    way. The stale node goes within its session timeout; two live bookies with one id never settle and are
+    shown as a conflict.
+    """
+
+    def in_both(r: Any) -> frozenset[str]:
+        return frozenset(r.writable_bookies() & r.readonly_bookies())
+
+    if in_both(registry):
+        with contextlib.suppress(TimeoutError):
+            await registry.wait_for(lambda r: not in_both(r), timeout_s=2 * session_timeout_s)
+    return in_both(registry)
 
 
 async def _bookie_row(bookie_id: str, state: str, resolve: Any, sc: ShellContext) -> dict[str, Any]:
@@ -401,6 +413,7 @@ def readledger(
     view = mode or "auto"
 
     async def body() -> dict[str, Any]:
+        from quorumlog.errors import ReadBeyondLastAddConfirmedError
         from quorumlog.meta.ledger_manager import LedgerManager
 
         async with sc.store() as store:
@@ -411,6 +424,13 @@ def readledger(
                 try:
                     end = handle.metadata.last_entry_id if handle.is_closed else handle.last_add_confirmed
                     stop = end if last is None else last
+                    if stop > end:
+                        # Checked for the whole range here: read batch by batch, the first batch past the
+                        # end would name its own last entry, not the --last the operator gave.
+                        where = "is closed at entry" if handle.is_closed else "has its last add confirmed at"
+                        raise ReadBeyondLastAddConfirmedError(
+                            f"--last {stop} is beyond the end of ledger {ledger}: it {where} {end}"
+                        )
                     entries = []
                     at = first
                     while at <= stop:
@@ -525,55 +545,74 @@ def simpletest(
         )
     show_progress = not as_json and console(stderr=True).is_terminal
 
+    made: dict[str, Any] = {}
+
     async def body() -> dict[str, Any]:
         async with sc.store() as store, sc.client(store) as client:
             w = await client.create_ledger(ensemble_size, write_quorum, ack_quorum)
-            ledger_id = w.ledger_id
-            with _progress(not show_progress) as progress:
-                task = progress.add_task(f"writing ledger {ledger_id}", total=entries)
-                t0 = time.perf_counter()
-                pending: set[asyncio.Future[int]] = set()
-                for i in range(entries):
-                    if len(pending) >= 1000:  # bounded pipeline: keep the writer busy, memory flat
-                        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                        for f in done:
-                            f.result()
-                        progress.advance(task, len(done))
-                    pending.add(w.append(_payload(i, entry_size)))
-                for f in asyncio.as_completed(pending):
-                    await f
-                    progress.advance(task)
-                write_s = time.perf_counter() - t0
-                await w.close()
-                r = await client.open_ledger(ledger_id, recovery=False)
-                task = progress.add_task(f"reading ledger {ledger_id}", total=entries)
-                t0 = time.perf_counter()
-                mismatches = 0
-                for start in range(0, entries, READ_BATCH_ENTRIES):
-                    batch = await r.read(start, min(entries - 1, start + READ_BATCH_ENTRIES - 1))
-                    for e in batch:
-                        if e.payload != _payload(e.entry_id, entry_size):
-                            mismatches += 1
-                    progress.advance(task, len(batch))
-                read_s = time.perf_counter() - t0
-                await r.close()
-            if not keep:
-                await client.delete_ledger(ledger_id)
-            return {
-                "ledger_id": ledger_id,
-                "ensemble": [ensemble_size, write_quorum, ack_quorum],
-                "entries": entries,
-                "entry_size": entry_size,
-                "write_s": round(write_s, 4),
-                "write_entries_per_s": round(entries / write_s) if write_s > 0 else None,
-                "read_s": round(read_s, 4),
-                "read_entries_per_s": round(entries / read_s) if read_s > 0 else None,
-                "mismatches": mismatches,
-                "kept": keep,
-                "ok": mismatches == 0,
-            }
+            made["ledger_id"] = ledger_id = w.ledger_id
+            try:
+                return await test(client, w, ledger_id)
+            except BaseException:
+                # Ctrl-C (the task is cancelled) or a failure mid-test: leave no OPEN ledger behind.
+                made["cleaned"] = await _abandon_test_ledger(client, w, keep)
+                raise
 
-    result = run_async(body())
+    async def test(client: Any, w: Any, ledger_id: int) -> dict[str, Any]:
+        with _progress(not show_progress) as progress:
+            task = progress.add_task(f"writing ledger {ledger_id}", total=entries)
+            t0 = time.perf_counter()
+            pending: set[asyncio.Future[int]] = set()
+            for i in range(entries):
+                if len(pending) >= 1000:  # bounded pipeline: keep the writer busy, memory flat
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for f in done:
+                        f.result()
+                    progress.advance(task, len(done))
+                pending.add(w.append(_payload(i, entry_size)))
+            for f in asyncio.as_completed(pending):
+                await f
+                progress.advance(task)
+            write_s = time.perf_counter() - t0
+            await w.close()
+            r = await client.open_ledger(ledger_id, recovery=False)
+            task = progress.add_task(f"reading ledger {ledger_id}", total=entries)
+            t0 = time.perf_counter()
+            mismatches = 0
+            for start in range(0, entries, READ_BATCH_ENTRIES):
+                batch = await r.read(start, min(entries - 1, start + READ_BATCH_ENTRIES - 1))
+                for e in batch:
+                    if e.payload != _payload(e.entry_id, entry_size):
+                        mismatches += 1
+                progress.advance(task, len(batch))
+            read_s = time.perf_counter() - t0
+            await r.close()
+        if not keep:
+            await client.delete_ledger(ledger_id)
+        return {
+            "ledger_id": ledger_id,
+            "ensemble": [ensemble_size, write_quorum, ack_quorum],
+            "entries": entries,
+            "entry_size": entry_size,
+            "write_s": round(write_s, 4),
+            "write_entries_per_s": round(entries / write_s) if write_s > 0 else None,
+            "read_s": round(read_s, 4),
+            "read_entries_per_s": round(entries / read_s) if read_s > 0 else None,
+            "mismatches": mismatches,
+            "kept": keep,
+            "ok": mismatches == 0,
+        }
+
+    try:
+        result = run_async(body())
+    except CliError as e:
+        if e.exit_code != EXIT_INTERRUPTED or "ledger_id" not in made:
+            raise
+        raise CliError(
+            f"interrupted; ledger {made['ledger_id']} {made.get('cleaned', 'left as it was')}",
+            "simpletest was stopped before it finished; run it again (fewer entries with -n)",
+            EXIT_INTERRUPTED,
+        ) from None
     if as_json:
         print_json(result)
     else:
@@ -589,6 +628,27 @@ def simpletest(
         _print(table)
     if not result["ok"]:
         raise CliError(f"{result['mismatches']} entries read back differ from what was written")
+
+
+SIMPLETEST_CLEANUP_S_MAX = 10.0
+"""How long an interrupted simpletest spends closing (and deleting) its ledger before it gives up."""
+
+
+async def _abandon_test_ledger(client: Any, w: Any, keep: bool) -> str:
+    """Close the interrupted test's ledger, and delete it unless --keep; says what was done."""
+    from quorumlog.errors import NoSuchLedgerError, QuorumLogError
+
+    try:
+        async with asyncio.timeout(SIMPLETEST_CLEANUP_S_MAX):
+            with contextlib.suppress(QuorumLogError):
+                await w.close()
+            if keep:
+                return "closed (kept)"
+            with contextlib.suppress(NoSuchLedgerError):  # interrupted while deleting it already
+                await client.delete_ledger(w.ledger_id)
+            return "deleted"
+    except (QuorumLogError, TimeoutError) as e:
+        return f"could not be cleaned up ({type(e).__name__}): `deleteledger {w.ledger_id}` removes it"
 
 
 class _OnlyBookie:
@@ -702,7 +762,7 @@ def initnewcluster(as_json: bool) -> None:
     async def body() -> str:
         from quorumlog.meta.cluster import init_cluster
 
-        async with sc.store(create=True, need_cluster=False) as store:
+        async with sc.store(create=True) as store:
             return (await init_cluster(store)).instance_id
 
     instance_id = run_async(body())
@@ -725,7 +785,7 @@ def metaformat(force: bool, as_json: bool) -> None:
     async def body() -> str:
         from quorumlog.meta.cluster import format_cluster
 
-        async with sc.store(create=True, need_cluster=False) as store:
+        async with sc.store(create=True) as store:
             return (await format_cluster(store, force=True)).instance_id
 
     instance_id = run_async(body())
@@ -744,7 +804,7 @@ def whatisinstanceid(as_json: bool) -> None:
     async def body() -> str:
         from quorumlog.meta.cluster import check_cluster
 
-        async with sc.store(need_cluster=False) as store:
+        async with sc.store() as store:
             return (await check_cluster(store)).instance_id
 
     instance_id = run_async(body())

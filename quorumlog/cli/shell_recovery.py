@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from quorumlog.cli.common import console, human_bytes, print_json, run_async
+from quorumlog.cli.common import console, fail, human_bytes, print_json, run_async
 from quorumlog.cli.shell import _confirm_or_force, _ctx, _print, _table, json_option, shell
 
 
@@ -143,10 +143,18 @@ def triggeraudit(as_json: bool) -> None:
     sc = _ctx()
 
     async def body() -> int:
+        from quorumlog.errors import IllegalOperationError
         from quorumlog.replication import admin
 
         async with sc.store() as store:
-            return await admin.trigger_audit(store)
+            try:
+                return await admin.trigger_audit(store)
+            except IllegalOperationError as e:
+                fail(
+                    str(e),
+                    "start one: `quorumlog autorecovery --metadata URI` (it stands for auditor); "
+                    "`whoisauditor` shows the elected one",
+                )
 
     delay = run_async(body())
     if as_json:

@@ -41,7 +41,7 @@ from quorumlog.meta.ledger_keys import RecoveryKey, create_without_password
 from quorumlog.meta.ledger_manager import LedgerManager
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.registration import BookieRegistry
-from quorumlog.meta.store import MetadataStore, open_store
+from quorumlog.meta.store import MetadataStore, open_cluster_store
 from quorumlog.proto.entry import DigestType, Entry
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import ProtocolVersion
@@ -255,7 +255,7 @@ class Client:
         policy = placement_by_name(placement) if isinstance(placement, str) else placement
         owns = store is None
         if store is None:
-            store = await open_store(uri)
+            store = await open_cluster_store(uri)
         registry = BookieRegistry(store)
         try:
             await registry.start()

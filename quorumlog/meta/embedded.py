@@ -149,10 +149,14 @@ class EmbeddedStore(MetadataStore):
 
     @classmethod
     async def connect(
-        cls, uri: str, directory: str, options: StoreOptions, env: Env | None = None
+        cls, uri: str, directory: str, options: StoreOptions, env: Env | None = None, *, create: bool = True
     ) -> EmbeddedStore:
+        """Open the store in `directory`; with `create=False` a directory holding no store is refused
+        (`MetadataNotFoundError`) and nothing is written there: a mistyped path must not become a new store."""
         if not directory:
             raise MetadataStoreError(f"metadata URI {uri!r} names no directory")
+        if not create and not os.path.exists(os.path.join(directory, DB_FILE)):  # noqa: ASYNC240 (one stat)
+            raise MetadataNotFoundError(f"no embedded metadata store at {directory} ({uri})")
         store = cls(uri, directory, options, env or default_env())
         try:
             async with asyncio.timeout(options.connect_timeout_s):

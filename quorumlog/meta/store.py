@@ -526,7 +526,20 @@ async def open_store(uri: str, **options: float) -> MetadataStore:
     `security.MetadataSecurity`). Fails with `MetadataStoreError` if the store cannot be reached within
     `connect_timeout_s`, with its subclass `MetadataSecurityError` if a TLS handshake or the etcd
     authentication failed, and with `ConfigError` if a certificate or password file cannot be read.
+
+    `open_cluster_store` is the variant for callers that need an existing cluster.
     """
+    return await _open_store(uri, existing_cluster=False, options=options)
+
+
+async def open_cluster_store(uri: str, **options: float) -> MetadataStore:
+    """`open_store` for callers that need a cluster (a client): a `file://` directory is neither created
+    nor opened unless it holds an initialised cluster (`MetadataNotFoundError`), since opening creates the
+    embedded store and a mistyped path would silently become an empty one."""
+    return await _open_store(uri, existing_cluster=True, options=options)
+
+
+async def _open_store(uri: str, *, existing_cluster: bool, options: dict[str, float]) -> MetadataStore:
     from quorumlog.meta.security import MetadataSecurity
 
     parsed = parse_uri(uri)
@@ -557,5 +570,16 @@ async def open_store(uri: str, **options: float) -> MetadataStore:
             )
         if parsed.hosts:
             raise InvalidArgumentError(f"metadata URI {uri!r}: use file:///absolute/path (three slashes)")
-        return await EmbeddedStore.connect(uri, urllib.parse.unquote(parsed.path), opts)
+        store = await EmbeddedStore.connect(
+            uri, urllib.parse.unquote(parsed.path), opts, create=not existing_cluster
+        )
+        if existing_cluster:
+            from quorumlog.meta.cluster import check_cluster
+
+            try:
+                await check_cluster(store)
+            except BaseException:
+                await store.close()
+                raise
+        return store
     raise InvalidArgumentError(f"metadata URI {uri!r}: unknown scheme {parsed.scheme!r} (zk, etcd, file)")

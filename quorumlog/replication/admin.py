@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from quorumlog.errors import (
+    IllegalOperationError,
     InvalidArgumentError,
     MetadataNotFoundError,
-    MetadataStoreError,
     NoSuchLedgerError,
     OperationTimeoutError,
     QuorumLogError,
@@ -203,11 +203,14 @@ async def decommission(
 async def trigger_audit(store: MetadataStore) -> int:
     """Make the auditor run its lost-bookie audit now; returns the (unchanged) delay it rewrote.
 
-    `MetadataStoreError` when no auditor is elected (nobody would notice).
+    `IllegalOperationError` when no auditor is elected: nobody would notice, and the store itself is fine
+    (a `MetadataStoreError` would send the operator to check it).
     """
     urm = UnderReplicationManager(store, owner=_owner())
     if await urm.auditor() is None:
-        raise MetadataStoreError("no auditor is elected: start `quorumlog autorecovery` first")
+        raise IllegalOperationError(
+            "no auditor is running (no auto-recovery process is elected), so nobody would run the audit"
+        )
     delay = await urm.lost_bookie_recovery_delay()
     await urm.set_lost_bookie_recovery_delay(delay if delay is not None else 0)
     return delay or 0
