@@ -232,6 +232,7 @@ class Client:
         """Connect to the metadata store at `uri` (zk://, etcd://, file://) and follow bookie membership.
 
         `store`: use an already open store instead of opening `uri` (it is then not closed by `close()`).
+        A `file://` directory holding no initialised cluster is refused (`MetadataNotFoundError`), not created.
         """
         config = ClientConfig(
             explicit_lac_interval_s=explicit_lac_interval_s,
