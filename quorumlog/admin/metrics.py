@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 
 # Operations whose summaries are always present, even before the first request (dashboards look them up).
 _ALWAYS = ("ADD_ENTRY", "READ_ENTRY")
+# Operations the server times only a sample of (server.py), with their operation code and the variants of
+# that code timed under names of their own (all fencing and long-poll reads are timed).
+_SAMPLED = {
+    "ADD_ENTRY": (int(OpCode.ADD_ENTRY), ()),
+    "READ_ENTRY": (int(OpCode.READ_ENTRY), ("READ_ENTRY_FENCE", "READ_ENTRY_LONG_POLL")),
+}
 
 
 def _op_name(code: int) -> str:
@@ -112,24 +118,31 @@ class BookieCollector:
         latency = dict(stats.latency)
         for op in _ALWAYS:
             latency.setdefault(op, OpStats())
+        eok = int(StatusCode.EOK)
         for op, op_stats in sorted(latency.items()):
             name = f"bookkeeper_server_{op}_REQUEST"
             doc = f"{op} requests: milliseconds from decoding to the answer"
-            if op != "ADD_ENTRY":
+            sampled = _SAMPLED.get(op)
+            if sampled is None:
                 yield _op_summary(name, doc, op_stats)
                 continue
-            # Adds are timed one in ADD_SAMPLE_EVERY: quantiles come from the sample, counts are exact and
+            # Plain adds and reads are timed one in ADD_SAMPLE_EVERY: quantiles come from the sample, counts
+            # are exact (answers of that operation code, less the variants timed under their own name) and
             # sums are the sample's mean times the exact count.
-            ok = responses.get(add_key, 0)
-            failed = sum(n for (o, s), n in responses.items() if o == add_key[0] and s != add_key[1])
+            code, variants = sampled
+            ok = responses.get((code, eok), 0)
+            failed = sum(n for (o, st), n in responses.items() if o == code and st != eok)
+            for variant in variants:
+                other = latency.get(variant)
+                if other is not None:
+                    ok -= other.success.count
+                    failed -= other.failure.count
             rows = []
-            for label, sketch, count in (
-                ("true", op_stats.success, ok),
-                ("false", op_stats.failure, failed),
-            ):
+            for label, sketch, count in (("true", op_stats.success, ok), ("false", op_stats.failure, failed)):
+                count = max(count, 0)
                 mean = sketch.sum / sketch.count if sketch.count else 0.0
                 rows.append(({"success": label}, sketch, float(count), mean * count))
-            yield _summary(name, doc + " (quantiles from a sample of adds)", rows)
+            yield _summary(name, doc + " (quantiles from a sample)", rows)
         yield _bk_counter("bookie_WRITE_BYTES", "Entry bytes received in add requests", stats.write_bytes)
         yield _bk_counter("bookie_READ_BYTES", "Entry bytes sent in read answers", stats.read_bytes)
 

@@ -63,6 +63,7 @@ _EOK = StatusCode.EOK
 _ADD_SAMPLE_MASK = ADD_SAMPLE_EVERY - 1
 _V3 = ProtocolVersion.V3
 _StartTLS = m.StartTLSRequest
+_Read = m.ReadRequest
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # Answers one connection may have waiting in our hands before we stop serving its requests (the transport's
 # own high-water mark bounds what it holds; this bounds one event-loop turn's worth, e.g. a chunk of reads).
@@ -217,6 +218,10 @@ class BookieConnection(asyncio.Protocol):
                     elif type(req) is _StartTLS and self.server.tls is not None:
                         self._start_tls(req, trailing=req is not requests[-1])  # type: ignore[arg-type]
                         return  # reading is paused; anything after START_TLS closed the connection
+                    elif type(req) is _Read and not (req.fence or req.piggyback):  # type: ignore[union-attr]
+                        # Plain reads are sampled like adds: catch-up readers send them by the thousand.
+                        sampled = not req.entry_id & _ADD_SAMPLE_MASK  # type: ignore[union-attr]
+                        handle(req, self._timed("READ_ENTRY", reply) if sampled else reply, self)
                     else:
                         handle(req, self._timed(_op_name(req), reply), self)
                 except Exception:  # a bug must cost one request, not the bookie
