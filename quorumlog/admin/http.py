@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 BODY_BYTES_MAX = 64 << 10  # the largest request body: every PUT here takes a few fields
 LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
+BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
+BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -147,6 +149,7 @@ class AdminServer:
         r.add_get("/api/v1/bookie/state/readonly", self.readonly_get)
         r.add_put("/api/v1/bookie/state/readonly", self._mutating(self.readonly_put))
         r.add_get("/api/v1/bookie/list_bookies", self.list_bookies)
+        r.add_get("/api/v1/bookie/list_bookie_info", self.list_bookie_info)
         r.add_get("/api/v1/bookie/cluster_info", self.cluster_info)
         r.add_get("/api/v1/bookie/last_log_mark", self.last_log_mark)
         r.add_get("/api/v1/bookie/list_disk_file", self.list_disk_file)
@@ -329,6 +332,59 @@ class AdminServer:
         except MetadataNotFoundError:
             names = []
         return _json({n: (n.rsplit(":", 1)[0] if hostnames else None) for n in names})
+
+    async def list_bookie_info(self, request: web.Request) -> web.Response:
+        from quorumlog.meta import layout
+        from quorumlog.meta.registration import BookieRegistry
+
+        store = self._store()
+        root = store.ledgers_root
+        ids: set[str] = set()
+        for path in (layout.available_path(root), layout.readonly_path(root)):
+            with contextlib.suppress(MetadataNotFoundError):
+                ids.update(n for n in await store.children(path) if n != layout.READONLY)
+        registry = BookieRegistry(store)  # not started: resolve() reads registrations directly
+        limit = asyncio.Semaphore(BOOKIE_INFO_CONCURRENCY)
+
+        async def one(bookie_id: str) -> dict[str, Any]:
+            if bookie_id == self.service.bookie_id:
+                usage = self.service.env.disk.usage(self.service.config.ledger_dir)
+                return {"free": usage.free_bytes, "total": usage.total_bytes}
+            async with limit:
+                return await self._ask_bookie_info(bookie_id, registry.resolve)
+
+        infos = await asyncio.gather(*(one(i) for i in sorted(ids)))
+        out: dict[str, Any] = dict(zip(sorted(ids), infos, strict=True))
+        answered = [i for i in infos if "error" not in i]
+        out["clusterInfo"] = {
+            "total_free": sum(i["free"] for i in answered),
+            "total": sum(i["total"] for i in answered),
+        }
+        return _json(out)
+
+    async def _ask_bookie_info(self, bookie_id: str, resolve: Any) -> dict[str, Any]:
+        """Another bookie's disk, by GET_BOOKIE_INFO (an error entry if it does not answer in time)."""
+        from quorumlog.client.bookie_client import BookieClient
+        from quorumlog.errors import QuorumLogError
+        from quorumlog.proto.messages import GetBookieInfoRequest, GetBookieInfoResponse
+        from quorumlog.proto.status import StatusCode
+
+        bc = BookieClient(
+            self.service.env,
+            bookie_id,
+            resolve,
+            request_timeout_s=BOOKIE_INFO_TIMEOUT_S,
+            connect_timeout_s=BOOKIE_INFO_TIMEOUT_S,
+        )
+        try:
+            resp = await bc.request(GetBookieInfoRequest())
+        except (QuorumLogError, OSError) as e:
+            return {"error": f"no answer: {type(e).__name__}: {e}"}
+        finally:
+            await bc.close()
+        if not isinstance(resp, GetBookieInfoResponse) or resp.status != StatusCode.EOK:
+            return {"error": f"answered {getattr(resp, 'status', resp)!s}"}
+        return {"free": resp.free_disk_space_bytes, "total": resp.total_disk_capacity_bytes}
 
     async def cluster_info(self, request: web.Request) -> web.Response:
         from quorumlog.meta import layout

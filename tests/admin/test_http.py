@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 from quorumlog.admin.http import BODY_BYTES_MAX, AdminServer
 from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError
+from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo
 from quorumlog.meta.store import open_store
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.testing.servers import free_port
@@ -329,3 +330,32 @@ def test_bookie_process_serves_the_admin_api_on_its_http_port(tmp_path: str) -> 
         assert "bookie_SERVER_STATUS 1.0" in text and "bookkeeper_server_ADD_ENTRY_REQUEST_count" in text
     finally:
         assert proc.stop() == 0
+
+
+async def test_list_bookie_info_asks_every_registered_bookie(admin_bookie: StartAdminBookie) -> None:
+    a, other = await admin_bookie("a"), await admin_bookie("other")
+    status, info = await a.get("/api/v1/bookie/list_bookie_info")
+    assert status == 200
+    ids = {a.service.bookie_id, other.service.bookie_id}
+    assert set(info) == ids | {"clusterInfo"}
+    for bookie_id in ids:
+        assert info[bookie_id]["total"] >= info[bookie_id]["free"] > 0
+    assert info["clusterInfo"] == {
+        "total_free": sum(info[i]["free"] for i in ids),
+        "total": sum(info[i]["total"] for i in ids),
+    }
+    # A registered bookie that does not answer is reported, not fatal.
+    store = await open_store(a.uri)
+    ghost_port = free_port()
+    ghost = BookieRegistration(
+        store, f"127.0.0.1:{ghost_port}", BookieServiceInfo.for_rpc("127.0.0.1", ghost_port)
+    )
+    try:
+        await ghost.register()
+        status, info = await a.get("/api/v1/bookie/list_bookie_info")
+        assert status == 200
+        assert "no answer" in info[f"127.0.0.1:{ghost_port}"]["error"]
+        assert info["clusterInfo"]["total"] == sum(info[i]["total"] for i in ids)
+    finally:
+        await ghost.close()
+        await store.close()
