@@ -6,11 +6,17 @@ What it owns: doing now, in the calling process, what the auditor and the worker
   from the other replicas and replaced, whether or not it is still registered -- a bookie killed less than a
   session timeout ago still is, and asking it what it stores would only fail. Open ledgers whose last
   fragment is on it are fenced and closed right away -- an operator asked for it now.
-- `decommission(client, bookie)`: every position on `bookie` moves elsewhere whether the bookie is alive or
-  dead (a live one is also read from), then its cookie is deleted, so the bookie cannot start again on its
-  old data and its id can be reused. Ledgers created on it while this runs are caught by further passes.
+- `decommission(client, bookie)`: a writable bookie is first made read-only (so nothing new lands on it),
+  then every position on it moves elsewhere whether it is alive or dead (a live one is also read from), then
+  its cookie is deleted, so the bookie cannot start again on its old data and its id can be reused. Ledgers
+  created on it before it turned read-only are caught by further passes.
 - `trigger_audit(store)`: BookKeeper's `triggeraudit`: rewrite `lostBookieRecoveryDelay` with its current
   value; the auditor watching it runs the lost-bookie audit at once.
+
+Before anything is fenced or copied, both check what they are asked: a bookie id that no registration,
+cookie or ledger names is an error (a typo must not read as "nothing to do"), and a ledger whose ensemble has
+no spare writable bookie is reported with that reason (`cannot_help`) instead of being fenced to no avail.
+`recover` can be limited to given ledgers and run dry (nothing changed; the report says what would be done).
 
 Rules it keeps: each ledger is worked on under its replication lock (`locks/urL…`), so an autorecovery
 worker (ours or Java's) never works on it at the same time; a lock held by someone else is waited for
@@ -25,7 +31,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +44,7 @@ from quorumlog.errors import (
     QuorumLogError,
 )
 from quorumlog.meta.cookie import delete_cookie, read_cookie
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import MetadataStore
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication.worker import Outcome, Replicator, WorkerSettings
@@ -70,6 +77,11 @@ class RecoveryReport:
     ledgers_fenced: int = 0
     cookie_deleted: bool = False
     elapsed_s: float = 0.0
+    dry_run: bool = False
+    made_read_only: bool = False
+    """Decommission turned the bookie read-only before draining it."""
+    plan: dict[int, list[int]] = field(default_factory=dict)
+    """Per ledger, the first entry of each ensemble that names the bookie (what would be re-replicated)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +93,9 @@ class RecoveryReport:
             "ledgers_fenced": self.ledgers_fenced,
             "cookie_deleted": self.cookie_deleted,
             "elapsed_s": round(self.elapsed_s, 3),
+            "dry_run": self.dry_run,
+            "made_read_only": self.made_read_only,
+            "plan": {str(k): v for k, v in self.plan.items()},
         }
 
 
@@ -91,13 +106,58 @@ def _owner() -> str:
     return f"admin:{socket.gethostname()}:{os.getpid()}"
 
 
-async def _ledgers_on(client: Client, bookie_id: str) -> list[int]:
-    out = []
-    async for lid in client.ledger_manager.list_ledgers():
+NO_SPARE = "no spare bookie"
+"""How a reason that more bookies are needed starts (the CLI tells the operator to start one)."""
+
+
+async def _ledgers_on(
+    client: Client, bookie_id: str, only: Collection[int] | None = None
+) -> dict[int, LedgerMetadata]:
+    if only is None:
+        ids = [lid async for lid in client.ledger_manager.list_ledgers()]
+    else:
+        ids = sorted(set(only))
+    out = {}
+    for lid in ids:
         with contextlib.suppress(NoSuchLedgerError):
-            if bookie_id in (await client.ledger_manager.read(lid)).value.bookies():
-                out.append(lid)
+            md = (await client.ledger_manager.read(lid)).value
+            if bookie_id in md.bookies():
+                out[lid] = md
     return out
+
+
+def _ensembles_with(md: LedgerMetadata, bookie_id: str) -> list[int]:
+    return sorted(first for first, members in md.ensembles.items() if bookie_id in members)
+
+
+def cannot_help(md: LedgerMetadata, bookie_id: str, writable: Collection[str]) -> str | None:
+    """Why no replacement can be found for `bookie_id` in `md`, or None: every ensemble that names it needs
+    a writable bookie it does not already hold. Checked before anything is fenced or copied."""
+    for first in _ensembles_with(md, bookie_id):
+        members = md.ensembles[first]
+        spares = set(writable) - set(members) - {bookie_id}
+        if not spares:
+            return (
+                f"{NO_SPARE}: the ensemble from entry {first} is {', '.join(members)} and no other writable "
+                f"bookie is registered ({len(set(writable))} writable)"
+            )
+    return None
+
+
+async def _check_known(client: Client, bookie_id: str, on_ledgers: bool) -> None:
+    """An id no ledger, registration or cookie names is a typo, not a bookie with nothing to move."""
+    if on_ledgers:
+        return
+    registry = client.registry
+    if bookie_id in registry.writable_bookies() | registry.readonly_bookies():
+        return
+    with contextlib.suppress(MetadataNotFoundError):
+        await read_cookie(client.store, bookie_id)
+        return
+    raise InvalidArgumentError(
+        f"bookie {bookie_id} is unknown to this cluster: it is not registered, has no cookie, and no ledger's "
+        "ensemble names it"
+    )
 
 
 async def _move_off(
@@ -106,11 +166,31 @@ async def _move_off(
     *,
     settings: WorkerSettings | None,
     progress: Progress | None,
+    ledgers: Collection[int] | None = None,
+    dry_run: bool = False,
 ) -> RecoveryReport:
     if not bookie_id:
         raise InvalidArgumentError("give a bookie id, e.g. 127.0.0.1:3181")
     t0 = time.monotonic()
-    report = RecoveryReport(bookie_id)
+    report = RecoveryReport(bookie_id, dry_run=dry_run)
+    first = await _ledgers_on(client, bookie_id, ledgers)
+    await _check_known(client, bookie_id, bool(first))
+    if ledgers is not None:
+        for lid in sorted(set(ledgers) - set(first)):
+            await client.ledger_manager.read(lid)  # NoSuchLedgerError for a ledger that does not exist
+            raise InvalidArgumentError(
+                f"ledger {lid} has no fragment on bookie {bookie_id}: nothing to recover"
+            )
+    if dry_run:
+        writable = client.registry.writable_bookies()
+        for lid, md in first.items():
+            report.ledgers.append(lid)
+            report.plan[lid] = _ensembles_with(md, bookie_id)
+            reason = cannot_help(md, bookie_id, writable)
+            if reason is not None:
+                report.failed[lid] = reason
+        report.elapsed_s = time.monotonic() - t0
+        return report
     urm = UnderReplicationManager(client.store, owner=_owner())
     await urm.init()
     replicator = Replicator(client, settings or WorkerSettings(rate_mb_s=0))
@@ -129,12 +209,21 @@ async def _move_off(
             if progress is not None:
                 progress(done_count, total)
 
-    for _ in range(PASSES_MAX):
-        todo = await _ledgers_on(client, bookie_id)
-        todo = [lid for lid in todo if lid not in report.failed]
-        if not todo:
+    for n in range(PASSES_MAX):
+        found = first if n == 0 else await _ledgers_on(client, bookie_id, ledgers)
+        found = {lid: md for lid, md in found.items() if lid not in report.failed}
+        if not found:
             break
-        report.ledgers.extend(lid for lid in todo if lid not in report.ledgers)
+        report.ledgers.extend(lid for lid in found if lid not in report.ledgers)
+        # Before anything is fenced or copied: a ledger with no possible replacement would only be fenced.
+        writable = client.registry.writable_bookies()
+        todo = []
+        for lid, md in found.items():
+            reason = cannot_help(md, bookie_id, writable)
+            if reason is None:
+                todo.append(lid)
+            else:
+                report.failed[lid] = reason
         done_count = 0
         await asyncio.gather(*(one(lid, len(todo)) for lid in todo))
     report.entries_copied = replicator.stats.entries_copied
@@ -174,9 +263,21 @@ async def recover(
     *,
     settings: WorkerSettings | None = None,
     progress: Progress | None = None,
+    ledgers: Collection[int] | None = None,
+    dry_run: bool = False,
 ) -> RecoveryReport:
-    """Re-replicate now everything that was on `bookie_id` (lost, registered or not); see the module docstring."""
-    return await _move_off(client, bookie_id, settings=settings, progress=progress)
+    """Re-replicate now everything that was on `bookie_id` (lost, registered or not); see the module docstring.
+
+    `ledgers`: only these (each must have a fragment on the bookie). `dry_run`: change nothing; the report
+    lists the ledgers and ensembles that would be re-replicated, and in `failed` those that cannot be.
+    """
+    return await _move_off(
+        client, bookie_id, settings=settings, progress=progress, ledgers=ledgers, dry_run=dry_run
+    )
+
+
+READ_ONLY_WAIT_S_MAX = 30.0
+"""How long decommission waits for a bookie it made read-only to show as read-only in metadata."""
 
 
 async def decommission(
@@ -185,9 +286,37 @@ async def decommission(
     *,
     settings: WorkerSettings | None = None,
     progress: Progress | None = None,
+    make_read_only: Callable[[], Awaitable[None]] | None = None,
 ) -> RecoveryReport:
-    """Move every fragment position off `bookie_id` (live or dead), then delete its cookie."""
+    """Make `bookie_id` read-only, move every fragment position off it (live or dead), then delete its cookie.
+
+    A bookie registered writable is made read-only first with `make_read_only` (e.g. a PUT to its admin
+    API), and the drain starts only once metadata shows it read-only: from then on no client places new
+    ledgers or ensembles on it, so the drain ends. Without `make_read_only` a writable bookie is refused
+    (`IllegalOperationError`) before anything changes. A read-only, stopped or dead bookie is drained at once.
+    """
+    registry = client.registry
+    await _check_known(client, bookie_id, False)
+    made_read_only = False
+    if bookie_id in registry.writable_bookies():
+        if make_read_only is None:
+            raise IllegalOperationError(
+                f"bookie {bookie_id} is writable: clients would keep placing new ledgers on it while it is "
+                "drained; make it read-only first"
+            )
+        await make_read_only()
+        try:
+            await registry.wait_for(
+                lambda r: bookie_id not in r.writable_bookies(), timeout_s=READ_ONLY_WAIT_S_MAX
+            )
+        except TimeoutError:
+            raise OperationTimeoutError(
+                f"bookie {bookie_id} was asked to turn read-only but is still registered writable after "
+                f"{READ_ONLY_WAIT_S_MAX:.0f} s; nothing was moved"
+            ) from None
+        made_read_only = True
     report = await _move_off(client, bookie_id, settings=settings, progress=progress)
+    report.made_read_only = made_read_only
     if report.failed:
         return report  # keep the cookie: the bookie still holds the only copy of something
     try:
