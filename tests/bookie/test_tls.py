@@ -317,14 +317,15 @@ async def test_bookie_and_client_refuse_to_start_with_bad_files(tmp_path: Any, p
         proc.start()
     proc.kill()
     good, other = ca.issue("good2"), ca.issue("other2")
-    with pytest.raises(TLSError, match="does not match"):
-        await Client.connect(
-            f"file://{tmp_path}/meta",
-            tls_enabled=True,
-            tls_certificate_path=good.cert,
-            tls_key_path=other.key,
-            tls_trust_store_path=ca.ca,
-        )
+    async with LocalCluster(0, base_dir=str(tmp_path / "c")) as cluster:
+        with pytest.raises(TLSError, match="does not match"):
+            await Client.connect(
+                cluster.uri,
+                tls_enabled=True,
+                tls_certificate_path=good.cert,
+                tls_key_path=other.key,
+                tls_trust_store_path=ca.ca,
+            )
 
 
 async def test_settings_are_checked() -> None:
