@@ -47,10 +47,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BODY_BYTES_MAX = 64 << 10  # the largest request body: every PUT here takes a few fields
+BODY_READ_TIMEOUT_S = 10.0  # how long a request body may take to arrive
+SHUTDOWN_TIMEOUT_S = 1.0  # requests still running when the bookie stops get this long to finish
 LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _OneLineProtocolErrors(logging.Filter):
+    """aiohttp logs a malformed request (a line too long, TLS on the HTTP port, ...) with its traceback at
+    ERROR: anyone who reaches the port could fill the bookie's log with them. One WARNING line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            record.msg = "admin API: bad HTTP request refused: %s"
+            record.args = (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,)
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+# The logger aiohttp's protocol handler reports to (handler errors never get there: `_errors` answers them).
+_PROTOCOL_LOG = logging.getLogger(__name__ + ".protocol")
+_PROTOCOL_LOG.addFilter(_OneLineProtocolErrors())
 
 
 class ApiError(Exception):
@@ -166,7 +188,13 @@ class AdminServer:
         r.add_put("/api/v1/autorecovery/lost_bookie_recovery_delay", self._mutating(self.recovery_delay_put))
 
     async def start(self) -> None:
-        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            logger=_PROTOCOL_LOG,
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
@@ -246,7 +274,17 @@ class AdminServer:
             raise ApiError(403, "wrong token")
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
-        raw = await request.read()  # bounded by client_max_size (413 past it)
+        # Refused before reading when announced too large; bounded in size (client_max_size) and in time
+        # while read: a peer announcing a body it never sends must not hold a handler (and shutdown) forever.
+        if request.content_length is not None and request.content_length > BODY_BYTES_MAX:
+            raise ApiError(413, f"request body over {BODY_BYTES_MAX} bytes")
+        try:
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                raw = await request.read()
+        except TimeoutError:
+            raise ApiError(
+                408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:.0f} s"
+            ) from None
         try:
             body = json.loads(raw) if raw.strip() else {}
         except (ValueError, UnicodeDecodeError) as e:

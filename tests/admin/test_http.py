@@ -3,13 +3,17 @@ changes, and clear JSON 4xx answers to hostile input."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import urllib.request
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
 
+from quorumlog.admin import http as admin_http
 from quorumlog.admin.http import BODY_BYTES_MAX, AdminServer
 from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError
@@ -359,3 +363,61 @@ async def test_list_bookie_info_asks_every_registered_bookie(admin_bookie: Start
     finally:
         await ghost.close()
         await store.close()
+
+
+async def _raw_http(port: int, data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(4096), 10)
+    finally:
+        writer.close()
+
+
+async def test_malformed_http_and_slow_bodies_are_refused_without_tracebacks(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    b = await admin_bookie()
+    assert b.service.http is not None
+    port = b.service.http.port
+    caplog.set_level(logging.INFO)
+    for garbage in (
+        b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",
+        b"\x16\x03\x01 TLS on the HTTP port\r\n\r\n",
+    ):
+        answer = await _raw_http(port, garbage)
+        assert answer.startswith(b"HTTP/1.0 400") or answer.startswith(b"HTTP/1.1 400"), answer[:100]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert any("bad HTTP request refused" in r.getMessage() for r in caplog.records)
+
+    # A body announced too large is refused before it is read; one that never arrives times out.
+    huge = b"PUT /api/v1/bookie/state/readonly HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999\r\n\r\n{"
+    assert b" 413 " in (await _raw_http(port, huge)).split(b"\r\n")[0]
+    monkeypatch.setattr(admin_http, "BODY_READ_TIMEOUT_S", 0.2)
+    slow = b"PUT /api/v1/bookie/state/readonly HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
+    answer = await _raw_http(port, slow)
+    assert b" 408 " in answer.split(b"\r\n")[0] and b"did not arrive" in answer
+    assert await b.get("/heartbeat") == (200, "OK\n")
+
+
+async def test_stop_does_not_wait_for_a_request_that_never_ends(admin_bookie: StartAdminBookie) -> None:
+    b = await admin_bookie()
+    assert b.service.http is not None
+    runner = b.service.http._runner
+    assert runner is not None and runner.server is not None
+    _, writer = await asyncio.open_connection("127.0.0.1", b.service.http.port)
+    try:
+        writer.write(b"PUT /api/v1/bookie/state/readonly HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        await writer.drain()
+        for _ in range(10_000):  # until the handler runs (and waits for the rest of the body)
+            if runner.server.requests_count:
+                break
+            await asyncio.sleep(0.001)
+        assert runner.server.requests_count == 1
+        started = asyncio.get_running_loop().time()
+        await b.service.stop()
+        assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        writer.close()
