@@ -50,6 +50,9 @@ BODY_BYTES_MAX = 64 << 10  # the largest request body: every PUT here takes a fe
 BODY_READ_TIMEOUT_S = 10.0  # how long a request body may take to arrive
 SHUTDOWN_TIMEOUT_S = 1.0  # requests still running when the bookie stops get this long to finish
 LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
+LEDGER_READ_ENTRIES_MAX = 1000  # entries one /api/v1/ledger/read answer holds at most
+LEDGER_READ_BYTES_MAX = 8 << 20  # and entry bytes (the answer stops after the entry that passes it)
+LEDGER_READ_CHUNK = 100  # entries read from the bookies at a time
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -130,6 +133,26 @@ def _ledger_id_param(request: web.Request) -> int:
     return ledger_id
 
 
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, f"{name} must be an integer, not {raw[:40]!r}") from None
+
+
+def _payload_text(payload: bytes) -> str:
+    try:
+        text = payload.decode("utf-8")
+        if text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return "0x" + payload.hex()
+
+
 def metadata_json(md: Any) -> dict[str, Any]:
     """Ledger metadata in the shape BookKeeper's HTTP API serialises it (camelCase; never the password)."""
     return {
@@ -161,6 +184,7 @@ class AdminServer:
             read_token(token_file)  # refuse to start with an unusable token file
         self._runner: web.AppRunner | None = None
         self._force_gc: asyncio.Task[None] | None = None
+        self._client: Any = None  # a quorumlog Client for ledger reads, made on first use
         self.app = web.Application(middlewares=[self._errors], client_max_size=BODY_BYTES_MAX)
         r = self.app.router
         r.add_get("/heartbeat", self.heartbeat)
@@ -181,6 +205,7 @@ class AdminServer:
         r.add_get("/api/v1/ledger/list", self.ledger_list)
         r.add_get("/api/v1/ledger/metadata", self.ledger_metadata)
         r.add_delete("/api/v1/ledger/delete", self._mutating(self.ledger_delete))
+        r.add_get("/api/v1/ledger/read", self.ledger_read)
         r.add_get("/api/v1/autorecovery/list_under_replicated_ledger", self.under_replicated)
         r.add_get("/api/v1/autorecovery/who_is_auditor", self.who_is_auditor)
         r.add_put("/api/v1/autorecovery/trigger_audit", self._mutating(self.trigger_audit))
@@ -218,6 +243,10 @@ class AdminServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+            self._client = None
 
     # --- errors and authorization ---------------------------------------------------------------------
 
@@ -576,6 +605,58 @@ class AdminServer:
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
         return _json(f"Deleted ledger {ledger_id}")
+
+    async def ledger_read(self, request: web.Request) -> web.Response:
+        """Entries of a ledger, read as any client would (up to its LAC, without recovering it), with the
+        password from its metadata, as BookKeeper's admin reads do. Payloads are UTF-8 text, or "0x" + hex
+        when they are not."""
+        from quorumlog.client.client import Client
+        from quorumlog.errors import QuorumLogError
+
+        ledger_id = _ledger_id_param(request)
+        start = _int_param(request, "start_entry_id", 0)
+        end = _int_param(request, "end_entry_id", -1)
+        if start < 0 or (end >= 0 and end < start):
+            raise ApiError(400, f"bad range {start}..{end}: need 0 <= start_entry_id <= end_entry_id")
+        if end >= 0 and end - start + 1 > LEDGER_READ_ENTRIES_MAX:
+            raise ApiError(400, f"at most {LEDGER_READ_ENTRIES_MAX} entries per call")
+        try:
+            if self._client is None:
+                self._client = await Client.connect(self._store_uri())
+            md = await self._client.get_ledger_metadata(ledger_id)
+            handle = await self._client.open_ledger(ledger_id, password=md.password, recovery=False)
+        except (MetadataNotFoundError, NoSuchLedgerError):
+            raise ApiError(404, f"ledger {ledger_id} does not exist") from None
+        last = handle.last_add_confirmed
+        stop = last if end < 0 else min(end, last)
+        truncated = end < 0 and stop - start + 1 > LEDGER_READ_ENTRIES_MAX
+        stop = min(stop, start + LEDGER_READ_ENTRIES_MAX - 1)
+        out: dict[str, str] = {}
+        size = 0
+        next_id = start
+        try:
+            while next_id <= stop and size <= LEDGER_READ_BYTES_MAX:
+                entries = await handle.read(next_id, min(stop, next_id + LEDGER_READ_CHUNK - 1))
+                if not entries:
+                    break  # (never for a range under the LAC; kept so the loop always ends)
+                for e in entries:
+                    out[str(e.entry_id)] = _payload_text(e.payload)
+                    size += len(e.payload)
+                    next_id = e.entry_id + 1
+                    if size > LEDGER_READ_BYTES_MAX:
+                        break
+        except QuorumLogError as e:
+            raise ApiError(502, f"reading ledger {ledger_id}: {type(e).__name__}: {e}") from None
+        finally:
+            await handle.close()
+        response = _json(out)
+        if truncated or next_id <= stop:
+            response.headers["X-Quorumlog-Truncated"] = f"more entries follow: ask again from entry {next_id}"
+        return response
+
+    def _store_uri(self) -> str:
+        self._store()
+        return self.service.config.metadata
 
     async def trigger_audit(self, request: web.Request) -> web.Response:
         from quorumlog.errors import IllegalOperationError

@@ -421,3 +421,43 @@ async def test_stop_does_not_wait_for_a_request_that_never_ends(admin_bookie: St
         assert asyncio.get_running_loop().time() - started < 5
     finally:
         writer.close()
+
+
+async def test_ledger_read_returns_entries_up_to_the_lac_bounded(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = await admin_bookie()
+    client = await Client.connect(b.uri)
+    try:
+        handle = await client.create_ledger(1, 1, 1, password=b"pw")
+        for payload in (b"zero", b"one", b"\xff\x00binary", b"three"):
+            await handle.append_wait(payload)
+        lid = handle.ledger_id
+        # The LAC is 2 while the writer is open (entry 3 is not known confirmed by readers yet).
+        status, entries = await b.get(f"/api/v1/ledger/read?ledger_id={lid}")
+        assert status == 200
+        assert (
+            entries["0"] == "zero"
+            and entries["1"] == "one"
+            and entries["2"] == "0x" + b"\xff\x00binary".hex()
+        )
+        await handle.close()
+    finally:
+        await client.close()
+    assert await b.get(f"/api/v1/ledger/read?ledger_id={lid}&start_entry_id=1&end_entry_id=3") == (
+        200,
+        {"1": "one", "2": "0x" + b"\xff\x00binary".hex(), "3": "three"},
+    )
+    # Bounded: past the byte limit the answer stops and says where to go on from.
+    monkeypatch.setattr(admin_http, "LEDGER_READ_BYTES_MAX", 5)
+    async with b.session.get(f"{b.base}/api/v1/ledger/read?ledger_id={lid}") as r:
+        assert r.status == 200 and await r.json() == {"0": "zero", "1": "one"}
+        assert "from entry 2" in r.headers["X-Quorumlog-Truncated"]
+    for query, want in (
+        (f"ledger_id={lid}&start_entry_id=x", 400),
+        (f"ledger_id={lid}&start_entry_id=3&end_entry_id=1", 400),
+        (f"ledger_id={lid}&start_entry_id=0&end_entry_id=5000", 400),
+        ("ledger_id=99999", 404),
+    ):
+        status, body = await b.get(f"/api/v1/ledger/read?{query}")
+        assert status == want and "error" in body, query
