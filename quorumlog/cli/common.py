@@ -150,7 +150,7 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
     try:
         return run(main)
     except KeyboardInterrupt:
-        raise CliError("interrupted", None, EXIT_INTERRUPTED) from None
+        raise CliError("interrupted", "stopped with Ctrl-C before it finished", EXIT_INTERRUPTED) from None
     except (click.ClickException, click.exceptions.Exit, click.Abort):
         raise
     except Exception as exc:
