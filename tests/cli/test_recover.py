@@ -138,6 +138,8 @@ def test_recover_dry_run_changes_nothing_and_ledger_limits_the_work(cluster: Run
 
 def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: Running, tmp_path) -> None:  # type: ignore[no-untyped-def]
     http_port = free_port()
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
     extra = BookieProcess(
         os.path.join(str(tmp_path), "extra"),
         free_port(),
@@ -145,6 +147,8 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
         cluster.uri,
         "--http-port",
         str(http_port),
+        "--http-token-file",
+        str(token_file),
     )
     extra.start()
     try:
@@ -163,6 +167,14 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                 assert f"bookie {leaving} is writable" in refused.stderr and "--http" in refused.stderr
                 assert leaving in (await client.get_ledger_metadata(w.ledger_id)).bookies()  # nothing moved
 
+                url = f"http://127.0.0.1:{http_port}"
+                no_token = await asyncio.to_thread(
+                    sh, cluster, "decommission", leaving, "--force", "--http", url
+                )
+                assert_clean_error(no_token, 1)
+                assert "refused to make it read-only: 401" in no_token.stderr, no_token.stderr
+                assert leaving in client.registry.writable_bookies()
+
                 done = await asyncio.to_thread(
                     sh,
                     cluster,
@@ -170,7 +182,9 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                     leaving,
                     "--force",
                     "--http",
-                    f"http://127.0.0.1:{http_port}",
+                    url,
+                    "--http-token-file",
+                    str(token_file),
                     "--json",
                 )
                 assert done.returncode == 0, done.stderr
