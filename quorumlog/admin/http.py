@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 BODY_BYTES_MAX = 64 << 10  # the largest request body: every PUT here takes a few fields
 BODY_READ_TIMEOUT_S = 10.0  # how long a request body may take to arrive
+# A connection with no request in progress closes after this long (from its opening too): idle or stalled
+# connections to the admin port do not pile up (aiohttp's default is 75 s; scrapers reconnect cheaply).
+KEEPALIVE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 1.0  # requests still running when the bookie stops get this long to finish
 LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
 LEDGER_READ_ENTRIES_MAX = 1000  # entries one /api/v1/ledger/read answer holds at most
@@ -218,6 +221,7 @@ class AdminServer:
             access_log=None,
             handle_signals=False,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
             logger=_PROTOCOL_LOG,
         )
         await runner.setup()

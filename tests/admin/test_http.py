@@ -461,3 +461,16 @@ async def test_ledger_read_returns_entries_up_to_the_lac_bounded(
     ):
         status, body = await b.get(f"/api/v1/ledger/read?{query}")
         assert status == want and "error" in body, query
+
+
+async def test_idle_connections_to_the_admin_port_are_closed(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_http, "KEEPALIVE_TIMEOUT_S", 0.2)
+    b = await admin_bookie()
+    assert b.service.http is not None
+    reader, writer = await asyncio.open_connection("127.0.0.1", b.service.http.port)
+    try:
+        assert await asyncio.wait_for(reader.read(100), 5) == b""  # closed by the bookie, nothing sent
+    finally:
+        writer.close()
