@@ -40,6 +40,8 @@ _SAMPLED = {
 
 
 def _op_name(code: int) -> str:
+    if code == 0:
+        return "UNKNOWN"  # operation numbers no BookKeeper version defines (RequestStats.count)
     try:
         return OpCode(code).name
     except ValueError:

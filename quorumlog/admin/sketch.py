@@ -73,6 +73,7 @@ class OpStats:
 # hot path). Timing every add (two clock reads, a closure, a bisect) would cost about as much as the rest of
 # the add's bookkeeping. Counts stay exact; only the latency distribution is sampled.
 ADD_SAMPLE_EVERY = 16
+OP_CODES_MAX = 64  # v3 operation numbers counted apart (BookKeeper's go to 13); larger ones count as 0
 _READ_ENTRY = 1  # v3 OperationType.READ_ENTRY (proto/messages.py's OpCode; not imported, see above)
 
 
@@ -92,6 +93,8 @@ class RequestStats:
     def count(self, response: object) -> None:
         op = getattr(response, "op", None)
         code = int(op if op is not None else getattr(response, "operation", 0))
+        if not 0 < code < OP_CODES_MAX:
+            code = 0  # an operation number a peer made up: one series for all, not one per number
         key = (code, int(getattr(response, "status", 0)))
         self.responses[key] = self.responses.get(key, 0) + 1
         body = getattr(response, "body", None)

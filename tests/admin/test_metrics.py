@@ -7,7 +7,7 @@ import asyncio
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from quorumlog.admin.sketch import ADD_SAMPLE_EVERY, Sketch
+from quorumlog.admin.sketch import ADD_SAMPLE_EVERY, RequestStats, Sketch
 from quorumlog.bookie.journal import RecordType
 from quorumlog.client.client import Client
 from quorumlog.proto import messages as m
@@ -222,3 +222,15 @@ async def test_gc_compaction_and_entry_log_metrics_move(admin_bookie: StartAdmin
     assert value(after, "bookie_MAJOR_COMPACTION_TOTAL") + value(after, "bookie_MINOR_COMPACTION_TOTAL") >= 1
     assert value(after, "quorumlog_bookie_compaction_entries_moved_total") == 1
     assert value(after, "bookie_RECLAIMED_COMPACTION_SPACE_BYTES") > 1 << 20
+
+
+def test_made_up_operation_numbers_share_one_series() -> None:
+    """A peer choosing operation numbers must not grow the bookie's counters (and the scrape) without bound."""
+    stats = RequestStats()
+    for op in range(100, 10_100):
+        stats.count(m.ErrorResponse(op, StatusCode.EBADREQ, 1))
+    stats.count(m.ErrorResponse(int(m.OpCode.START_TLS), StatusCode.EBADREQ, 1))
+    assert stats.responses == {
+        (0, int(StatusCode.EBADREQ)): 10_000,
+        (int(m.OpCode.START_TLS), int(StatusCode.EBADREQ)): 1,
+    }
