@@ -454,7 +454,15 @@ STANDALONE = SettingsTable(
             "metadata store URI; empty: the embedded store, file://<data_dir>/metadata",
         ),
         Setting("port_base", int, 3181, "first bookie port; bookie i listens on port_base + i", 1, 65535),
-        Setting("http_port", int, 8080, "admin HTTP API port (planned: not served yet)", 0, 65535),
+        Setting(
+            "http_port",
+            int,
+            8080,
+            "reserved for a cluster-wide admin API (not served yet; each bookie serves its own: "
+            "`quorumlog bookie --http-port`)",
+            0,
+            65535,
+        ),
     ),
 )
 

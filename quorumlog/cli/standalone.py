@@ -208,8 +208,8 @@ def standalone(config_path: str | None, **flags: str | None) -> None:
 
     Prints `metadata: <URI>` once the cluster accepts writes; clients and `quorumlog shell --metadata`
     use that URI. Running it again on the same --data-dir restarts the same cluster (same bookies, same
-    ports, every ledger intact). --http-port is reserved for the admin HTTP API, which is planned and not
-    served yet.
+    ports, every ledger intact). --http-port is reserved for a cluster-wide admin API, not served yet (each
+    `quorumlog bookie` serves BookKeeper's admin API on its own --http-port: docs/OPERATIONS.md).
     """
 
     def load() -> dict[str, Any]:
@@ -275,7 +275,10 @@ async def _serve(sa: Standalone, http_port: int) -> None:
                 raise CliError("stopped by a signal before the cluster was ready") from None
             raise
         ready = True
-        _say(f"admin HTTP API: planned, not served yet (port {http_port} is reserved for it)")
+        _say(
+            f"admin HTTP API: not served by standalone yet (port {http_port} is reserved for it; "
+            "`quorumlog bookie --http-port` serves a bookie's own)"
+        )
         _say(f"metadata: {uri}")
         _say(f"ready: try `quorumlog shell --metadata {uri} simpletest`; Ctrl-C stops the cluster")
         await stop.wait()
