@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from quorumlog.cli.common import LOG_LEVELS, config_errors, open_cluster_store, run_async, usage
+from quorumlog.cli.common import config_errors, log_level_option, open_cluster_store, run_async, usage
 from quorumlog.replication.config import AUTORECOVERY, settings_from
 
 
@@ -32,13 +32,7 @@ from quorumlog.replication.config import AUTORECOVERY, settings_from
 @click.option(
     "--ready-fd", type=int, default=None, help="Write 'ready OWNER' and a newline here once running."
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="INFO",
-    show_default=True,
-    help="Python logging level.",
-)
+@log_level_option
 @AUTORECOVERY.click_options()
 def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
     """Run auto-recovery: stand for auditor, and re-replicate under-replicated ledgers, until SIGTERM."""

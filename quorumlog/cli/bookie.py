@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from quorumlog.bookie.config import SETTINGS, load_config, setting_parsers
-from quorumlog.cli.common import LOG_LEVELS
+from quorumlog.cli.common import log_level_option
 from quorumlog.errors import ConfigError, QuorumLogError
 
 _PARSERS = setting_parsers()
@@ -47,13 +47,7 @@ def _settings_options(fn: Any) -> Any:
     default=None,
     help="Write 'ready HOST:PORT' and a newline to this file descriptor once serving.",
 )
-@click.option(
-    "--log-level",
-    type=click.Choice(LOG_LEVELS, case_sensitive=False),
-    default="INFO",
-    show_default=True,
-    help="Python logging level.",
-)
+@log_level_option
 @_settings_options
 def bookie(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
     """Run one bookie (storage server) until SIGTERM; shuts down cleanly (journal synced, unregistered)."""

@@ -46,6 +46,15 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+# The `--log-level` option of the long-running commands (bookie, autorecovery): logging's own levels only.
+log_level_option = click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Python logging level.",
+)
 """What `--log-level` accepts (any case): the standard logging levels, so a typo is a usage error."""
 
 
