@@ -203,10 +203,11 @@ class BookieConnection(asyncio.Protocol):
                     size = len(req.body)  # type: ignore[union-attr]
                     add_bytes[(req.ledger_id, req.entry_id, req.txn_id)] = size  # type: ignore[union-attr]
                     self._pending_bytes += size
-                    written += size
                 if self._pending > self._max_pending or (journal_full and is_add):
                     reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
                     continue
+                if is_add:
+                    written += size  # bytes the bookie took in, not those it refused
                 try:
                     if is_add:
                         # The hot path, without the general dispatch. Adds whose entry id is a multiple of
