@@ -238,6 +238,10 @@ def _encoder_requests() -> list[list[m.Request]]:
         out.append(
             [*adds, poll, m.ReadRequest(lid, 1, piggyback=True, previous_lac=0, timeout_ms=50, txn_id=31)]
         )
+        # Lone short requests: a small input puts each field within a few mutations' reach (without the
+        # BookKeeper captures, in a user's clone, these are most of what the fuzzer starts from).
+        out.append([m.ReadLacRequest(lid, txn_id=50)])
+        out.append([m.ReadRequest(lid, 0, txn_id=51)])
     out.append([m.GetBookieInfoRequest(txn_id=40), m.StartTLSRequest(txn_id=41)])
     return out
 
