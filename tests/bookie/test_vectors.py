@@ -7,21 +7,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 from typing import Any
-
-import pytest
 
 from quorumlog.bookie.service import BookieService
 from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ClientConnection
 from tests.bookie.conftest import StartBookie
+from tests.proto.vectors import VECTORS as VECTOR_DIR
 
-VECTORS = os.environ.get("QUORUMLOG_BK_VECTORS", "/work/shared/bk-vectors/frames.jsonl")
+VECTORS = str(VECTOR_DIR / "frames.jsonl")
 # Values that are specific to the capture run (README "Things that are run-specific").
 RUN_SPECIFIC = {"total_disk_capacity_bytes", "free_disk_space_bytes", "lac_update_timestamp_ms"}
-
-pytestmark = pytest.mark.skipif(not os.path.exists(VECTORS), reason="BookKeeper vectors not available")
 
 
 def _frames() -> list[dict[str, Any]]:

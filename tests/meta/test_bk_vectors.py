@@ -5,7 +5,6 @@ cluster we initialise has the captured layout."""
 from __future__ import annotations
 
 import json
-import pathlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,10 +21,7 @@ from quorumlog.meta.registration import BookieRegistry, BookieServiceInfo
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto.entry import DigestType
 from quorumlog.testing.meta_conformance import StoreFactory
-
-VECTORS = pathlib.Path(__file__).resolve().parents[3] / "shared" / "bk-vectors"
-if not VECTORS.exists():  # the checkout may sit next to shared/ or inside the workspace
-    VECTORS = pathlib.Path("/work/shared/bk-vectors")
+from tests.proto.vectors import VECTORS
 
 
 def _load(name: str) -> list[dict[str, Any]]:

@@ -1,4 +1,5 @@
-"""Loading of the BookKeeper 4.14.8 captures in ../shared/bk-vectors (see its README.md)."""
+"""Loading of the BookKeeper 4.14.8 captures kept in tests/data/bk-vectors (see its README.md: how they were
+recorded from a real 4.14.8 cluster). They are test data, so a fresh clone has them with nothing beside it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pathlib
 from typing import Any
 
-VECTORS = pathlib.Path(__file__).parents[2].parent / "shared" / "bk-vectors"
+VECTORS = pathlib.Path(__file__).resolve().parents[1] / "data" / "bk-vectors"
 
 
 @functools.cache

@@ -1,5 +1,5 @@
 """Seed inputs shared by the fuzz targets: the request frames BookKeeper 4.14.8 sent in the captures kept in
-../shared/bk-vectors (tests/proto/vectors.py reads the same file), grouped by connection."""
+tests/data/bk-vectors (tests/proto/vectors.py reads the same file), grouped by connection."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 
 
 def vectors_dir() -> Path:
-    """Where the BookKeeper captures are: $QUORUMLOG_BK_VECTORS, else ../shared/bk-vectors of the source tree."""
+    """Where the BookKeeper captures are: $QUORUMLOG_BK_VECTORS, else tests/data/bk-vectors of the source tree
+    (absent from an installed package: the targets then start from our own encoder's frames)."""
     env = os.environ.get("QUORUMLOG_BK_VECTORS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3].parent / "shared" / "bk-vectors"
+    return Path(__file__).resolve().parents[3] / "tests" / "data" / "bk-vectors"
 
 
 def capture_requests() -> list[list[bytes]]:
