@@ -34,6 +34,7 @@ from quorumlog.errors import (
     ClientClosedError,
     DigestMismatchError,
     InvalidArgumentError,
+    NoSuchLedgerError,
     QuorumLogError,
     UnauthorizedError,
 )
@@ -409,9 +410,14 @@ class Client:
         return handle
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger's metadata (bookies garbage-collect its entries). NoSuchLedgerError if absent."""
+        """Delete a ledger's metadata (bookies garbage-collect its entries).
+
+        Idempotent, as BookKeeper's delete is: a ledger that does not exist (never created, or deleted
+        already -- say by a retry whose first attempt succeeded but whose answer was lost) is not an error.
+        """
         self._check_open()
-        await self.ledger_manager.delete(ledger_id)
+        with contextlib.suppress(NoSuchLedgerError):
+            await self.ledger_manager.delete(ledger_id)
 
     async def list_ledgers(self) -> AsyncIterator[int]:
         """Every ledger id, ascending."""

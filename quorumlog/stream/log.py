@@ -17,7 +17,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from quorumlog.errors import MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
+from quorumlog.errors import LogNotFoundError, MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
 from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
 from quorumlog.stream.position import Position
@@ -48,16 +48,26 @@ class Namespace:
         return await self.log_store.list_logs(self.name)
 
     async def delete_log(self, name: str) -> None:
-        """Delete a log with all its segments' ledgers and its subscriptions."""
-        for seg in await self.log_store.segments(self.name, name):
+        """Delete a log with all its segments' ledgers and its subscriptions.
+
+        Idempotent, like deleting a ledger: a log that does not exist (any more) is not an error, so a retried
+        or concurrent delete succeeds.
+        """
+        check_name("log", name)
+        try:
+            segments = await self.log_store.segments(self.name, name)
+            md = (await self.log_store.read_log(self.name, name)).value
+        except LogNotFoundError:
+            return
+        for seg in segments:
             await _delete_ledger(self.client, seg.value.ledger_id)
-        md = (await self.log_store.read_log(self.name, name)).value
         if md.open_segment is not None:
             await _delete_ledger(self.client, md.open_segment.ledger_id)
         if md.pending_link is not None:  # a linked commit whose keys were not all written
             for info in md.pending_link.segments:
                 await _delete_ledger(self.client, info.ledger_id)
-        await self.log_store.delete_log_keys(self.name, name)
+        with contextlib.suppress(LogNotFoundError):  # a concurrent delete finished first
+            await self.log_store.delete_log_keys(self.name, name)
 
     async def set_defaults(self, **settings: Any) -> None:
         base = await self.log_store.namespace_settings(self.name)

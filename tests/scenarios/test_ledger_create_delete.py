@@ -15,8 +15,9 @@ async def test_delete_then_open_is_no_such_ledger(client: Client) -> None:
     """LedgerCreateDeleteTest.testCreateDeleteLedgers / BookKeeperTest (open a deleted ledger).
 
     Expected: after delete, opening (with or without recovery) and reading the metadata fail with
-    BKNoSuchLedgerExistsException (NoSuchLedgerError), deleting again fails the same way, and the ledger no
-    longer appears in the listing.
+    BKNoSuchLedgerExistsException (NoSuchLedgerError), and the ledger no longer appears in the listing.
+    Deleting it again succeeds: BookKeeper's delete is idempotent (its ledger manager answers success when the
+    metadata node is already gone).
     """
     w = await client.create_ledger(3, 2, 2, password=PW)
     await w.append(b"doomed")
@@ -27,8 +28,7 @@ async def test_delete_then_open_is_no_such_ledger(client: Client) -> None:
             await client.open_ledger(w.ledger_id, password=PW, recovery=recovery)
     with pytest.raises(NoSuchLedgerError):
         await client.get_ledger_metadata(w.ledger_id)
-    with pytest.raises(NoSuchLedgerError):
-        await client.delete_ledger(w.ledger_id)
+    await client.delete_ledger(w.ledger_id)
     assert w.ledger_id not in [lid async for lid in client.list_ledgers()]
 
 
@@ -83,3 +83,19 @@ async def test_deleting_an_open_ledger_under_its_writer(client: Client) -> None:
     await client.delete_ledger(w.ledger_id)
     with pytest.raises(NoSuchLedgerError):
         await w.close()
+
+
+async def test_ledger_deletion_idempotency(client: Client) -> None:
+    """BookKeeperTest.testLedgerDeletionIdempotency (4.14's ZooKeeper ledger manager answers success when the
+    metadata node is already gone).
+
+    Expected: deleting a ledger id that was never created, and deleting a ledger twice, both succeed; the
+    deleted ledger stays gone.
+    """
+    await client.delete_ledger(987_654_321)
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await w.close()
+    await client.delete_ledger(w.ledger_id)
+    await client.delete_ledger(w.ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        await client.get_ledger_metadata(w.ledger_id)

@@ -169,3 +169,16 @@ async def test_delete_log_removes_ledgers(client: Client) -> None:
     for lid in ledger_ids:
         with pytest.raises(NoSuchLedgerError):
             await client.get_ledger_metadata(lid)
+
+
+async def test_deleting_a_log_that_does_not_exist_succeeds(client: Client) -> None:
+    """Deleting a log is idempotent, like deleting a ledger (BookKeeperTest.testLedgerDeletionIdempotency):
+    a second delete, or one of a name never created, succeeds and leaves nothing behind."""
+    ns = client.namespace("ns-idem")
+    log = await ns.create_log("twice")
+    async with await log.open_writer() as writer:
+        await writer.write(b"x")
+    await ns.delete_log("twice")
+    await ns.delete_log("twice")
+    await ns.delete_log("never-created")
+    assert await ns.list_logs() == []
