@@ -87,6 +87,7 @@ from quorumlog.client.recovery import (
     SendRecoveryRead,
     close_conflict_decision,
 )
+from quorumlog.client.ticker import idle_push_due
 from quorumlog.errors import (
     BadRequestError,
     BookieUnavailableError,
@@ -1039,6 +1040,9 @@ class WriteHandle(LedgerHandle):
         if not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
             self._lac_dirty = True
             self._lac_flusher.add(self, self._loop)
+        t = self._tracker  # gone idle: the LAC goes out at the end of this loop iteration (ticker.py)
+        if self._lac_dirty and idle_push_due(t.pending_count, t.last_add_confirmed, t.lac_sent_to_bookies):
+            self._lac_flusher.soon(self, self._loop)
 
     def _fail_waiting(self, error: QuorumLogError) -> None:
         for _, fut in self._adv_waiting.values():

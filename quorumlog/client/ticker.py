@@ -1,8 +1,8 @@
-"""One timer for the periodic work of many write handles.
+"""One timer for the periodic work of many write handles, and the push of an idle writer's LAC.
 
 A client may hold thousands of open ledgers. Two jobs recur per handle:
 - **explicit LAC**: a writer's LAC reaches the bookies piggybacked on its next add; when no next add comes,
-  BookKeeper sends it explicitly (WRITE_LAC) every `explicit_lac_interval_s` while it is ahead of what the
+  it is sent explicitly (WRITE_LAC, which BookKeeper bookies understand too) while it is ahead of what the
   bookies saw;
 - **add timeouts**: a pending add (or a bookie that has not answered one) is checked against
   `add_timeout_s` / `add_quorum_timeout_s`.
@@ -14,6 +14,17 @@ handles re-arming explicit-LAC timers were once most of the client's CPU with no
 instead keeps a set of handles that have work due and visits them once per interval on one timer, armed
 only while the set is non-empty. `visit(handle)` does the handle's check and returns True to be visited
 again; a handle re-joins (`add`, idempotent and O(1)) whenever it has new work.
+
+**The idle push.** Waiting for the interval tick made an idle writer's last entry visible to tailing readers
+only 100-200 ms after its acknowledgement (one interval, plus the reader's round trip). So a writer that
+*goes idle* -- an acknowledgement moved its LAC past what the bookies saw and it has no add in flight
+(`idle_push_due`) -- asks for `soon(handle)`: a visit at the end of the current event-loop iteration, once
+the application's callbacks for that acknowledgement have run (one that appends at once piggybacks the LAC
+on that add, and the visit then finds nothing to send). While adds keep flowing a writer never goes idle,
+so a busy writer sends no WRITE_LAC at all: its LAC travels on its adds as before. Many ledgers each
+written now and then (10,000 round-robin) do go idle after almost every add, so early visits are rationed
+(`SOON_VISITS_PER_S_MAX` across the client); past the ration a handle waits for the tick as before, and
+the WRITE_LACs cost at most that many fan-outs a second.
 """
 
 from __future__ import annotations
@@ -24,15 +35,41 @@ from typing import Generic, TypeVar
 
 H = TypeVar("H")
 
+# Early (idle) visits per second across all handles of one client; each may send one WRITE_LAC to each
+# bookie of a ledger's ensemble. 500/s with E=3 is 1,500 small requests/s at most: under a tenth of what
+# the bookies of a 2-core machine take in adds, and far more idle moments than one tailing reader needs.
+SOON_VISITS_PER_S_MAX = 500.0
+
+
+def idle_push_due(adds_in_flight: int, lac: int, lac_bookies_saw: int) -> bool:
+    """True when a writer's LAC should be pushed at once: nothing in flight would piggyback it, and the
+    bookies have not seen it. (While adds are in flight the next one carries it, so nothing is sent.)"""
+    return adds_in_flight == 0 and lac > lac_bookies_saw
+
 
 class Ticker(Generic[H]):
-    def __init__(self, interval_s: float, visit: Callable[[H], bool]) -> None:
+    def __init__(
+        self,
+        interval_s: float,
+        visit: Callable[[H], bool],
+        *,
+        soon_visits_per_s_max: float = SOON_VISITS_PER_S_MAX,
+    ) -> None:
         self.interval_s = interval_s
         self._visit = visit
         # Insertion-ordered set of handles to visit at the next tick.
         self._members: dict[H, None] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Handles to visit at the end of this loop iteration (`soon`), and the ration of such visits: at most
+        # `_soon_per_window` per `interval_s` window (the tick's own period, so no second clock is needed).
+        self._soon: dict[H, None] = {}
+        self._soon_scheduled = False
+        self._soon_per_window = max(1, int(soon_visits_per_s_max * interval_s))
+        self._soon_left = self._soon_per_window
+        self._window_end = 0.0
+        self.soon_visits = 0  # early visits made (observability, tests)
+        self.soon_refused = 0  # early visits refused by the ration (the handle waited for the tick)
 
     @property
     def enabled(self) -> bool:
@@ -57,8 +94,51 @@ class Ticker(Generic[H]):
             self._loop = loop
             self._timer = loop.call_later(self.interval_s, self._tick)
 
+    def soon(self, handle: H, loop: asyncio.AbstractEventLoop) -> bool:
+        """Visit `handle` at the end of this event-loop iteration rather than at the next tick (a writer
+        that went idle: `idle_push_due`). False when the ration of early visits is spent: the handle is
+        then visited at the next tick, if it was `add`ed. Idempotent within one iteration."""
+        if self.interval_s <= 0:
+            return False
+        if handle in self._soon:
+            return True
+        now = loop.time()
+        if now >= self._window_end:
+            self._window_end = now + self.interval_s
+            self._soon_left = self._soon_per_window
+        if self._soon_left <= 0:
+            self.soon_refused += 1
+            return False
+        self._soon_left -= 1
+        self._soon[handle] = None
+        if not self._soon_scheduled:
+            self._soon_scheduled = True
+            self._loop = loop
+            # call_soon queues behind the callbacks already ready -- among them the application's wake-ups
+            # from the acknowledgement that made the writer idle -- so an immediate next append wins.
+            loop.call_soon(self._visit_soon)
+        return True
+
     def discard(self, handle: H) -> None:
         self._members.pop(handle, None)
+        self._soon.pop(handle, None)
+
+    def _visit_soon(self) -> None:
+        self._soon_scheduled = False
+        batch, self._soon = self._soon, {}
+        visit = self._visit
+        for handle in batch:
+            # Visited now in place of the next tick: it stays a member only if its visit asks for it.
+            self._members.pop(handle, None)
+            self.soon_visits += 1
+            if visit(handle):
+                self._members[handle] = None
+                if self._timer is None and self._loop is not None and not self._loop.is_closed():
+                    self._timer = self._loop.call_later(self.interval_s, self._tick)
+        if not self._members and self._timer is not None:
+            # Nothing left for the tick: no periodic work while every writer is idle and up to date.
+            self._timer.cancel()
+            self._timer = None
 
     def _tick(self) -> None:
         self._timer = None
@@ -77,3 +157,4 @@ class Ticker(Generic[H]):
             self._timer.cancel()
             self._timer = None
         self._members.clear()
+        self._soon.clear()

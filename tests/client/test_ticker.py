@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from quorumlog.client.ticker import Ticker
+from quorumlog.client.ticker import Ticker, idle_push_due
 
 
 class Member:
@@ -50,7 +50,12 @@ async def test_members_are_visited_once_per_tick_until_they_leave_and_the_timer_
 async def test_a_discarded_member_is_not_visited_and_close_cancels_the_timer() -> None:
     loop = asyncio.get_running_loop()
     visited: list[Member] = []
-    ticker: Ticker[Member] = Ticker(0.01, lambda m: visited.append(m) is not None)
+
+    def visit(m: Member) -> bool:
+        visited.append(m)
+        return False
+
+    ticker: Ticker[Member] = Ticker(0.01, visit)
     m = Member(1)
     ticker.add(m, loop)
     ticker.discard(m)
@@ -94,3 +99,66 @@ async def test_a_visit_that_re_adds_through_add_leaves_one_timer() -> None:
     live = [h for h in scheduled if not h.cancelled() and getattr(h, "_callback", None) == ticker._tick]
     assert len(live) <= 1 and not ticker.armed
     ticker.close()
+
+
+# --- the idle push (ticker.py, "The idle push") ------------------------------------------------------------
+
+
+def test_idle_push_is_due_only_with_nothing_in_flight_and_a_lac_the_bookies_have_not_seen() -> None:
+    assert idle_push_due(adds_in_flight=0, lac=7, lac_bookies_saw=6)
+    assert not idle_push_due(adds_in_flight=1, lac=7, lac_bookies_saw=6)  # the next add piggybacks it
+    assert not idle_push_due(adds_in_flight=100, lac=7, lac_bookies_saw=-1)
+    assert not idle_push_due(adds_in_flight=0, lac=7, lac_bookies_saw=7)  # the bookies know it
+    assert not idle_push_due(adds_in_flight=0, lac=-1, lac_bookies_saw=-1)  # nothing confirmed yet
+
+
+async def test_soon_visits_after_the_callbacks_already_ready_and_replaces_the_tick() -> None:
+    loop = asyncio.get_running_loop()
+    order: list[str] = []
+
+    def visit(m: Member) -> bool:
+        order.append("visit")
+        return False
+
+    ticker: Ticker[Member] = Ticker(60.0, visit)
+    m = Member(1)
+    ticker.add(m, loop)
+    assert ticker.armed
+    # An acknowledgement's future callbacks (the application's next append) are queued before the push.
+    loop.call_soon(order.append, "application")
+    assert ticker.soon(m, loop) and ticker.soon(m, loop)  # idempotent within one iteration
+    done = asyncio.Event()
+    loop.call_soon(done.set)
+    await done.wait()
+    assert order == ["application", "visit"]
+    # Visited in place of the tick: no member left, and the 60 s timer is cancelled rather than left armed.
+    assert len(ticker) == 0 and not ticker.armed and ticker.soon_visits == 1
+
+
+async def test_early_visits_are_rationed_and_the_rest_wait_for_the_tick() -> None:
+    loop = asyncio.get_running_loop()
+    visited: list[Member] = []
+
+    def visit(m: Member) -> bool:
+        visited.append(m)
+        return False
+
+    ticker: Ticker[Member] = Ticker(60.0, visit, soon_visits_per_s_max=0.05)
+    assert ticker._soon_per_window == 3  # 0.05/s over a 60 s window
+    members = [Member(1) for _ in range(5)]
+    for m in members:
+        ticker.add(m, loop)
+    accepted = [ticker.soon(m, loop) for m in members]
+    assert accepted == [True, True, True, False, False] and ticker.soon_refused == 2
+    done = asyncio.Event()
+    loop.call_soon(done.set)
+    await done.wait()
+    assert visited == members[:3]
+    # The two refused stay members for the tick, which stays armed for them.
+    assert len(ticker) == 2 and members[3] in ticker and ticker.armed
+    ticker.close()
+
+
+async def test_soon_is_off_with_the_ticker() -> None:
+    ticker: Ticker[Member] = Ticker(0, lambda m: True)
+    assert not ticker.soon(Member(1), asyncio.get_running_loop())
