@@ -31,6 +31,7 @@ from quorumlog.errors import ConfigError
 
 __all__ = [
     "CLIENT",
+    "LOGGING",
     "SHELL",
     "STANDALONE",
     "Setting",
@@ -145,7 +146,7 @@ def read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
 
-SECTION_NAMES = ("bookie", "client", "shell", "standalone", "autorecovery")
+SECTION_NAMES = ("bookie", "client", "shell", "standalone", "autorecovery", "logging")
 
 
 @dataclass(frozen=True)
@@ -442,10 +443,19 @@ SHELL = SettingsTable(
 STANDALONE = SettingsTable(
     "standalone",
     "Standalone cluster",
-    "`quorumlog standalone`: an embedded metadata store and N bookies on one machine. The bookies are "
-    "`quorumlog bookie` processes with their default settings (docs/OPERATIONS.md).",
+    "`quorumlog standalone`: a metadata store, N bookies and auto-recovery on one machine, restarted when "
+    'they die (docs/OPERATIONS.md, "Standalone"). The bookies are `quorumlog bookie` processes with their '
+    "default settings. `QUORUMLOG_METADATA` is not read: a standalone uses its own data dir's store unless "
+    "`--metadata` (or the file's `metadata`) names another.",
     (
-        Setting("bookies", int, 3, "number of bookies", 1, 64),
+        Setting(
+            "bookies",
+            int,
+            3,
+            "number of bookies (more than last time adds bookies; fewer decommissions the extra ones first)",
+            1,
+            64,
+        ),
         Setting("data_dir", str, "./data", "directory for metadata and every bookie's data"),
         Setting(
             "metadata",
@@ -457,12 +467,60 @@ STANDALONE = SettingsTable(
         Setting(
             "http_port",
             int,
-            8080,
-            "reserved for a cluster-wide admin API (not served yet; each bookie serves its own: "
-            "`quorumlog bookie --http-port`)",
+            0,
+            "first admin HTTP API port: bookie i serves BookKeeper's admin API and /metrics on "
+            "http_port + i (0 = off)",
             0,
             65535,
         ),
+        Setting("autorecovery", bool, True, "run an auto-recovery process (auditor + replication worker)"),
+        Setting(
+            "lost_bookie_recovery_delay_s",
+            int,
+            60,
+            "auto-recovery marks a lost bookie's ledgers this long after it vanished (a bookie restarted "
+            "sooner is never re-replicated); kept in metadata once the cluster has it",
+            0,
+            2**31 - 1,
+        ),
+        Setting(
+            "restart_backoff_s_max",
+            float,
+            30.0,
+            "longest wait between restarts of a bookie that keeps failing (the wait doubles from 0.5 s)",
+            0.5,
+            3600,
+        ),
+    ),
+)
+
+
+# --- logging of the long-running commands ------------------------------------------------------------------------
+
+LOGGING = SettingsTable(
+    "logging",
+    "Logging",
+    "Log output of `quorumlog bookie`, `autorecovery` and `standalone` (with `--log-level`); the `[logging]` "
+    "table of their `--config` file. A standalone writes each child's log into its directory "
+    "(`<data_dir>/bookie-<i>/bookie.log`, `<data_dir>/autorecovery/autorecovery.log`) with these settings.",
+    (
+        Setting("log_file", str, "", "write log records to this file, rotated by size; empty: stderr"),
+        Setting(
+            "log_format",
+            str,
+            "text",
+            "text lines, or JSON lines (one object per record: ts, level, logger, msg, exc)",
+            choices=("text", "json"),
+        ),
+        Setting(
+            "log_max_bytes",
+            int,
+            10 << 20,
+            "rotate the log file when it would grow past this size (0 = never rotate)",
+            0,
+            1 << 40,
+        ),
+        Setting("log_backup_count", int, 5, "rotated files kept (<file>.1 is the newest)", 0, 1000),
     ),
 )
 
@@ -472,4 +530,4 @@ def all_tables() -> list[SettingsTable]:
     from quorumlog.bookie.config import TABLE as BOOKIE  # each area owns its table
     from quorumlog.replication.config import AUTORECOVERY
 
-    return [BOOKIE, CLIENT, SHELL, STANDALONE, AUTORECOVERY]
+    return [BOOKIE, CLIENT, SHELL, STANDALONE, AUTORECOVERY, LOGGING]

@@ -3,7 +3,8 @@
 Runs until SIGTERM or SIGINT, then stops cleanly: the worker releases its locks, the auditor withdraws its
 vote (so another candidate takes over at once instead of after a session timeout), the session closes.
 Settings: the `autorecovery` table (`quorumlog.replication.config`), as flags, `QUORUMLOG_*` variables or the
-`[autorecovery]` table of `--config`.
+`[autorecovery]` table of `--config`; logging as every long-running command (`--log-file`, `--log-format`:
+`quorumlog.cli.common.setup_logging`).
 """
 
 from __future__ import annotations
@@ -12,12 +13,19 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import Any
 
 import click
 
-from quorumlog.cli.common import config_errors, log_level_option, open_cluster_store, run_async, usage
+from quorumlog.cli.common import (
+    config_errors,
+    logging_options,
+    open_cluster_store,
+    run_async,
+    setup_logging,
+    usage,
+)
+from quorumlog.config import LOGGING
 from quorumlog.replication.config import AUTORECOVERY, settings_from
 
 
@@ -32,13 +40,11 @@ from quorumlog.replication.config import AUTORECOVERY, settings_from
 @click.option(
     "--ready-fd", type=int, default=None, help="Write 'ready OWNER' and a newline here once running."
 )
-@log_level_option
+@logging_options
 @AUTORECOVERY.click_options()
 def autorecovery(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
     """Run auto-recovery: stand for auditor, and re-replicate under-replicated ledgers, until SIGTERM."""
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging(log_level, {name: flags.pop(name) for name in LOGGING.names}, config_path)
     values = config_errors(lambda: AUTORECOVERY.load(config_path, overrides=AUTORECOVERY.parse_flags(flags)))
     if not values["metadata"]:
         usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")

@@ -2,7 +2,8 @@
 
 Every setting of `quorumlog.bookie.config.SETTINGS` is a `--kebab-case` flag, a `QUORUMLOG_UPPER_CASE`
 environment variable and a key of the `--config` TOML file (flag > env > file > default). A bad value exits
-with status 2 and a message naming the key and the allowed range.
+with status 2 and a message naming the key and the allowed range. Logging: `--log-level` and the `logging`
+settings (`--log-file` rotated by size, `--log-format text|json`; `quorumlog.cli.common.setup_logging`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 import click
 
 from quorumlog.bookie.config import SETTINGS, load_config, setting_parsers
-from quorumlog.cli.common import log_level_option
+from quorumlog.cli.common import logging_options, setup_logging
+from quorumlog.config import LOGGING
 from quorumlog.errors import ConfigError, QuorumLogError
 
 _PARSERS = setting_parsers()
@@ -47,13 +49,12 @@ def _settings_options(fn: Any) -> Any:
     default=None,
     help="Write 'ready HOST:PORT' and a newline to this file descriptor once serving.",
 )
-@log_level_option
+@logging_options
 @_settings_options
 def bookie(config_path: str | None, ready_fd: int | None, log_level: str, **flags: str | None) -> None:
     """Run one bookie (storage server) until SIGTERM; shuts down cleanly (journal synced, unregistered)."""
-    logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_flags = {name: flags.pop(name) for name in LOGGING.names}
+    setup_logging(log_level, log_flags, config_path)
     try:
         overrides = {k: _PARSERS[k](v) for k, v in flags.items() if v is not None}
         config = load_config(config_path, overrides=overrides)
@@ -74,5 +75,6 @@ def bookie(config_path: str | None, ready_fd: int | None, log_level: str, **flag
     try:
         run(run_until_signalled(config, ready=ready))
     except QuorumLogError as exc:
+        logging.getLogger("quorumlog.bookie").error("bookie stopped: %s", exc)  # into the log file too
         click.echo(f"quorumlog bookie: {exc}", err=True)
         sys.exit(1)

@@ -5,6 +5,8 @@ Rules kept here:
 - A failure prints `error: <what happened>` and `hint: <what to do>` on stderr and exits non-zero; a bare
   traceback appears only with `quorumlog --debug`. Exit codes: 2 for bad arguments or settings (as click
   does for usage errors), 1 for everything else, 130 after Ctrl-C.
+- Long-running commands (bookie, autorecovery, standalone) share their logging flags and setup
+  (`logging_options`, `setup_logging`): a rotated file or stderr, text or JSON lines.
 - Tables and progress go through rich; `--json` output is plain `json.dumps` on stdout and nothing else is
   printed there, so scripts can parse it.
 """
@@ -12,10 +14,14 @@ Rules kept here:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import json
+import logging
+import logging.handlers
+import os
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -56,6 +62,90 @@ log_level_option = click.option(
     help="Python logging level.",
 )
 """What `--log-level` accepts (any case): the standard logging levels, so a typo is a usage error."""
+
+
+def logging_options(fn: Any) -> Any:
+    """`--log-level` plus the `logging` table's flags (`--log-file`, `--log-format`, `--log-max-bytes`,
+    `--log-backup-count`) for a long-running command; pass what they give to `setup_logging`."""
+    from quorumlog.config import LOGGING
+
+    return log_level_option(LOGGING.click_options()(fn))
+
+
+LOG_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class JsonLinesFormatter(logging.Formatter):
+    """One JSON object per record and line: ts (UTC, ISO 8601 with milliseconds), level, logger, msg, and
+    exc (the formatted traceback) when the record carries one. Log shippers parse it without a grok pattern;
+    a newline inside a message stays escaped inside its line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = datetime.datetime.fromtimestamp(record.created, tz=datetime.UTC)
+        out: dict[str, Any] = {
+            "ts": ts.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            out["exc"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(out, ensure_ascii=False, default=str)
+
+
+def setup_logging(
+    level: str, flags: Mapping[str, str | None], config_path: str | None = None
+) -> dict[str, Any]:
+    """Configure the root logger of a long-running command from `--log-level` and the `logging` settings
+    (flags > `QUORUMLOG_LOG_*` > the `[logging]` table of `config_path` > defaults); returns the settings.
+
+    Records go to `log_file` through a `RotatingFileHandler` (rotated by size, `log_backup_count` files
+    kept) or to stderr, as text or JSON lines. A bad value is a usage error naming the key (exit 2).
+    """
+    from quorumlog.config import LOGGING, read_toml
+
+    def load() -> dict[str, Any]:
+        data = read_toml(config_path) if config_path else {}
+        table = data.get(LOGGING.section)
+        return LOGGING.load(
+            data={LOGGING.section: table} if isinstance(table, dict) else None,
+            overrides=LOGGING.parse_flags({k: v for k, v in flags.items() if k in LOGGING.names}),
+        )
+
+    values = config_errors(load)
+    handler: logging.Handler
+    if values["log_file"]:
+        path = values["log_file"]
+        try:
+            if os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            handler = logging.handlers.RotatingFileHandler(
+                path,
+                maxBytes=values["log_max_bytes"],
+                backupCount=values["log_backup_count"],
+                encoding="utf-8",
+            )
+        except OSError as e:
+            raise CliError(
+                f"cannot open log file {path}: {e.strerror}",
+                "check --log-file, its directory and permissions",
+            ) from e
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        JsonLinesFormatter() if values["log_format"] == "json" else logging.Formatter(LOG_TEXT_FORMAT)
+    )
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return values
 
 
 class CliError(click.ClickException):
@@ -133,8 +223,6 @@ def explain(exc: BaseException) -> CliError:
 def quiet_logging(ctx: click.Context | None = None) -> None:
     """Library log lines (kazoo's reconnect chatter, our retry warnings) stay out of a command's output;
     with --debug they go to stderr."""
-    import logging
-
     root = logging.getLogger()
     if debug_enabled(ctx):
         logging.basicConfig(
@@ -181,7 +269,6 @@ async def open_cluster_store(uri: str, **options: float) -> Any:
 
     parsed = parse_uri(uri)
     if parsed.scheme == "file":
-        import os
         import urllib.parse
 
         from quorumlog.meta.embedded import DB_FILE

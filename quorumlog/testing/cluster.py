@@ -11,6 +11,13 @@ Rules it keeps:
 - Nothing leaks: processes get a parent-death signal and are killed at interpreter exit; `close()` stops
   every bookie, closes the store and removes the temp dir it made.
 - Bookie ids are `127.0.0.1:PORT` with ports chosen up front, so a restarted bookie keeps its identity.
+- A bookie process logs through `--log-file <data_dir>/bookie.log` (rotated; text or JSON lines, at
+  `log_level`), and its raw stdout/stderr (a crash before logging is set up) go to `bookie.out` beside it.
+  It gets exactly the settings its node gives: the `QUORUMLOG_*` variables of bookie and logging settings
+  are removed from its environment, so a shell's `QUORUMLOG_HTTP_PORT` cannot give every bookie one port.
+- `wait_exit()` is an event (a pidfd), so a supervisor (`quorumlog standalone`) learns at once that a bookie
+  died; `clear_registration()` then removes the dead process's registration instead of letting clients see
+  it as available for a whole session timeout.
 
     async with LocalCluster(bookies=3, processes=True) as cluster:
         client = await Client.connect(cluster.uri)
@@ -33,14 +40,16 @@ import tempfile
 import time
 from typing import Any
 
+from quorumlog.bookie.config import SETTINGS as BOOKIE_SETTINGS
 from quorumlog.bookie.config import BookieConfig
+from quorumlog.config import LOGGING
 from quorumlog.meta import layout
 from quorumlog.meta.cluster import init_cluster
 from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo
 from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.testing.servers import free_port
 
-__all__ = ["BookieNode", "LocalCluster"]
+__all__ = ["AutoRecoveryNode", "BookieNode", "LocalCluster", "child_environment"]
 
 _PR_SET_PDEATHSIG = 1
 _live_processes: set[subprocess.Popen[bytes]] = set()
@@ -57,6 +66,54 @@ def _kill_all() -> None:
     for proc in list(_live_processes):
         with contextlib.suppress(Exception):
             proc.kill()
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment minus the `QUORUMLOG_*` variables of bookie, auto-recovery and logging
+    settings: a child started with explicit flags runs with exactly those (flags beat variables, but a
+    setting left at its default would still be taken from the variable)."""
+    from quorumlog.replication.config import AUTORECOVERY
+
+    names = {s.env_var for s in BOOKIE_SETTINGS} | {s.env_var for s in LOGGING.settings}
+    names |= {s.env_var for s in AUTORECOVERY.settings}
+    return {k: v for k, v in os.environ.items() if k not in names}
+
+
+def _log_flags(cluster: LocalCluster, log_file: str) -> list[str]:
+    cmd = ["--log-level", cluster.log_level, "--log-file", log_file]
+    for name, value in cluster.log_settings.items():
+        cmd += [f"--{name.replace('_', '-')}", str(value)]
+    return cmd
+
+
+async def _wait_exit(proc: subprocess.Popen[bytes]) -> int:
+    """The exit status of `proc` once it exits, awaited on a pidfd (readable when the process ends)."""
+    if proc.poll() is not None:
+        return proc.returncode
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return proc.wait()
+    done = asyncio.Event()
+    loop.add_reader(pidfd, done.set)
+    try:
+        await done.wait()
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    return proc.wait()
+
+
+def describe_exit(code: int) -> str:
+    """`exit code 1` or `signal 9 (SIGKILL)` from a Popen return code."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+        return f"signal {-code} ({name})"
+    return f"exit code {code}"
 
 
 def _bookie_registers_itself() -> bool:
@@ -78,11 +135,14 @@ class BookieNode:
         self.proc: subprocess.Popen[bytes] | None = None
         self.service: Any = None
         self.log_path = os.path.join(data_dir, "bookie.log")
+        self.out_path = os.path.join(data_dir, "bookie.out")
+        self.settings: dict[str, Any] = {}
+        """This bookie's own settings over the cluster's (e.g. its admin `http_port`)."""
         self._proxy_store: MetadataStore | None = None
         self._proxy_registration: BookieRegistration | None = None
 
     def config(self) -> BookieConfig:
-        overrides = dict(self.cluster.bookie_settings)
+        overrides = {**self.cluster.bookie_settings, **self.settings}
         return BookieConfig(
             host="127.0.0.1",
             port=self.port,
@@ -125,8 +185,7 @@ class BookieNode:
             "bookie",
             "--ready-fd",
             str(write_fd),
-            "--log-level",
-            "WARNING",
+            *_log_flags(self.cluster, self.log_path),
         ]
         for key, value in vars(self.config()).items():
             if isinstance(value, list):
@@ -137,7 +196,9 @@ class BookieNode:
                     continue
                 text = str(value).lower() if isinstance(value, bool) else str(value)
                 cmd += [f"--{key.replace('_', '-')}", text]
-        self.proc = _spawn(cmd, self.log_path, write_fd)
+        if self.proc is not None:  # the previous process died on its own; forget it
+            _live_processes.discard(self.proc)
+        self.proc = _spawn(cmd, self.out_path, write_fd)
         os.close(write_fd)
         _live_processes.add(self.proc)
         try:
@@ -205,6 +266,23 @@ class BookieNode:
             _live_processes.discard(self.proc)
             self.proc = None
 
+    async def wait_exit(self) -> int:
+        """Until this bookie's process exits (killed, crashed or stopped); its return code."""
+        if self.proc is None:
+            raise RuntimeError(f"bookie {self.bookie_id} has no process")
+        return await _wait_exit(self.proc)
+
+    async def clear_registration(self) -> None:
+        """Remove this bookie's `available/` nodes: for a process known dead, whose ephemeral nodes would
+        otherwise outlive it by up to a session timeout (clients would keep choosing it)."""
+        from quorumlog.errors import MetadataNotFoundError
+
+        assert self.cluster.store is not None
+        root = self.cluster.store.ledgers_root
+        for readonly in (False, True):
+            with contextlib.suppress(MetadataNotFoundError):
+                await self.cluster.store.delete(layout.bookie_path(root, self.bookie_id, readonly=readonly))
+
     def pause(self) -> None:
         """SIGSTOP: the bookie keeps its connections and registration but answers nothing."""
         if self.proc is not None and self.proc.poll() is None:
@@ -219,23 +297,105 @@ class BookieNode:
         await self.start()
 
     def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the log and of the raw output (where a failure before logging started is)."""
+        return _tail(self.log_path, self.out_path, lines)
+
+
+def _tail(log_path: str, out_path: str, lines: int) -> str:
+    parts = []
+    for path in (log_path, out_path):
         try:
-            with open(self.log_path, "rb") as f:
-                return b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
+            with open(path, "rb") as f:
+                text = b"\n".join(f.read().splitlines()[-lines:]).decode("utf-8", "replace")
         except OSError:
-            return "(no log)"
+            continue
+        if text.strip():
+            parts.append(f"[{os.path.basename(path)}]\n{text}")
+    return "\n".join(parts) or "(no log)"
 
 
-def _spawn(cmd: list[str], log_path: str, ready_fd: int) -> subprocess.Popen[bytes]:
+class AutoRecoveryNode:
+    """A `quorumlog autorecovery` process for a cluster (auditor candidate + replication worker), logging to
+    `<directory>/autorecovery.log`; start, stop (SIGTERM), kill, wait_exit, as a bookie node."""
+
+    def __init__(self, cluster: LocalCluster, directory: str, **settings: Any) -> None:
+        self.cluster = cluster
+        self.directory = directory
+        self.settings = settings
+        self.log_path = os.path.join(directory, "autorecovery.log")
+        self.out_path = os.path.join(directory, "autorecovery.out")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.owner = ""
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    async def start(self) -> None:
+        if self.running:
+            return
+        os.makedirs(self.directory, exist_ok=True)
+        read_fd, write_fd = os.pipe()
+        cmd = [sys.executable, "-m", "quorumlog", "autorecovery", "--metadata", self.cluster.uri]
+        cmd += ["--ready-fd", str(write_fd), *_log_flags(self.cluster, self.log_path)]
+        for key, value in self.settings.items():
+            text = str(value).lower() if isinstance(value, bool) else str(value)
+            cmd += [f"--{key.replace('_', '-')}", text]
+        if self.proc is not None:
+            _live_processes.discard(self.proc)
+        self.proc = _spawn(cmd, self.out_path, write_fd)
+        os.close(write_fd)
+        _live_processes.add(self.proc)
+        try:
+            line = await asyncio.wait_for(_read_line(read_fd), BOOKIE_START_TIMEOUT_S)
+        except TimeoutError:
+            self._kill_now()
+            raise RuntimeError(f"auto-recovery did not start:\n{self.log_tail()}") from None
+        finally:
+            os.close(read_fd)
+        if not line.startswith(b"ready"):
+            self._kill_now()
+            raise RuntimeError(f"auto-recovery exited before it was ready:\n{self.log_tail()}")
+        self.owner = line.decode("utf-8", "replace").split(" ", 1)[1].strip()
+
+    async def wait_exit(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("auto-recovery has no process")
+        return await _wait_exit(self.proc)
+
+    async def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self.proc.wait), 15)
+            except TimeoutError:
+                self.proc.kill()
+                self.proc.wait()
+        self._kill_now()
+
+    def _kill_now(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            _live_processes.discard(self.proc)
+            self.proc = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return _tail(self.log_path, self.out_path, lines)
+
+
+def _spawn(cmd: list[str], out_path: str, ready_fd: int) -> subprocess.Popen[bytes]:
     # Popen returns as soon as the child is forked: cheap enough to call from the event loop.
-    with open(log_path, "ab") as logf:
+    with open(out_path, "ab") as outf:
         return subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
-            stdout=logf,
+            stdout=outf,
             stderr=subprocess.STDOUT,
             pass_fds=(ready_fd,),
             preexec_fn=_die_with_parent,
+            env=child_environment(),
         )
 
 
@@ -274,8 +434,14 @@ class LocalCluster:
         base_dir: str | None = None,
         journal_sync: bool = True,
         port_base: int | None = None,
+        http_port_base: int = 0,
+        log_level: str = "WARNING",
+        log_settings: dict[str, Any] | None = None,
         **bookie_settings: Any,
     ) -> None:
+        """`http_port_base`: bookie i serves its admin API on http_port_base + i (0: none). `log_level` and
+        `log_settings` (the `logging` table's log_format, log_max_bytes, log_backup_count) reach each
+        bookie process's log file."""
         if bookies < 0:
             raise ValueError("bookies must be >= 0")
         self.base_dir = base_dir or tempfile.mkdtemp(prefix="ql-cluster-")
@@ -288,13 +454,20 @@ class LocalCluster:
             "journal_file_size_bytes": 16 << 20,
             **bookie_settings,
         }
+        self.http_port_base = http_port_base
+        self.log_level = log_level
+        self.log_settings = dict(log_settings or {})
         self.store: MetadataStore | None = None
         self.bookies: list[BookieNode] = []
         for i in range(bookies):
             port = port_base + i if port_base is not None else free_port()
-            self.bookies.append(
-                BookieNode(self, i, port, os.path.join(self.base_dir, f"bookie-{i}"), processes)
-            )
+            self.bookies.append(self._node(i, port))
+
+    def _node(self, index: int, port: int) -> BookieNode:
+        node = BookieNode(self, index, port, os.path.join(self.base_dir, f"bookie-{index}"), self.processes)
+        if self.http_port_base:
+            node.settings["http_port"] = self.http_port_base + index
+        return node
 
     def bookie(self, index: int) -> BookieNode:
         return self.bookies[index]
@@ -313,9 +486,8 @@ class LocalCluster:
         await asyncio.gather(*(b.start() for b in self.bookies))
         return self
 
-    async def add_bookie(self) -> BookieNode:
-        i = len(self.bookies)
-        node = BookieNode(self, i, free_port(), os.path.join(self.base_dir, f"bookie-{i}"), self.processes)
+    async def add_bookie(self, port: int | None = None) -> BookieNode:
+        node = self._node(len(self.bookies), port if port is not None else free_port())
         self.bookies.append(node)
         await node.start()
         return node

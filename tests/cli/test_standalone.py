@@ -91,10 +91,12 @@ def test_ports_in_use_are_reported_before_anything_starts(tmp_path: Any) -> None
 def test_help_says_what_serves_the_admin_api() -> None:
     r = ql("standalone", "--help")
     assert r.returncode == 0
-    for flag in ("--bookies", "--data-dir", "--metadata", "--port-base", "--http-port"):
+    for flag in ("--bookies", "--data-dir", "--metadata", "--port-base", "--http-port", "--log-file"):
         assert flag in r.stdout
     text = " ".join(r.stdout.split())  # as click wraps it for the terminal's width
-    assert "not served yet" in text and "quorumlog bookie --http-port" in text  # each bookie serves its own
+    assert "not served" not in text and "reserved" not in text
+    assert "--http-port N serves each bookie's admin API" in text and "on N + i" in text
+    assert "$QUORUMLOG_METADATA is ignored" in text
 
 
 def test_the_cluster_fixture_prints_its_uri_once_writable(cluster: Running) -> None:
@@ -140,14 +142,14 @@ def test_standalone_on_an_external_zookeeper(tmp_path: Any) -> None:
 
 
 def test_kill_9_of_the_standalone_orphans_no_bookie(tmp_path: Any) -> None:
-    """Even without a clean stop, the bookies die with their parent (parent-death signal)."""
+    """Even without a clean stop, the bookies and auto-recovery die with their parent (parent-death signal)."""
     import select
 
     data_dir = str(tmp_path / "data")
     running = start_standalone(data_dir, "--bookies", "2", port_base_=port_base(2))
     children = [p for p in processes_mentioning(data_dir) if p != running.proc.pid]
     try:
-        assert len(children) == 2, children
+        assert len(children) == 3, children  # two bookies and auto-recovery
         pidfds = [os.pidfd_open(p) for p in children]
     finally:
         running.stop(signal.SIGKILL)
