@@ -136,12 +136,16 @@ class BookieService:
             raise
 
     async def _register(self) -> None:
-        from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo
+        from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo, Endpoint
 
         host, port = self.address
-        self.registration = BookieRegistration(
-            self.store, self.bookie_id, BookieServiceInfo.for_rpc(host, port)
-        )
+        info = BookieServiceInfo.for_rpc(host, port)
+        if self.config.http_port:
+            # Published as BookKeeper's HttpService does (id "httpserver", protocol "http"), so a dashboard
+            # finds every bookie's metrics and admin API from metadata alone.
+            http = Endpoint("httpserver", self.config.http_host, self.config.http_port, "http")
+            info = BookieServiceInfo((*info.endpoints, http), info.properties)
+        self.registration = BookieRegistration(self.store, self.bookie_id, info)
         assert self.bookie is not None
         await self.registration.register(readonly=self.bookie.read_only)
 

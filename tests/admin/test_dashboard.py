@@ -1,0 +1,326 @@
+"""The web dashboard's JSON API and pages over real HTTP, against live bookies with their admin ports
+(docs/OPERATIONS.md "The dashboard"): what each bookie's metrics say, what metadata says, and clear JSON
+errors for bad input and a metadata outage."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from quorumlog.admin.dashboard import Dashboard, create_dashboard, parse_metrics, preview
+from quorumlog.client.client import Client
+from quorumlog.errors import ConfigError, MetadataNotFoundError, MetadataStoreError
+from quorumlog.meta import layout
+from quorumlog.meta.registration import BookieServiceInfo
+from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.replication import admin
+from tests.admin.conftest import AdminBookie, StartAdminBookie
+
+
+class Board:
+    """A started dashboard (sampling only when asked) and an HTTP session to call it."""
+
+    def __init__(self, dash: Dashboard, session: aiohttp.ClientSession) -> None:
+        self.dash = dash
+        self.session = session
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.session.get(self.dash.url.rstrip("/") + path) as r:
+            if r.content_type == "application/json":
+                return r.status, await r.json()
+            return r.status, await r.text()
+
+
+@pytest.fixture
+async def board() -> AsyncIterator[Any]:
+    started: list[Dashboard] = []
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20))
+
+    async def start(uri: str) -> Board:
+        dash = create_dashboard(uri, "127.0.0.1", 0, sample_interval_s=0)
+        await dash.start()
+        started.append(dash)
+        return Board(dash, session)
+
+    try:
+        yield start
+    finally:
+        await session.close()
+        for d in started:
+            await d.stop()
+
+
+async def _write(uri: str, entries: int, payload: bytes = b"hello dashboard") -> int:
+    async with await Client.connect(uri) as client:
+        handle = await client.create_ledger(ensemble_size=2, write_quorum=2, ack_quorum=2, password=b"pw")
+        for i in range(entries):
+            await handle.append(payload + b" %d" % i)
+        await handle.close()
+        return int(handle.ledger_id)
+
+
+async def _three(admin_bookie: StartAdminBookie) -> list[AdminBookie]:
+    return [await admin_bookie(f"b{i}") for i in range(2)] + [await admin_bookie("plain", http_port=0)]
+
+
+async def test_registration_publishes_the_admin_port(admin_bookie: StartAdminBookie) -> None:
+    """A bookie with an http_port says so in its registration (BookKeeper's `httpserver` endpoint): that is
+    how the dashboard finds every bookie's metrics from metadata alone."""
+    b = await admin_bookie()
+    store = b.service.store
+    assert store is not None and b.service.http is not None
+    path = layout.bookie_path(store.ledgers_root, b.service.bookie_id, readonly=False)
+    info = BookieServiceInfo.decode((await store.get(path)).value)
+    http = [e for e in info.endpoints if e.protocol == "http"]
+    assert [(e.id, e.host, e.port) for e in http] == [("httpserver", "127.0.0.1", b.service.http.port)]
+    assert info.rpc_address == b.service.address  # clients still resolve the bookie port
+
+
+async def test_overview_shows_every_bookie_with_its_metrics(
+    admin_bookie: StartAdminBookie, board: Any
+) -> None:
+    bookies = await _three(admin_bookie)
+    uri = bookies[0].uri
+    ui = await board(uri)
+    await ui.dash.refresh()
+    ledger_id = await _write(uri, 40)
+    await ui.dash.refresh()
+
+    status, o = await ui.get("/api/overview")
+    assert status == 200, o
+    by_id = {b["bookie_id"]: b for b in o["bookies"]}
+    assert set(by_id) == {b.service.bookie_id for b in bookies}
+    for b in bookies:
+        row = by_id[b.service.bookie_id]
+        host, port = b.service.address
+        assert row["address"] == f"{host}:{port}"
+        assert row["state"] == "writable"
+        assert row["total_bytes"] > 0 and 0 <= row["disk_used_ratio"] <= 1
+    scraped = [by_id[b.service.bookie_id] for b in bookies[:2]]
+    assert all(r["metrics"] and r["metrics_error"] == "" for r in scraped)
+    # The ledger went to two of the three bookies (maybe the one without metrics): 40 adds each.
+    assert sorted(r["adds_total"] for r in scraped) in ([0, 40], [40, 40])
+    assert o["summary"]["adds_total"] == sum(r["adds_total"] for r in scraped)
+    assert any(r["adds_per_s"] and r["adds_per_s"] > 0 for r in scraped)
+    plain = by_id[bookies[2].service.bookie_id]
+    assert not plain["metrics"] and "no admin port" in plain["metrics_error"]
+    assert plain["total_bytes"] > 0  # its disk, asked over the bookie protocol
+    assert o["summary"]["writable"] == 3 and o["summary"]["down"] == 0
+    assert len(o["history"]) == 2 and o["history"][-1]["adds_per_s"] > 0
+
+    # Server-side rendering: the addresses are text of the page, not only data for its script.
+    status, page = await ui.get("/")
+    assert status == 200
+    for b in bookies:
+        host, port = b.service.address
+        assert f"<td>{host}:{port}</td>" in page
+    assert f'href="/ledger/{ledger_id}"' in page
+
+    # A bookie that stops is shown down (it has a cookie and no registration).
+    await bookies[1].service.stop()
+    await ui.dash.refresh()
+    status, o = await ui.get("/api/bookies")
+    states = {b["bookie_id"]: b["state"] for b in o["bookies"]}
+    assert states[bookies[1].service.bookie_id] == "down"
+
+
+async def test_read_only_bookie_is_shown_read_only(admin_bookie: StartAdminBookie, board: Any) -> None:
+    b = await admin_bookie()
+    await b.service.set_operator_read_only(True)
+    ui = await board(b.uri)
+    await ui.dash.refresh()
+    status, o = await ui.get("/api/bookies")
+    assert status == 200
+    assert [(r["state"], r["metrics"]) for r in o["bookies"]] == [("read-only", True)]
+
+
+async def test_ledgers_detail_and_tail(admin_bookie: StartAdminBookie, board: Any) -> None:
+    bookies = [await admin_bookie(f"b{i}") for i in range(2)]
+    uri = bookies[0].uri
+    first = await _write(uri, 3)
+    second = await _write(uri, 25, payload=b"\x00\xffbinary")
+    ui = await board(uri)
+
+    status, page = await ui.get("/api/ledgers?limit=1")
+    assert status == 200
+    assert [r["ledger_id"] for r in page["ledgers"]] == [second]  # newest first
+    assert page["next_before"] == second
+    status, older = await ui.get(f"/api/ledgers?limit=5&before={page['next_before']}")
+    assert [r["ledger_id"] for r in older["ledgers"]] == [first] and older["next_before"] is None
+    row = older["ledgers"][0]
+    assert row["state"] == "CLOSED" and row["last_entry_id"] == 2
+    assert sorted(row["bookies"]) == sorted(b.service.bookie_id for b in bookies)
+
+    status, d = await ui.get(f"/api/ledgers/{first}")
+    assert status == 200
+    assert d["ledgerId"] == first and d["state"] == "CLOSED" and d["lastEntryId"] == 2
+    assert "password" not in str(d).lower()
+    assert [sorted(x["id"] for x in e["bookies"]) for e in d["ensembles"]] == [
+        sorted(b.service.bookie_id for b in bookies)
+    ]
+
+    status, tail = await ui.get(f"/api/ledgers/{first}/entries?count=2")
+    assert status == 200
+    assert tail["last_add_confirmed"] == 2
+    assert [(e["entry_id"], e["payload"]) for e in tail["entries"]] == [
+        (1, "hello dashboard 1"),
+        (2, "hello dashboard 2"),
+    ]
+    status, tail = await ui.get(f"/api/ledgers/{second}/entries")
+    assert [e["entry_id"] for e in tail["entries"]] == list(range(15, 25))
+    assert tail["entries"][0]["payload"].startswith("0x00ff")
+
+    status, page = await ui.get(f"/ledger/{first}")
+    assert status == 200 and "hello dashboard 2" in page and bookies[0].service.bookie_id in page
+
+
+async def test_logs_browse_and_records_at_the_tail(admin_bookie: StartAdminBookie, board: Any) -> None:
+    b = [await admin_bookie(f"b{i}") for i in range(2)]
+    async with await Client.connect(b[0].uri) as client:
+        log = await client.namespace("events").create_log(
+            "clicks", ensemble_size=2, write_quorum=2, ack_quorum=2
+        )
+        async with await log.open_writer() as writer:
+            await writer.write_many([b"click %d" % i for i in range(30)])
+    ui = await board(b[0].uri)
+    status, logs = await ui.get("/api/logs")
+    assert status == 200 and logs == {"logs": [{"namespace": "events", "name": "clicks"}]}
+    status, d = await ui.get("/api/logs/events/clicks")
+    assert status == 200 and d["segments"] and d["segments"][0]["records"] == 30
+    status, recs = await ui.get("/api/logs/events/clicks/records?count=3")
+    assert status == 200
+    assert [r["payload"] for r in recs["records"]] == ["click 29", "click 28", "click 27"]
+    assert recs["records"][0]["position"].startswith(f"{d['segments'][0]['seq']}:")
+    status, page = await ui.get("/log/events/clicks")
+    assert status == 200 and "click 29" in page
+    status, page = await ui.get("/")
+    assert 'href="/log/events/clicks"' in page
+
+
+async def test_under_replicated_ledgers_and_auto_recovery_settings(
+    admin_bookie: StartAdminBookie, board: Any
+) -> None:
+    b = await admin_bookie()
+    store = b.service.store
+    assert store is not None
+    urm = UnderReplicationManager(store, owner="test")
+    await urm.mark(7, ["10.0.0.9:3181"])
+    await urm.mark(8, ["10.0.0.8:3181"])
+    assert await urm.try_lock(8)
+    await admin.set_lost_bookie_recovery_delay(store, 30)
+    ui = await board(b.uri)
+    await ui.dash.refresh()
+    status, r = await ui.get("/api/recovery")
+    assert status == 200
+    assert r["auditor"] is None and r["lost_bookie_recovery_delay_s"] == 30
+    assert r["replication_enabled"] is True and r["under_replicated_count"] == 2
+    assert r["under_replicated"] == [
+        {"ledger_id": 7, "missing": ["10.0.0.9:3181"], "replicating": None},
+        {"ledger_id": 8, "missing": ["10.0.0.8:3181"], "replicating": "test"},
+    ]
+    status, page = await ui.get("/")
+    assert "being re-replicated by test" in page and "10.0.0.9:3181" in page and "30 s" in page
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/api/ledgers/999999", 404, "ledger 999999 does not exist"),
+        ("/ledger/999999", 404, "ledger 999999 does not exist"),
+        ("/api/ledgers/abc", 400, "integer"),
+        ("/api/ledgers/-1/entries", 400, "out of range"),
+        ("/api/ledgers/99999999999999999999999", 400, "out of range"),
+        ("/api/ledgers?limit=0", 400, "limit"),
+        ("/api/ledgers?limit=x", 400, "limit must be an integer"),
+        ("/api/ledgers?before=zz", 400, "integer"),
+        ("/api/ledgers/1/entries?count=100000", 400, "count"),
+        ("/api/logs/events/nope", 404, "no log"),
+        ("/api/logs/bad%2Fname/x", 400, "not valid"),
+        ("/api/logs/events/-bad", 400, "not valid"),
+        ("/nope", 404, "no such page"),
+        ("/static/../dashboard.py", 404, ""),
+    ],
+)
+async def test_bad_input_gets_a_json_error(
+    admin_bookie: StartAdminBookie, board: Any, path: str, status: int, says: str
+) -> None:
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    got, body = await ui.get(path)
+    assert got == status, body
+    assert isinstance(body, dict) and says in body["error"]
+    assert "Traceback" not in body["error"]
+
+
+async def test_read_only_server_refuses_changes(admin_bookie: StartAdminBookie, board: Any) -> None:
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    for method in ("POST", "PUT", "DELETE"):
+        async with ui.session.request(method, ui.dash.url + "api/ledgers/1") as r:
+            assert r.status == 405
+            assert "read-only" in (await r.json())["error"]
+    assert ui.dash.host == "127.0.0.1"
+
+
+async def test_metadata_outage_is_a_503_and_the_page_still_loads(
+    admin_bookie: StartAdminBookie, board: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    await ui.dash.refresh()
+
+    async def down(*a: Any, **k: Any) -> Any:
+        raise MetadataStoreError("connection to the metadata store lost")
+
+    for name in ("get", "children", "exists"):
+        monkeypatch.setattr(ui.dash.store, name, down)
+    status, body = await ui.get("/api/ledgers/1")
+    assert status == 503 and "metadata store" in body["error"]
+    status, body = await ui.get("/api/ledgers")
+    assert status == 503 and "metadata store" in body["error"]
+    await ui.dash.refresh()
+    status, o = await ui.get("/api/overview")
+    assert status == 200 and "metadata store" in o["error"]
+    assert [r["bookie_id"] for r in o["bookies"]] == [b.service.bookie_id]  # the last known list
+    status, page = await ui.get("/")
+    assert status == 200 and "connection to the metadata store lost" in page
+
+
+async def test_start_refuses_a_wrong_uri_and_a_taken_port(
+    admin_bookie: StartAdminBookie, board: Any, tmp_path: Any
+) -> None:
+    with pytest.raises(MetadataNotFoundError):
+        await Dashboard(f"file://{tmp_path}/nothing-here").start()
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    taken = Dashboard(b.uri, "127.0.0.1", ui.dash.port)
+    with pytest.raises(ConfigError, match="dashboard port"):
+        await taken.start()
+    await taken.stop()
+
+
+def test_parse_metrics_and_preview() -> None:
+    text = "\n".join(
+        [
+            "# TYPE bookkeeper_server_ADD_ENTRY_REQUEST summary",
+            'bookkeeper_server_ADD_ENTRY_REQUEST{success="true",quantile="0.99"} 1.5',
+            'bookkeeper_server_ADD_ENTRY_REQUEST_count{success="true"} 10.0',
+            'bookkeeper_server_ADD_ENTRY_REQUEST_sum{success="true"} 12.0',
+            'bookkeeper_server_ADD_ENTRY_REQUEST_count{success="false"} 2.0',
+            "# TYPE quorumlog_bookie_disk_usage_ratio gauge",
+            "quorumlog_bookie_disk_usage_ratio 0.25",
+        ]
+    )
+    assert parse_metrics(text) == {
+        "add_p99_ms": 1.5,
+        "adds": 10.0,
+        "add_sum_ms": 12.0,
+        "adds_failed": 2.0,
+        "disk_used_ratio": 0.25,
+    }
+    assert preview(b"abc") == "abc"
+    assert preview(b"\x00\x01") == "0x0001"
+    assert preview(b"x" * 1000).endswith("…") and len(preview(b"x" * 1000)) == 257
