@@ -1,8 +1,7 @@
 """Auto-recovery commands of `quorumlog shell`: recover, decommission, triggeraudit, autorecoverystatus.
 
-Attached to the shell group when `quorumlog.cli.shell` is imported (its last line imports this module), so
-the shell's file stays the CLI's. The work itself is `quorumlog.replication.admin`; this module only parses,
-confirms, shows progress and prints (a table by default, JSON with --json).
+The work itself is `quorumlog.replication.admin`; this module only parses, confirms, shows progress and
+prints (a table by default, JSON with --json).
 """
 
 from __future__ import annotations
@@ -11,22 +10,8 @@ from typing import Any
 
 import click
 
-from quorumlog.cli.common import EXIT_USAGE, CliError, console, fail, human_bytes, print_json, run_async
-from quorumlog.cli.shell import _confirm_or_force, _ctx, _print, _table, json_option, shell
-
-
-def _progress(disabled: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console(stderr=True),
-        transient=True,
-        disable=disabled,
-    )
+from quorumlog.cli.common import EXIT_USAGE, CliError, fail, human_bytes, print_json, run_async
+from quorumlog.cli.shell.group import _confirm_or_force, _ctx, _print, _progress, _table, json_option, shell
 
 
 def _run_move(
