@@ -10,6 +10,11 @@ client configuration, for a like-for-like comparison).
 
     quorumlog bench ledgers [--ledgers 1,10,100,1000,10000] [--outstanding 1000] [--seconds 8]
                             [--warmup-s 2] [--entry-bytes 1024] [--explicit-lac-s S] [--profile FILE] [--quick]
+
+`--vs-bookkeeper [--rounds 2] [--bk-warmup-s 15]`: BookKeeper 4.14.8's `MultiLedgerBench` (v3, its client's
+default explicit LAC: off) on the same bookie count, ledger counts, outstanding adds and entry size,
+alternating with this run round by round (_bookkeeper.py); the JSON gets a `vs_bookkeeper` block and the
+plot both.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import os
 import time
 from typing import Any
 
+import _bookkeeper as bk
 import _common as common
 
 from quorumlog.env import run
@@ -83,11 +89,63 @@ async def main(args: Any) -> dict[str, Any]:
     return out
 
 
+def vs_bookkeeper(args: Any) -> dict[str, Any]:
+    """Ours and MultiLedgerBench alternately, `args.rounds` times each (_bookkeeper.py)."""
+    counts = [int(x) for x in args.ledgers.split(",")]
+    rounds: list[dict[str, Any]] = []
+    pairs = []
+    first: dict[str, Any] = {}
+    with bk.peer(args.bookies, bk.say) as peer:
+        for r in range(args.rounds):
+            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
+            ours = run(main(args))
+            ours["machine"]["loadavg_end"] = common.loadavg()
+            first = first or ours
+            theirs = []
+            for count in counts:
+                bk.say(f"round {r + 1}/{args.rounds}: MultiLedgerBench, {count} ledgers")
+                tool_args = [
+                    3,
+                    2,
+                    2,
+                    args.seconds,
+                    args.outstanding,
+                    args.entry_bytes,
+                    count,
+                    args.bk_warmup_s,
+                ]
+                result = peer.run("MultiLedgerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
+                theirs.append({"entries_per_s": result.pop("throughput"), **result})
+            rounds.append(
+                {
+                    "quorumlog": ours["results"],
+                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
+                    "bookkeeper": theirs,
+                    "bookkeeper_loadavg_end": common.loadavg(),
+                }
+            )
+            pairs.append((ours["results"], theirs))
+        table = bk.side_by_side(
+            pairs, "ledgers", {m: m for m in ("entries_per_s", "p50_ms", "p99_ms", "p999_ms")}
+        )
+        first["vs_bookkeeper"] = bk.block(peer, "MultiLedgerBench", rounds, table)
+    first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
+    return first
+
+
 def draw(out: dict[str, Any], path: str) -> None:
     rows = out["results"]
+    series = {"entries/s": ([r["ledgers"] for r in rows], [r["entries_per_s"] for r in rows])}
+    if "vs_bookkeeper" in out:
+        table = out["vs_bookkeeper"]["side_by_side"]
+        xs = [row["ledgers"] for row in table]
+        series = {
+            f"{name} (mean of rounds)": (xs, [bk.mean(row["entries_per_s"][who]) for row in table])
+            for who, name in (("quorumlog", "quorumlog"), ("bookkeeper", "BookKeeper"))
+        }
     common.plot(
         path,
-        {"entries/s": ([r["ledgers"] for r in rows], [r["entries_per_s"] for r in rows])},
+        series,
         title=f"One writer, round-robin over N ledgers, {out['config']['outstanding_total']} outstanding",
         xlabel="concurrent ledgers",
         ylabel="throughput (entries/s)",
@@ -104,8 +162,10 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--explicit-lac-s", type=float, default=None, help="explicit-LAC interval (0: off)")
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
+    bk.add_options(p)
     ns = p.parse_args()
     common.quick(ns, p, seconds=1.5, warmup_s=0.5, ledgers="1,10,100")
-    result = run(main(ns))
+    bk.check_options(p, ns)
+    result = vs_bookkeeper(ns) if ns.vs_bookkeeper else run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

@@ -5,9 +5,16 @@ One writer appends E3 W2 A2 1 KiB entries at a fixed `--rate` (entries/s, paced 
 (`ReadHandle.tail`), three bookie processes with journal fsync on. For each entry: ack -> visible at the
 reader (p50/p99/p999; an entry seen before its own acknowledgement callback ran counts as 0). Then the writer
 goes idle without closing: "last entry visible after its add" is the delay from the last acknowledgement
-until the reader gets that entry (it needs the explicit LAC, `--explicit-lac-s`, 0.1 s as in NOTES.md).
+until the reader gets that entry (it needs the explicit LAC: the writer pushes it as soon as it goes idle,
+and every `--explicit-lac-s`, 0.1 s as in NOTES.md, while it is behind). `write_to_reader` is the delay from
+the append call instead, which is what BookKeeper's TailBench reports.
 
     quorumlog bench tailing [--rate 10000] [--seconds 10] [--entry-bytes 1024] [--explicit-lac-s 0.1] [--quick]
+
+`--vs-bookkeeper [--rounds 2] [--bk-warmup-s 15]`: BookKeeper 4.14.8's `TailBench` (its explicit-LAC interval
+set to `--explicit-lac-s`) at the same rate, seconds and entry size, alternating with this run round by round
+after one unmeasured TailBench run of `--bk-warmup-s` seconds (TailBench has no warm-up of its own;
+_bookkeeper.py); the JSON gets a `vs_bookkeeper` block and the plot BookKeeper's p50/p99 beside our CDF.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 import time
 from typing import Any
 
+import _bookkeeper as bk
 import _common as common
 
 from quorumlog.env import run
@@ -28,6 +36,7 @@ async def main(args: Any) -> dict[str, Any]:
     gc_info = common.set_gc(args.gc)  # before the cluster: its client lives in this process
     payload = os.urandom(args.entry_bytes)
     perf = time.perf_counter
+    issued_at: list[float] = []  # by entry id: the ledger is new, its entries are 0, 1, 2, ... in issue order
     acked_at: dict[int, float] = {}
     seen_at: dict[int, float] = {}
     async with common.cluster(args.bookies) as cluster:
@@ -63,6 +72,7 @@ async def main(args: Any) -> dict[str, Any]:
                         while issued < due:
                             if handle.pending_adds >= args.max_outstanding:
                                 break  # the cluster is not keeping up with --rate: achieved_rate shows it
+                            issued_at.append(perf())
                             fut = handle.append(payload)
                             fut.add_done_callback(on_ack)
                             pending.append(fut)
@@ -83,6 +93,7 @@ async def main(args: Any) -> dict[str, Any]:
             await reader.close()
             await handle.close()
     delays = [max(0.0, seen_at[i] - acked_at[i]) for i in seen_at if i in acked_at]
+    from_write = [seen_at[i] - issued_at[i] for i in seen_at]
     last_visible_ms = round((seen_at[last] - acked_at[last]) * 1000, 2) if last in seen_at else None
     return {
         "benchmark": "tailing",
@@ -102,6 +113,7 @@ async def main(args: Any) -> dict[str, Any]:
             "achieved_rate_per_s": round(total / write_s),
             "entries_seen": len(seen_at),
             "ack_to_reader": percentiles_with_mean(delays),
+            "write_to_reader": percentiles_with_mean(from_write),
             "last_entry_visible_after_ack_ms": last_visible_ms,
         },
         "_delays": delays,
@@ -115,12 +127,68 @@ def percentiles_with_mean(delays: list[float]) -> dict[str, float]:
     return out
 
 
-def draw(delays: list[float], path: str) -> None:
+def vs_bookkeeper(args: Any) -> tuple[dict[str, Any], list[float]]:
+    """Ours and TailBench alternately, `args.rounds` times each (_bookkeeper.py); ours of the last round for
+    the plot."""
+    rounds: list[dict[str, Any]] = []
+    pairs = []
+    first: dict[str, Any] = {}
+    delays: list[float] = []
+    tool_args = [args.rate, args.seconds, args.entry_bytes, round(args.explicit_lac_s * 1000)]
+    timeout_s = args.seconds + 60
+    with bk.peer(args.bookies, bk.say) as peer:
+        bk.say(f"TailBench warm-up ({args.bk_warmup_s:g} s, unmeasured)")
+        warm = [args.rate, args.bk_warmup_s, args.entry_bytes, tool_args[3]]
+        peer.run("TailBench", warm, timeout_s=args.bk_warmup_s + 60)
+        for r in range(args.rounds):
+            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
+            ours = run(main(args))
+            ours["machine"]["loadavg_end"] = common.loadavg()
+            delays = ours.pop("_delays")
+            first = first or ours
+            bk.say(f"round {r + 1}/{args.rounds}: TailBench at {args.rate:g}/s")
+            theirs = peer.run("TailBench", tool_args, timeout_s=timeout_s)
+            res = ours["results"]
+            point = {
+                "rate_per_s": args.rate,
+                "write_to_reader_p50_ms": res["write_to_reader"]["p50_ms"],
+                "write_to_reader_p99_ms": res["write_to_reader"]["p99_ms"],
+                "ack_to_reader_p99_ms": res["ack_to_reader"]["p99_ms"],
+                "last_entry_visible_after_ack_ms": res["last_entry_visible_after_ack_ms"],
+                "entries_seen": res["entries_seen"],
+            }
+            rounds.append(
+                {
+                    "quorumlog": res,
+                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
+                    "bookkeeper": theirs,
+                    "bookkeeper_loadavg_end": common.loadavg(),
+                }
+            )
+            pairs.append(([point], [theirs]))
+        metrics = {
+            "write_to_reader_p50_ms": "p50",
+            "write_to_reader_p99_ms": "p99",
+            "last_entry_visible_after_ack_ms": "lastvisible",
+        }
+        table = bk.side_by_side(pairs, "rate_per_s", metrics)
+        first["vs_bookkeeper"] = bk.block(peer, "TailBench", rounds, table)
+    first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
+    return first, delays
+
+
+def draw(delays: list[float], path: str, out: dict[str, Any] | None = None) -> None:
     ordered = sorted(d * 1000 for d in delays)
     n = len(ordered)
+    series = {"quorumlog ack -> reader": (ordered, [(i + 1) / n for i in range(n)])}
+    if out is not None and "vs_bookkeeper" in out:
+        row = out["vs_bookkeeper"]["side_by_side"][0]
+        for who, name in (("quorumlog", "quorumlog"), ("bookkeeper", "BookKeeper")):
+            xs = [bk.mean(row["write_to_reader_p50_ms"][who]), bk.mean(row["write_to_reader_p99_ms"][who])]
+            series[f"{name} write -> reader p50, p99"] = (xs, [0.5, 0.99])
     common.plot(
         path,
-        {"ack -> reader": (ordered, [(i + 1) / n for i in range(n)])},
+        series,
         title="Tailing read: acknowledgement -> visible at the reader (CDF)",
         xlabel="delay (ms)",
         ylabel="fraction of entries",
@@ -141,8 +209,14 @@ if __name__ == "__main__":
         default=5000,
         help="adds in flight before the writer waits (falls behind)",
     )
+    bk.add_options(p)
     ns = p.parse_args()
     common.quick(ns, p, rate=2000.0, seconds=3.0)
-    result = run(main(ns))
-    draw(result.pop("_delays"), ns.plot)
+    bk.check_options(p, ns)
+    if ns.vs_bookkeeper:
+        result, delays = vs_bookkeeper(ns)
+    else:
+        result = run(main(ns))
+        delays = result.pop("_delays")
+    draw(delays, ns.plot, result)
     common.emit(result)

@@ -11,6 +11,10 @@ client and the bookies. `--plot` draws latency (p50, p99) against throughput, on
 
 `--tls`: every client-bookie connection runs mutual TLS (a throw-away CA, bookies with tls_required), to
 measure what TLS costs (docs/PERFORMANCE.md, "TLS").
+
+`--vs-bookkeeper [--rounds 2] [--bk-warmup-s 15]`: BookKeeper 4.14.8's `PeerBench` on the same bookie count,
+quorum, entry size, protocol and outstanding adds, alternating with this run round by round (_bookkeeper.py);
+the JSON gets a `vs_bookkeeper` block (both, and quorumlog / BookKeeper per round) and the plot both.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import tempfile
 from typing import Any
 
+import _bookkeeper as bk
 import _common as common
 
 from quorumlog.env import run
@@ -78,17 +83,75 @@ async def main(args: Any) -> dict[str, Any]:
     return out
 
 
+def vs_bookkeeper(args: Any) -> dict[str, Any]:
+    """Ours and PeerBench alternately, `args.rounds` times each (_bookkeeper.py)."""
+    e, w, a = (int(x) for x in args.quorum.split(","))
+    points = [int(x) for x in args.outstanding.split(",")]
+    rounds: list[dict[str, Any]] = []
+    pairs = []
+    first: dict[str, Any] = {}
+    with bk.peer(args.bookies, bk.say) as peer:
+        for r in range(args.rounds):
+            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
+            ours = run(main(args))
+            ours["machine"]["loadavg_end"] = common.loadavg()
+            first = first or ours
+            theirs = []
+            for outstanding in points:
+                bk.say(f"round {r + 1}/{args.rounds}: PeerBench, {outstanding} outstanding")
+                tool_args = [
+                    e,
+                    w,
+                    a,
+                    args.seconds,
+                    outstanding,
+                    args.entry_bytes,
+                    args.protocol,
+                    args.bk_warmup_s,
+                ]
+                result = peer.run("PeerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
+                theirs.append(
+                    {"outstanding": outstanding, "entries_per_s": result.pop("throughput"), **result}
+                )
+            rounds.append(
+                {
+                    "quorumlog": ours["results"],
+                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
+                    "bookkeeper": theirs,
+                    "bookkeeper_loadavg_end": common.loadavg(),
+                }
+            )
+            pairs.append((ours["results"], theirs))
+        table = bk.side_by_side(
+            pairs, "outstanding", {m: m for m in ("entries_per_s", "p50_ms", "p99_ms", "p999_ms")}
+        )
+        first["vs_bookkeeper"] = bk.block(peer, "PeerBench", rounds, table)
+    first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
+    return first
+
+
 def draw(out: dict[str, Any], path: str) -> None:
     rows = out["results"]
     xs = [r["entries_per_s"] for r in rows]
+    series = {"p50": (xs, [r["p50_ms"] for r in rows]), "p99": (xs, [r["p99_ms"] for r in rows])}
+    labels = [[str(r["outstanding"]) for r in rows]] * 2
+    if "vs_bookkeeper" in out:
+        # Means over the rounds, both systems on one plot.
+        table = out["vs_bookkeeper"]["side_by_side"]
+        series, labels = {}, []
+        for who, name in (("quorumlog", "quorumlog"), ("bookkeeper", "BookKeeper")):
+            xs = [bk.mean(row["entries_per_s"][who]) for row in table]
+            for pct in ("p50_ms", "p99_ms"):
+                series[f"{name} {pct[:-3]}"] = (xs, [bk.mean(row[pct][who]) for row in table])
+                labels.append([str(row["outstanding"]) for row in table])
     common.plot(
         path,
-        {"p50": (xs, [r["p50_ms"] for r in rows]), "p99": (xs, [r["p99_ms"] for r in rows])},
+        series,
         title=f"One writer, {out['config']['quorum']}, {out['config']['entry_bytes']} B entries, fsync on",
         xlabel="throughput (entries/s)",
         ylabel="add latency (ms)",
         logy=True,
-        annotate=[[str(r["outstanding"]) for r in rows]],
+        annotate=labels,
     )
 
 
@@ -102,8 +165,12 @@ if __name__ == "__main__":
     p.add_argument("--protocol", default="v3", choices=("v3", "v2"))
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
     p.add_argument("--tls", action="store_true", help="mutual TLS on every client-bookie connection")
+    bk.add_options(p)
     ns = p.parse_args()
     common.quick(ns, p, seconds=1.5, warmup_s=0.5)
-    result = run(main(ns))
+    bk.check_options(p, ns)
+    if ns.vs_bookkeeper and ns.tls:
+        p.error("--vs-bookkeeper with --tls: the BookKeeper tools run without TLS")
+    result = vs_bookkeeper(ns) if ns.vs_bookkeeper else run(main(ns))
     draw(result, ns.plot)
     common.emit(result)

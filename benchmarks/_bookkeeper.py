@@ -1,0 +1,233 @@
+"""`--vs-bookkeeper`: the same workload on a real Apache BookKeeper 4.14.8, in the same run (not a workload
+itself: the leading `_` hides it).
+
+What it owns: the options (`--vs-bookkeeper`, `--rounds`, `--bk-warmup-s`), starting and stopping the Java
+cluster (through `quorumlog.testing.bkpeer`, which the interoperability tests use: DbLedgerStorage,
+`journalSyncData=true`, the same number of bookies on free loopback ports), running BookKeeper's benchmark
+tools (`PeerBench`, `MultiLedgerBench`, `TailBench` from ../shared/bookkeeper; their `RESULT k=v ...` lines
+parsed here), alternating them with ours round by round, and the side-by-side block of the JSON.
+
+A benchmark with the flag runs, `--rounds` times: its own workload (a fresh quorumlog cluster each round),
+then BookKeeper's tool on every point. The Java bookies stay up (idle) while ours run, so BookKeeper keeps
+its warm JIT between rounds; every tool run has its own `--bk-warmup-s` (>= 15 s) unmeasured first, since a
+cold client JVM understates BookKeeper. `ratio` is always quorumlog / BookKeeper, per round: above 1 is
+better for a throughput, below 1 is better for a latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from quorumlog.testing import bkpeer
+
+VERSION = "4.14.8"
+WARMUP_S_MIN = 15.0
+ROUNDS_MIN = 2
+# A tool run: start-up (ZooKeeper session, ledger creation: 10,000 ledgers take tens of seconds) + warm-up +
+# the measured seconds + drain; generous, but bounded.
+TOOL_OVERHEAD_S = 300.0
+_PAIR = re.compile(r"(\w+)=(\S+)")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--vs-bookkeeper",
+        action="store_true",
+        help=f"also run BookKeeper {VERSION}'s own tool on the same settings, alternating with ours "
+        "(needs ../shared/bookkeeper and Java), and report both and the ratio",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=ROUNDS_MIN, help="with --vs-bookkeeper: rounds of each (>= 2)"
+    )
+    p.add_argument(
+        "--bk-warmup-s",
+        type=float,
+        default=WARMUP_S_MIN,
+        help=f"with --vs-bookkeeper: BookKeeper's unmeasured warm-up per tool run (>= {WARMUP_S_MIN:g})",
+    )
+
+
+def check_options(p: argparse.ArgumentParser, ns: argparse.Namespace) -> None:
+    """Refuse what would make a comparison meaningless, and say clearly when BookKeeper cannot run here."""
+    if not ns.vs_bookkeeper:
+        return
+    if ns.rounds < ROUNDS_MIN:
+        p.error(f"--rounds {ns.rounds}: a side-by-side run alternates at least {ROUNDS_MIN} rounds of each")
+    if ns.bk_warmup_s < WARMUP_S_MIN:
+        p.error(
+            f"--bk-warmup-s {ns.bk_warmup_s:g}: a cold JVM understates BookKeeper; use >= {WARMUP_S_MIN:g}"
+        )
+    reason = bkpeer.missing()
+    if reason:
+        p.error(
+            f"--vs-bookkeeper needs a runnable BookKeeper {VERSION}: {reason}. It is looked for at "
+            f"{bkpeer.distribution_dir()} (a checkout of the project next to its shared/ folder)"
+        )
+
+
+def parse_result(text: str) -> dict[str, float | str]:
+    """The fields of a tool's `RESULT k=v ...` line and of any `KEY=v` line after it (TailBench's
+    `LASTVISIBLE`), numbers as floats ('never', 'NaN' kept as text). Raises ValueError without a RESULT line."""
+    out: dict[str, float | str] = {}
+    found = False
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("RESULT"):
+            found = True
+            line = line[len("RESULT") :]
+        elif not (found and "=" in line and " " not in line):
+            continue
+        for key, value in _PAIR.findall(line):
+            try:
+                number = float(value)
+            except ValueError:
+                out[key.lower()] = value
+                continue
+            out[key.lower()] = value if number != number else number  # NaN stays text: JSON has no NaN
+    if not found:
+        raise ValueError("no RESULT line in the tool's output")
+    return out
+
+
+def ratio(ours: float | None, theirs: float | str | None) -> float | None:
+    if ours is None or not isinstance(theirs, float) or theirs <= 0:
+        return None
+    return round(ours / theirs, 3)
+
+
+def _free_run(count: int) -> int:
+    """The first of `count` consecutive loopback ports that are free now (ZooKeeper, then the bookies)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free loopback ports")
+
+
+class Peer:
+    """A running BookKeeper cluster of `bookies` bookies and the means to run its benchmark tools."""
+
+    def __init__(self, bookies: int) -> None:
+        self.bookies = bookies
+        self.data_dir = tempfile.mkdtemp(prefix="ql-bench-bkpeer-")
+        self._peer = bkpeer.BookKeeperPeer(self.data_dir)
+        base = _free_run(bookies + 1)
+        self.zk = f"127.0.0.1:{base}"
+        self._peer.start_cluster(bookies, zk_port=base, bookie_base_port=base + 1)
+
+    def close(self) -> None:
+        self._peer.stop_cluster()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "bookies": self.bookies,
+            "ledger_storage": "DbLedgerStorage",
+            "journal_sync": True,
+            "digest": "CRC32C",
+            "client_throttle": 0,
+        }
+
+    def run(
+        self,
+        tool: str,
+        args: Sequence[object],
+        *,
+        properties: Mapping[str, str] | None = None,
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """Run a tool (`java ... TOOL zk args...`) and parse its RESULT; raises with its output if it fails."""
+        env = self._peer.env
+        props = [f"-D{k}={v}" for k, v in (properties or {}).items()]
+        command = [
+            "java",
+            *env.get("CLI_JVM_OPTS", "").split(),
+            *props,
+            "-cp",
+            env["BK_TOOLS_CP"],
+            tool,
+            self.zk,
+            *(str(a) for a in args),
+        ]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s + TOOL_OVERHEAD_S, env=env, check=False
+        )
+        try:
+            fields: dict[str, Any] = parse_result(done.stdout)
+        except ValueError:
+            raise RuntimeError(
+                f"{tool} failed (exit {done.returncode}): {done.stdout[-2000:]}{done.stderr[-3000:]}"
+            ) from None
+        notes = [line for line in done.stderr.splitlines() if line.startswith("NOTE")]
+        if notes:
+            fields["notes"] = notes
+        fields["command"] = " ".join(["java", *props, tool, "ZK", *(str(a) for a in args)])
+        return fields
+
+
+@contextlib.contextmanager
+def peer(bookies: int, say: Callable[[str], None]) -> Iterator[Peer]:
+    say(f"starting BookKeeper {VERSION}: ZooKeeper and {bookies} bookies (15-45 s)")
+    p = Peer(bookies)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def say(message: str) -> None:
+    print(f"[vs-bookkeeper] {message}", file=sys.stderr, flush=True)
+
+
+def side_by_side(
+    rounds: Sequence[tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]],
+    key: str,
+    metrics: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """Per point (`key`), each metric of ours and theirs per round and their ratio per round. `rounds` is
+    [(our points, their points)], the points of both in the same order; `metrics` maps our name to theirs."""
+    table = []
+    for i, point in enumerate(rounds[0][0]):
+        row: dict[str, Any] = {key: point[key]}
+        for ours_name, theirs_name in metrics.items():
+            ours = [r[0][i].get(ours_name) for r in rounds]
+            theirs = [r[1][i].get(theirs_name) for r in rounds]
+            row[ours_name] = {
+                "quorumlog": ours,
+                "bookkeeper": theirs,
+                "ratio": [ratio(o, t) for o, t in zip(ours, theirs, strict=True)],
+            }
+        table.append(row)
+    return table
+
+
+def mean(values: Sequence[Any]) -> float:
+    """The mean of the numbers among `values` (NaN without any), for plots."""
+    numbers = [v for v in values if isinstance(v, int | float)]
+    return sum(numbers) / len(numbers) if numbers else float("nan")
+
+
+def block(peer: Peer, tool: str, rounds: list[dict[str, Any]], table: list[dict[str, Any]]) -> dict[str, Any]:
+    """The `vs_bookkeeper` block of a result."""
+    return {"bookkeeper": {**peer.info(), "tool": tool}, "rounds": rounds, "side_by_side": table}
