@@ -137,7 +137,6 @@ class BookieSample:
     metrics_error: str = ""  # why not, when it did not
     adds_total: float | None = None
     adds_failed_total: float | None = None
-    add_sum_ms: float | None = None  # adds' summed latency (exact count times the sampled mean)
     add_p99_ms: float | None = None  # since the bookie started (its summary never resets)
     reads_total: float | None = None
     write_bytes_total: float | None = None
@@ -150,10 +149,9 @@ class BookieSample:
     adds_per_s: float | None = None  # since the previous sample
     reads_per_s: float | None = None
     write_bytes_per_s: float | None = None
-    add_mean_ms: float | None = None  # mean add latency over the interval
 
     def as_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("at_s", "add_sum_ms")}
+        out = {k: v for k, v in self.__dict__.items() if k != "at_s"}
         return {k: _finite(v) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -171,8 +169,6 @@ def parse_metrics(text: str) -> dict[str, float]:
             labels = s.labels
             if s.name == "bookkeeper_server_ADD_ENTRY_REQUEST_count":
                 add("adds" if labels.get("success") == "true" else "adds_failed", s.value)
-            elif s.name == "bookkeeper_server_ADD_ENTRY_REQUEST_sum" and labels.get("success") == "true":
-                add("add_sum_ms", s.value)
             elif (
                 s.name == "bookkeeper_server_ADD_ENTRY_REQUEST"
                 and labels.get("success") == "true"
@@ -220,14 +216,18 @@ class Snapshot:
         """This sample as one point of the charts."""
         scraped = [b for b in self.bookies if b.metrics]
         p99s = [b.add_p99_ms for b in scraped if b.add_p99_ms is not None and math.isfinite(b.add_p99_ms)]
-        means = [b.add_mean_ms for b in scraped if b.add_mean_ms is not None]
+        syncs = [
+            b.journal_sync_p99_ms
+            for b in scraped
+            if b.journal_sync_p99_ms is not None and math.isfinite(b.journal_sync_p99_ms)
+        ]
         return {
             "t": self.at_ms,
             "adds_per_s": sum(b.adds_per_s or 0.0 for b in scraped),
             "reads_per_s": sum(b.reads_per_s or 0.0 for b in scraped),
             "write_bytes_per_s": sum(b.write_bytes_per_s or 0.0 for b in scraped),
             "add_p99_ms": max(p99s) if p99s else None,
-            "add_mean_ms": max(means) if means else None,
+            "journal_sync_p99_ms": max(syncs) if syncs else None,
             "under_replicated": self.under_replicated_count,
             "per_bookie": {b.bookie_id: b.adds_per_s for b in scraped if b.adds_per_s is not None},
         }
@@ -454,13 +454,6 @@ class Dashboard:
                 b.adds_per_s = _rate(b.adds_total, before.adds_total, seconds)
                 b.reads_per_s = _rate(b.reads_total, before.reads_total, seconds)
                 b.write_bytes_per_s = _rate(b.write_bytes_total, before.write_bytes_total, seconds)
-                if (
-                    b.adds_total is not None
-                    and before.adds_total is not None
-                    and b.adds_total > before.adds_total
-                ):
-                    d_sum = (b.add_sum_ms or 0.0) - (before.add_sum_ms or 0.0)
-                    b.add_mean_ms = max(d_sum, 0.0) / (b.adds_total - before.adds_total)
         self._previous = {b.bookie_id: b for b in bookies if b.metrics}
         snap = Snapshot(int(time.time() * 1000), bookies)
         await self._recovery(snap)
@@ -498,7 +491,6 @@ class Dashboard:
         b.metrics = True
         b.adds_total = values.get("adds", 0.0)
         b.adds_failed_total = values.get("adds_failed", 0.0)
-        b.add_sum_ms = values.get("add_sum_ms", 0.0)
         b.add_p99_ms = values.get("add_p99_ms")
         b.reads_total = values.get("reads", 0.0)
         b.write_bytes_total = values.get("write_bytes")
@@ -849,8 +841,10 @@ class Dashboard:
             '<section class="charts">',
             '<figure><figcaption>Adds/s (all bookies)</figcaption><svg id="chart-adds" '
             'viewBox="0 0 600 160" preserveAspectRatio="none"></svg></figure>',
-            "<figure><figcaption>Add latency, ms (p99 since start; mean per interval)</figcaption>"
-            '<svg id="chart-latency" viewBox="0 0 600 160" preserveAspectRatio="none"></svg></figure>',
+            "<figure><figcaption>Latency p99, ms (worst bookie; each bookie's summary since its start)"
+            '</figcaption><svg id="chart-latency" viewBox="0 0 600 160" preserveAspectRatio="none"></svg>'
+            '<div class="legend"><span class="k0">━ add (bookkeeper_server_ADD_ENTRY_REQUEST)</span>'
+            '<span class="k1">━ journal fsync (bookie_journal_JOURNAL_SYNC)</span></div></figure>',
             "</section>",
             "<h2>Bookies</h2>",
             '<table id="bookies"><thead><tr><th>bookie</th><th>address</th><th>state</th><th>disk used</th>'

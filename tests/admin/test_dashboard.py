@@ -317,7 +317,6 @@ def test_parse_metrics_and_preview() -> None:
     assert parse_metrics(text) == {
         "add_p99_ms": 1.5,
         "adds": 10.0,
-        "add_sum_ms": 12.0,
         "adds_failed": 2.0,
         "disk_used_ratio": 0.25,
     }

@@ -126,8 +126,8 @@
     const h = o.history || [];
     drawChart(document.getElementById("chart-adds"), [{ name: "adds/s", points: series(h, "adds_per_s") }], "adds/s");
     drawChart(document.getElementById("chart-latency"), [
-      { name: "add p99 ms (max over bookies, since start)", points: series(h, "add_p99_ms") },
-      { name: "add mean ms (max over bookies, per interval)", points: series(h, "add_mean_ms") },
+      { name: "add p99 ms (worst bookie)", points: series(h, "add_p99_ms") },
+      { name: "journal fsync p99 ms (worst bookie)", points: series(h, "journal_sync_p99_ms") },
     ], "ms");
     setText("updated", "updated " + new Date(o.at_ms).toLocaleTimeString());
   }
