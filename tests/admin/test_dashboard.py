@@ -323,3 +323,52 @@ def test_parse_metrics_and_preview() -> None:
     assert preview(b"abc") == "abc"
     assert preview(b"\x00\x01") == "0x0001"
     assert preview(b"x" * 1000).endswith("…") and len(preview(b"x" * 1000)) == 257
+
+
+def test_cli_serves_until_sigterm_and_refuses_a_wrong_uri(tmp_path: Any) -> None:
+    """`quorumlog dashboard` as an operator runs it: the URL line once serving, JSON at /api/overview,
+    exit 0 on SIGTERM; a URI with no cluster is a one-line error, not a traceback."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.cli.helpers import assert_clean_error, env_without_settings, ql
+
+    r = ql("dashboard", "--metadata", f"file://{tmp_path}/nothing", "--port", "0")
+    assert_clean_error(r)
+    assert "no embedded metadata store" in r.stderr
+
+    from quorumlog.env import run
+    from quorumlog.testing.cluster import LocalCluster
+
+    cluster = LocalCluster(bookies=0, base_dir=str(tmp_path / "c"))
+    run(cluster.start())
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quorumlog", "dashboard", "--metadata", cluster.uri, "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env_without_settings(),
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # printed once it serves
+            assert line.startswith("dashboard: http://127.0.0.1:"), (line, proc.stderr and proc.stderr.read())
+            url = line.split(" ", 1)[1].strip()
+            with urllib.request.urlopen(url + "api/overview", timeout=10) as resp:
+                overview = json.loads(resp.read())
+            assert overview["summary"]["bookies"] == 0 and overview["error"] == ""
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+    finally:
+        run(cluster.close())
