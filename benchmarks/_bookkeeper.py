@@ -36,6 +36,9 @@ ROUNDS_MIN = 2
 # A tool run: start-up (ZooKeeper session, ledger creation: 10,000 ledgers take tens of seconds) + warm-up +
 # the measured seconds + drain; generous, but bounded.
 TOOL_OVERHEAD_S = 300.0
+# Our name of an add benchmark's figure -> the name in PeerBench's / MultiLedgerBench's RESULT line (the
+# throughput is renamed to ours when read).
+ADD_METRICS = {"entries_per_s": "entries_per_s", "p50_ms": "p50", "p99_ms": "p99", "p999_ms": "p999"}
 _PAIR = re.compile(r"(\w+)=(\S+)")
 
 

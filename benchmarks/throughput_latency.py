@@ -122,9 +122,7 @@ def vs_bookkeeper(args: Any) -> dict[str, Any]:
                 }
             )
             pairs.append((ours["results"], theirs))
-        table = bk.side_by_side(
-            pairs, "outstanding", {m: m for m in ("entries_per_s", "p50_ms", "p99_ms", "p999_ms")}
-        )
+        table = bk.side_by_side(pairs, "outstanding", bk.ADD_METRICS)
         first["vs_bookkeeper"] = bk.block(peer, "PeerBench", rounds, table)
     first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
     return first

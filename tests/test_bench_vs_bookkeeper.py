@@ -1,0 +1,108 @@
+"""`--vs-bookkeeper` (benchmarks/_bookkeeper.py): the parsing of BookKeeper's tools' RESULT lines, the
+side-by-side table and its ratios, and the clear refusals before anything starts (no distribution, one
+round, a cold JVM). The runs themselves take minutes against real Java bookies: docs/PERFORMANCE.md has them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.cli.helpers import ROOT, ql
+
+
+@pytest.fixture
+def bk() -> Iterator[ModuleType]:
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import _bookkeeper
+
+        yield _bookkeeper
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+
+
+def test_result_lines_of_each_tool_are_parsed(bk: ModuleType) -> None:
+    peer = bk.parse_result(
+        "some log line\n"
+        "RESULT throughput=15934.2 p50=5.101 p99=20.873 p999=31.002 adds=127474 errors=0 secs=8.000\n"
+    )
+    assert peer == {
+        "throughput": 15934.2,
+        "p50": 5.101,
+        "p99": 20.873,
+        "p999": 31.002,
+        "adds": 127474.0,
+        "errors": 0.0,
+        "secs": 8.0,
+    }
+    multi = bk.parse_result(
+        "RESULT throughput=9000.0 p50=1 p99=2 p999=3 adds=9 errors=0 secs=1.000 ledgers=10000"
+    )
+    assert multi["ledgers"] == 10000.0
+    tail = bk.parse_result("RESULT p50=3.2 p99=NaN seen=0 written=100\nLASTVISIBLE=never\n")
+    # Text stays text (JSON has no NaN), and the line after RESULT is part of it.
+    assert (tail["p99"], tail["lastvisible"], tail["seen"]) == ("NaN", "never", 0.0)
+    assert bk.parse_result("RESULT p50=1 p99=2 seen=5 written=5\nLASTVISIBLE=172.5\n")["lastvisible"] == 172.5
+    with pytest.raises(ValueError, match="no RESULT"):
+        bk.parse_result("Exception in thread main ...\n")
+
+
+def test_side_by_side_gives_both_per_round_and_the_ratio_ours_over_theirs(bk: ModuleType) -> None:
+    rounds = [
+        ([{"outstanding": 100, "entries_per_s": 9000}], [{"outstanding": 100, "entries_per_s": 18000.0}]),
+        ([{"outstanding": 100, "entries_per_s": 10000}], [{"outstanding": 100, "entries_per_s": 16000.0}]),
+    ]
+    table = bk.side_by_side(rounds, "outstanding", {"entries_per_s": "entries_per_s"})
+    assert table == [
+        {
+            "outstanding": 100,
+            "entries_per_s": {
+                "quorumlog": [9000, 10000],
+                "bookkeeper": [18000.0, 16000.0],
+                "ratio": [0.5, 0.625],
+            },
+        }
+    ]
+    assert bk.ratio(5.0, "never") is None and bk.ratio(None, 3.0) is None and bk.ratio(1.0, 0.0) is None
+
+
+def test_a_missing_distribution_is_refused_with_where_it_was_looked_for(
+    bk: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quorumlog.testing import bkpeer
+
+    monkeypatch.setattr(bkpeer, "distribution_dir", lambda: tmp_path / "shared" / "bookkeeper")
+    monkeypatch.setattr(bkpeer.shutil, "which", lambda name: f"/usr/bin/{name}")
+    p = argparse.ArgumentParser(prog="throughput_latency")
+    bk.add_options(p)
+    ns = p.parse_args(["--vs-bookkeeper"])
+    with pytest.raises(SystemExit) as exc:
+        bk.check_options(p, ns)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--vs-bookkeeper needs a runnable BookKeeper 4.14.8" in err
+    assert str(tmp_path / "shared" / "bookkeeper") in err
+    bk.check_options(p, p.parse_args([]))  # without the flag nothing is needed
+
+
+def test_one_round_or_a_cold_jvm_is_refused(bk: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    p = argparse.ArgumentParser(prog="ledgers")
+    bk.add_options(p)
+    for args, says in ((["--rounds", "1"], "at least 2 rounds"), (["--bk-warmup-s", "5"], "cold JVM")):
+        with pytest.raises(SystemExit) as exc:
+            bk.check_options(p, p.parse_args(["--vs-bookkeeper", *args]))
+        assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("workload", ["throughput_latency", "ledgers", "tailing"])
+def test_each_side_by_side_workload_takes_the_flag_and_checks_it_before_anything_starts(
+    workload: str,
+) -> None:
+    r = ql("bench", workload, "--vs-bookkeeper", "--rounds", "1", timeout_s=60)
+    assert r.returncode == 2 and "at least 2 rounds" in r.stderr, r.stderr
