@@ -473,6 +473,14 @@ STANDALONE = SettingsTable(
             0,
             65535,
         ),
+        Setting(
+            "dashboard_port",
+            int,
+            0,
+            "serve the web dashboard (quorumlog.admin.dashboard) on 127.0.0.1 at this port (0 = off)",
+            0,
+            65535,
+        ),
         Setting("autorecovery", bool, True, "run an auto-recovery process (auditor + replication worker)"),
         Setting(
             "lost_bookie_recovery_delay_s",

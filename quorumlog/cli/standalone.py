@@ -18,6 +18,8 @@ What it owns: the life of a standalone cluster in a data directory.
   that fails to start, or dies again within `STABLE_S` of starting, is retried after a back-off that doubles
   from `RESTART_BACKOFF_S_MIN` up to `restart_backoff_s_max`: reported each time, never spun. A dead
   bookie's registration is removed at once (its parent knows it is dead), so clients stop choosing it.
+- Optional servers: each bookie's admin API (`--http-port N`: bookie i on N + i) and the web dashboard
+  (`--dashboard-port`, `quorumlog.admin.dashboard`, served in this process on the cluster's store).
 - State changes are printed as they happen, one line each: bookies down / writable / read-only (from the
   metadata store's registrations) and under-replicated ledgers found and re-replicated.
 - Ready means writable: `metadata: <URI>` is printed on a line of its own only after every bookie registered
@@ -96,6 +98,7 @@ class Standalone:
         metadata: str = "",
         port_base: int,
         http_port: int = 0,
+        dashboard_port: int = 0,
         autorecovery: bool = True,
         lost_bookie_recovery_delay_s: int = 60,
         restart_backoff_s_max: float = 30.0,
@@ -110,6 +113,8 @@ class Standalone:
         self.metadata = metadata or f"file://{os.path.join(self.data_dir, 'metadata')}"
         self.port_base = port_base
         self.http_port = http_port
+        self.dashboard_port = dashboard_port
+        self.dashboard: Any = None
         self.autorecovery = autorecovery
         self.lost_bookie_recovery_delay_s = lost_bookie_recovery_delay_s
         self.restart_backoff_s_max = restart_backoff_s_max
@@ -151,6 +156,8 @@ class Standalone:
             if self.autorecovery:
                 await self._start_autorecovery()
             await self._start_watching()
+            if self.dashboard_port:
+                await self._start_dashboard()
         except BaseException:
             await self.stop()
             raise
@@ -180,11 +187,16 @@ class Standalone:
         clash = sorted(set(wanted[:n]) & set(wanted[n:]))
         if clash:
             usage(f"bookie ports and admin ports overlap ({', '.join(map(str, clash))})")
+        if self.dashboard_port:
+            if self.dashboard_port in wanted:
+                usage(f"--dashboard-port {self.dashboard_port} is also a bookie or admin port")
+            wanted.append(self.dashboard_port)
         busy = [p for p in wanted if not _port_free(p)]
         if busy:
             raise CliError(
                 f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use",
-                "is another cluster running? stop it, or pick free ports with --port-base / --http-port",
+                "is another cluster running? stop it, or pick free ports with --port-base / --http-port / "
+                "--dashboard-port",
             )
 
     def _remember(self, bookies: int) -> None:
@@ -343,6 +355,13 @@ class Standalone:
             raise CliError(f"{e}", f"see {self.recovery.log_path}") from e
         self.say(f"auto-recovery {self.recovery.owner}  log {self.recovery.log_path}")
 
+    async def _start_dashboard(self) -> None:
+        from quorumlog.admin.dashboard import Dashboard
+
+        self.dashboard = Dashboard(self.uri, "127.0.0.1", self.dashboard_port, store=self.cluster.store)
+        await self.dashboard.start()
+        self.say(f"dashboard: {self.dashboard.url}")
+
     # -- supervision --------------------------------------------------------------------------------------
 
     async def _start_watching(self) -> None:
@@ -465,6 +484,10 @@ class Standalone:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        dashboard, self.dashboard = self.dashboard, None
+        if dashboard is not None:
+            with contextlib.suppress(Exception):
+                await dashboard.stop()
         if self._registry is not None:
             with contextlib.suppress(Exception):
                 await self._registry.close()
@@ -523,8 +546,8 @@ def standalone(config_path: str | None, log_level: str, **flags: str | None) -> 
     keeps failing) and every state change is printed. Running it again on the same --data-dir restarts the
     same cluster (same bookies, same ports, every ledger intact); a larger --bookies adds bookies, a
     smaller one decommissions the extra ones first. --http-port N serves each bookie's admin API
-    (BookKeeper's endpoints and /metrics) on N + i. $QUORUMLOG_METADATA is ignored: only --metadata
-    names another store. Logs: <data-dir>/bookie-<i>/bookie.log, <data-dir>/autorecovery/autorecovery.log,
+    (BookKeeper's endpoints and /metrics) on N + i; --dashboard-port P serves the web dashboard on P.
+    $QUORUMLOG_METADATA is ignored: only --metadata names another store. Logs: <data-dir>/bookie-<i>/bookie.log, <data-dir>/autorecovery/autorecovery.log,
     and --log-file for this process's own (docs/OPERATIONS.md, "Standalone").
     """
     log_flags = {name: flags.pop(name) for name in LOGGING.names}
@@ -560,6 +583,7 @@ def standalone(config_path: str | None, log_level: str, **flags: str | None) -> 
         metadata=values["metadata"],
         port_base=values["port_base"],
         http_port=values["http_port"],
+        dashboard_port=values["dashboard_port"],
         autorecovery=values["autorecovery"],
         lost_bookie_recovery_delay_s=values["lost_bookie_recovery_delay_s"],
         restart_backoff_s_max=values["restart_backoff_s_max"],
