@@ -1,6 +1,8 @@
 """The bookie's write-ahead journal: group commit, preallocated files, checksummed records, replay.
 
-What it owns: the journal directory, its files `<seq:016x>.jnl`, and the one thread that writes and syncs them.
+What it owns: the journal directory, its files `<seq:016x>.jnl`, and the one worker that writes and syncs
+them: a thread in production; a task on the event loop in the simulator (`Env.threads` is false there: the
+same batching, writing and syncing code runs, with the waits as awaits and virtual time as its clock).
 
 Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
 - A record's callback runs (on the event loop) only after the batch holding it has been written *and*
@@ -43,7 +45,6 @@ import logging
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
@@ -55,7 +56,16 @@ from quorumlog.admin.sketch import Sketch
 from quorumlog.env import Env, File
 from quorumlog.errors import JournalCorruptError
 
-__all__ = ["Journal", "JournalCorruptError", "JournalError", "JournalPosition", "RecordType"]
+__all__ = [
+    "Journal",
+    "JournalCorruptError",
+    "JournalError",
+    "JournalPosition",
+    "RecordType",
+    "ScannedDamage",
+    "ScannedRecord",
+    "scan_file",
+]
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +195,7 @@ class Journal:
         if file_size_bytes < HEADER_SIZE + 2 * max_batch_bytes:
             raise ValueError("journal file_size_bytes must hold at least two batches plus the header")
         self.env = env
+        self._timer = env.clock.timer_s  # read from the sync thread too: time.monotonic in production
         self.directory = directory
         self.file_size_bytes = file_size_bytes
         self.max_batch_bytes = max_batch_bytes
@@ -227,6 +238,8 @@ class Journal:
         self._ready: list[tuple[int, File]] = []  # prepared next files (guarded by _cond)
         self._preparing = False
         self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None  # the worker when the Env has no threads
+        self._wakeup: asyncio.Event | None = None  # the task's wake-up (the thread waits on _cond)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed_files: list[int] = []  # sealed by the sync thread since start (guarded by _cond)
         self.batches_synced = 0
@@ -527,8 +540,12 @@ class Journal:
                 "JOURNAL SYNC IS OFF (journal_sync=false): adds are acknowledged before they are on disk; "
                 "a machine crash or power loss WILL lose acknowledged entries. Never run this in production."
             )
-        self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
-        self._thread.start()
+        if self.env.threads:
+            self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
+            self._thread.start()
+        else:
+            self._wakeup = asyncio.Event()
+            self._task = self.env.spawn(self._run_task(), name="journal-sync")
 
     def _prepare_file(self, seq: int, size: int | None = None) -> tuple[int, File]:
         """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop."""
@@ -604,12 +621,12 @@ class Journal:
                         self._loop.call_soon(cb, err)  # type: ignore[union-attr]
                 return
             if not self._records:
-                self._first_append_s = time.monotonic()
+                self._first_append_s = self._timer()
             self._records += staged
             self._callbacks += callbacks
             self._queued_bytes += nbytes
             if self._thread_waiting and self._queued_bytes >= self._notify_at_bytes:
-                self._cond.notify()
+                self._notify()
 
     def mark(self, callback: MarkCallback) -> None:
         """Report the journal position after every record appended so far, once those are durable.
@@ -622,10 +639,10 @@ class Journal:
                 self._loop.call_soon(callback, None, self._failed or JournalError("journal is closed"))  # type: ignore[union-attr]
                 return
             if not self._records:
-                self._first_append_s = time.monotonic()
+                self._first_append_s = self._timer()
             self._marks.append((len(self._records), callback))
             if self._thread_waiting:
-                self._cond.notify()
+                self._notify()
 
     def release_before(self, seq: int) -> None:
         """Files with a smaller sequence number hold nothing a checkpoint has not made durable elsewhere."""
@@ -664,6 +681,12 @@ class Journal:
             log.exception("journal sync thread failed; the bookie can no longer acknowledge writes")
             self._fail(exc, batch)
 
+    def _notify(self) -> None:
+        """Wake the waiting worker (under _cond)."""
+        self._cond.notify()
+        if self._wakeup is not None:
+            self._wakeup.set()
+
     def _take_batch(self) -> _Batch | None:
         with self._cond:
             while not self._records and not self._marks and not self._closing:
@@ -675,19 +698,65 @@ class Journal:
                 deadline = self._first_append_s + self.max_wait_s
                 self._notify_at_bytes = self.max_batch_bytes
                 while self._queued_bytes < self.max_batch_bytes and not self._closing:
-                    left = deadline - time.monotonic()
+                    left = deadline - self._timer()
                     if left <= 0:
                         break
                     self._thread_waiting = True
                     self._cond.wait(left)
                     self._thread_waiting = False
-            if not self._records and not self._marks:
-                return None  # closing with nothing left
-            if not self._marks and self._queued_bytes <= self.batch_cap_bytes:
-                batch = _Batch(self._records, self._callbacks, [])
-                self._records, self._callbacks, self._queued_bytes = [], [], 0
-                return batch
-            return self._split_batch()
+            return self._pop_batch()
+
+    def _pop_batch(self) -> _Batch | None:
+        """The next batch to write (under _cond), or None when closing with nothing left."""
+        if not self._records and not self._marks:
+            return None
+        if not self._marks and self._queued_bytes <= self.batch_cap_bytes:
+            batch = _Batch(self._records, self._callbacks, [])
+            self._records, self._callbacks, self._queued_bytes = [], [], 0
+            return batch
+        return self._split_batch()
+
+    async def _run_task(self) -> None:
+        """The worker as a task (an Env without threads): `_run` and `_take_batch`, awaiting instead of
+        blocking. No lock is ever contended here (one thread), so the waits are on `_wakeup`."""
+        wakeup = self._wakeup
+        assert wakeup is not None
+        batch: _Batch | None = None
+        try:
+            while True:
+                while not self._records and not self._marks and not self._closing:
+                    self._notify_at_bytes = 1
+                    self._thread_waiting = True
+                    wakeup.clear()
+                    await wakeup.wait()
+                    self._thread_waiting = False
+                if self.max_wait_s > 0 and not self._closing:
+                    deadline = self._first_append_s + self.max_wait_s
+                    self._notify_at_bytes = self.max_batch_bytes
+                    while self._queued_bytes < self.max_batch_bytes and not self._closing:
+                        left = deadline - self._timer()
+                        if left <= 0:
+                            break
+                        self._thread_waiting = True
+                        wakeup.clear()
+                        try:
+                            async with asyncio.timeout(left):
+                                await wakeup.wait()
+                        except TimeoutError:
+                            pass
+                        self._thread_waiting = False
+                with self._cond:
+                    batch = self._pop_batch()
+                if batch is None:
+                    return
+                # The write and its fdatasync take (simulated) time, as on the sync thread.
+                await self.env.run_blocking(self._write, batch)
+                batch = None
+        except asyncio.CancelledError:
+            raise  # the node crashed (or the loop ends): nothing more is acknowledged
+        except BaseException as exc:
+            log.exception("journal sync task failed; the bookie can no longer acknowledge writes")
+            self._fail(exc, batch)
 
     def _split_batch(self) -> _Batch:
         """Take whole records from the front of the queue (under _cond): up to the first mark, and at most
@@ -729,9 +798,9 @@ class Journal:
         if data:
             f.pwrite(encode_batch(self._file_seq, data), self._offset)
             if self.sync:
-                started = time.perf_counter()
+                started = self._timer()
                 f.fdatasync()
-                self.sync_ms.record((time.perf_counter() - started) * 1000.0)
+                self.sync_ms.record((self._timer() - started) * 1000.0)
             self._offset += size
             self.bytes_written += size
             self.batch_records.record(len(batch.records))
@@ -747,6 +816,7 @@ class Journal:
         assert f is not None
         f.pwrite(encode_batch(self._file_seq, encode_record(RecordType.ROLL, b"")), self._offset)
         f.fdatasync()  # the ROLL must be durable before the next file holds anything (replay rule)
+        self.env.faults.hit("journal.roll")
         f.close()
         with self._cond:
             self._closed_files.append(self._file_seq)
@@ -768,6 +838,8 @@ class Journal:
 
     def _start_preparing(self) -> None:
         """Prepare the next file in the background, so a roll does not zero a file on the sync path."""
+        if not self.env.threads:
+            return  # no background thread to do it: the roll prepares its file itself
         with self._cond:
             if self._preparing or self._ready or self._closing:
                 return
@@ -823,12 +895,25 @@ class Journal:
 
         loop.call_soon_threadsafe(fail_all)
 
+    async def aclose(self) -> None:
+        """`close` from the event loop: the sync thread is joined off the loop; the sync task is awaited."""
+        if self._task is None:
+            await self.env.run_blocking(self.close)
+            return
+        with self._cond:
+            self._closing = True
+            self._notify()
+        if not self._task.done():
+            await asyncio.wait([self._task])
+        self._task = None
+        self.close()
+
     def close(self) -> None:
         """Write and sync everything queued, stop the thread, close files. Blocking: call `handoff()` on the
         loop first, or records staged in the current loop turn are failed instead of written."""
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._notify()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -883,3 +968,75 @@ def _records(data: memoryview) -> tuple[list[tuple[RecordType, bytes]], int | No
         out.append((RecordType(rtype), payload))
         off = stop
     return out, None
+
+
+# --- offline inspection (`quorumlog shell readjournal`) ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScannedRecord:
+    """A record of a journal file as `scan_file` found it; `offset` is where its header starts in the file."""
+
+    offset: int
+    rtype: RecordType
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class ScannedDamage:
+    """Bytes of a journal file that fail their check, from `offset` to `resume` (the next valid batch), or to
+    the end of the file when nothing valid follows (`resume` None)."""
+
+    offset: int
+    resume: int | None
+    what: str
+
+
+_DAMAGED_TAIL = (
+    "bytes after the last valid batch fail their checks and nothing valid follows them (a torn last write, "
+    "stale data of a recycled file, or damage)"
+)
+
+
+def scan_file(env: Env, f: File, path: str) -> Iterator[ScannedRecord | ScannedDamage]:
+    """Every record of the journal file `f` (named `path`) and every stretch of damaged bytes, in file order.
+
+    Replay's checks without replay's decisions: nothing is refused, truncated, sealed or recycled, and only
+    `pread` and `size` are called (the caller may open the file read-only), so a stopped bookie's files -- or
+    copies of them anywhere -- can be inspected. The file ends at its ROLL record; bytes past the last valid
+    batch that are not zeros (the preallocated end) are damage.
+    """
+    seq = _parse_file_name(os.path.basename(path))
+    size = f.size()
+    head = f.pread(HEADER_SIZE, 0)
+    if seq is None and len(head) >= _FILE_HEADER.size:
+        seq = _FILE_HEADER.unpack_from(head)[2]  # a renamed copy: the header names its sequence number
+    if seq is None:
+        raise JournalError(f"{path} is not a journal file: no <16 hex digits>.jnl name and no file header")
+    reader = Journal(env, os.path.dirname(path) or ".")  # only its checks: nothing is opened or written
+    if not reader._header_ok(head, seq):
+        yield ScannedDamage(0, HEADER_SIZE, _DAMAGED_HEADER)
+    end = HEADER_SIZE
+    for at, stop, data in reader._walk(f, seq, HEADER_SIZE, size):
+        end = stop
+        if data is None:
+            yield ScannedDamage(at, stop, _DAMAGED_BATCH)
+            continue
+        records, bad = _records(data)
+        off = at + BATCH_HEADER_SIZE
+        for rtype, payload in records:
+            yield ScannedRecord(off, rtype, payload)
+            if rtype == RecordType.ROLL:
+                return
+            off += REC_HEADER_SIZE + len(payload)
+        if bad is not None:
+            yield ScannedDamage(at + BATCH_HEADER_SIZE + bad, stop, _DAMAGED_RECORD)
+    while end < size:  # the rest must be zeros; bounded by the file, one window at a time
+        window = f.pread(min(len(_ZEROS), size - end), end)
+        if not window:
+            break
+        rest = window.lstrip(b"\0")
+        if rest:
+            yield ScannedDamage(end + len(window) - len(rest), None, _DAMAGED_TAIL)
+            break
+        end += len(window)

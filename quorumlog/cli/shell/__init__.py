@@ -16,7 +16,7 @@ imports what it needs (client, metadata drivers, bookie storage) when it runs, s
 from __future__ import annotations
 
 # Each module attaches its commands to `shell` when imported; the imports are for that effect.
-from quorumlog.cli.shell import autorecovery, bookies, cluster, ledgers, recovery  # noqa: F401
+from quorumlog.cli.shell import autorecovery, bookies, cluster, ledgers, offline, recovery  # noqa: F401
 from quorumlog.cli.shell.group import shell
 
 __all__ = ["shell"]
