@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -72,13 +73,20 @@ async def cluster(tmp_path: Any) -> Any:
 
 @pytest.fixture
 def bookies(cluster: LocalCluster, tmp_path: Any) -> Iterator[list[BookieProcess]]:
-    procs = []
+    procs = [
+        BookieProcess(
+            str(tmp_path / f"bookie-{i}"),
+            free_port(),
+            "--metadata",
+            cluster.uri,
+            "--http-port",
+            str(free_port()),
+        )
+        for i in range(3)
+    ]
     try:
-        for i in range(3):
-            extra = ["--metadata", cluster.uri, "--http-port", str(free_port())]
-            p = BookieProcess(str(tmp_path / f"bookie-{i}"), free_port(), *extra)
-            procs.append(p)
-            p.start()
+        with ThreadPoolExecutor(len(procs)) as pool:  # the three start-ups overlap
+            list(pool.map(BookieProcess.start, procs))
         yield procs
     finally:
         for p in procs:
@@ -135,6 +143,10 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
             shot = os.environ.get("QUORUMLOG_DASHBOARD_SCREENSHOT")
             if shot:
                 browser.save_screenshot(shot)
+            # Browse: the ledger's link opens its ensembles and the entries at its tail.
+            browser.find_element(By.CSS_SELECTOR, f'a[href="/ledger/{ledger_id}"]').click()
+            wait.until(lambda d: d.find_elements(By.ID, "entries"))
+            out["ledger_page"] = browser.find_element(By.TAG_NAME, "main").text
             return out
 
         seen = await asyncio.to_thread(load)
@@ -148,3 +160,5 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
     assert str(ledger_id) in seen["ledgers"]
     assert "orders" in seen["logs"]
     assert seen["title"] == "quorumlog cluster"
+    assert "order 5/159" in seen["ledger_page"]  # the last entry written (round 5 wrote 160)
+    assert all(f"127.0.0.1:{p.port} (writable)" in seen["ledger_page"] for p in bookies)
