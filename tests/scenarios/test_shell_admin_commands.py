@@ -118,3 +118,49 @@ async def test_lostbookierecoverydelay_takes_bookkeepers_single_dash_options(
     finally:
         if before is not None:
             await urm.set_lost_bookie_recovery_delay(before)
+
+
+async def test_a_worker_takes_no_mark_while_the_shell_has_auto_recovery_disabled(
+    client: Client, cluster: LocalCluster
+) -> None:
+    """The switch the shell flips is the one workers obey: a marked ledger stays untouched, poll after poll,
+    until `autorecovery -enable`; then the worker takes it and clears the mark."""
+    from quorumlog.replication.worker import ReplicationWorker, WorkerSettings
+
+    w = await client.create_ledger(2, 2, 2, password=PW)
+    await asyncio.gather(*(w.append(b"m%d" % i) for i in range(3)))
+    await w.close()
+    urm = UnderReplicationManager(client.store, owner="test")
+    await urm.init()
+    assert (await shell_json(cluster, "autorecovery", "-disable"))["enabled"] is False
+    worker_urm = UnderReplicationManager(client.store, owner="worker-under-test")
+    polls = asyncio.Queue[bool]()
+    real_is_enabled = worker_urm.is_enabled
+
+    async def counted() -> bool:
+        enabled = await real_is_enabled()
+        polls.put_nowait(enabled)
+        return enabled
+
+    worker_urm.is_enabled = counted  # type: ignore[method-assign]
+    # A mark naming a bookie outside the ensemble: nothing to copy, so taking it just clears it.
+    await urm.mark(w.ledger_id, ["127.0.0.1:1"])
+    worker = ReplicationWorker(client, worker_urm, WorkerSettings(poll_interval_s=0.05, rate_mb_s=0))
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(5):  # five polls that saw the switch off
+            assert await asyncio.wait_for(polls.get(), 30) is False
+        assert await urm.missing_replicas(w.ledger_id) == ["127.0.0.1:1"]
+        assert await urm.lock_owner(w.ledger_id) is None and worker.stats.ledgers_replicated == 0
+        assert (await shell_json(cluster, "autorecovery", "-enable"))["enabled"] is True
+        while await asyncio.wait_for(polls.get(), 30) is False:
+            pass
+        async with asyncio.timeout(30):
+            while await urm.missing_replicas(w.ledger_id) is not None:
+                await asyncio.wait_for(polls.get(), 30)  # the worker's next poll, not a sleep
+        assert worker.stats.ledgers_replicated == 1
+    finally:
+        worker.stop()
+        await task
+        await urm.enable()
+        await urm.mark_replicated(w.ledger_id)
