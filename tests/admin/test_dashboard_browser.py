@@ -25,14 +25,15 @@ from tests.bookie.helpers import BookieProcess, free_port
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 CHROMEDRIVER = shutil.which("chromedriver")
+NO_CHROMIUM = "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)"
+# Decided before any fixture runs: without a browser, no cluster is started for nothing.
+pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None, reason=NO_CHROMIUM)
 PAGE_WAIT_S = 20.0  # the page's script fetches /api/overview at once; this bounds waiting for it
 
 
 def _driver() -> Any:
     if CHROMIUM is None or CHROMEDRIVER is None:
-        pytest.skip(
-            "Chromium and chromedriver are not installed (Debian: apt-get install chromium chromium-driver)"
-        )
+        pytest.skip(NO_CHROMIUM)
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
