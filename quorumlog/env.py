@@ -17,11 +17,21 @@ Rules the rest of the code keeps:
 - Files: `env.disk`. Durability is explicit: data is durable only after `fdatasync` returns (the simulated
   disk throws away everything written since the last sync when a node crashes).
 - Blocking work (fdatasync, large reads) runs through `env.run_blocking`, never directly on the loop.
+- Key-value stores (the bookie's location index and ledger state): `env.disk.open_kv` -- LMDB under `OsEnv`,
+  an in-memory store under the simulator that keeps exactly the committed transactions across a crash.
+- Background work: `env.spawn` for tasks (a simulated crash cancels a node's tasks). A component with a
+  worker thread (the journal's sync thread) asks `env.threads`: under the simulator everything runs on the
+  one event loop, so it runs its worker as a task instead.
+- Test-only crash points in storage code (`env.faults.hit(point)`, FoundationDB's BUGGIFY idea): no-ops in
+  production; `QUORUMLOG_TEST_CRASH` (read once, by `OsEnv`) makes a process exit there, and the simulator
+  crashes the node there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import logging
 import os
 import random
 import shutil
@@ -31,7 +41,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from quorumlog.kv import KVStore
 
 T = TypeVar("T")
 
@@ -44,6 +57,11 @@ class Clock(ABC):
     @abstractmethod
     def wall_ms(self) -> int:
         """Milliseconds since the Unix epoch, for timestamps people or other systems read."""
+
+    @abstractmethod
+    def timer_s(self) -> float:
+        """Seconds on a fine-grained monotonic clock that any thread may read (group-commit waits, timings).
+        Not comparable with `monotonic_s`: only differences of its own values mean anything."""
 
 
 class File(ABC):
@@ -109,6 +127,15 @@ class Disk(ABC):
     @abstractmethod
     def usage(self, path: str) -> DiskUsage: ...
 
+    @abstractmethod
+    def open_kv(self, path: str, tables: tuple[str, ...]) -> KVStore:
+        """Open (or create) the key-value store in directory `path` with these named tables."""
+
+    @abstractmethod
+    def lock_file(self, path: str) -> Callable[[], None]:
+        """Take an exclusive lock on `path` (a file, created if missing) for this process's life, or raise
+        BlockingIOError if another holder has it. Returns the function that releases it; a crash releases it."""
+
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace a small file's content atomically and durably (write temp, fsync, rename, sync dir)."""
         tmp = path + ".tmp"
@@ -148,6 +175,66 @@ class Network(ABC):
     ) -> Server: ...
 
 
+class Faults:
+    """Test-only crash points (see the module docstring). Production code calls `hit(point, count)` where a
+    crash tests a recovery argument: a crash point `name:N` fires once `count` reaches N, a plain `name` at
+    the first hit. This base class never fires."""
+
+    def hit(self, point: str, count: int = 0) -> None:
+        """Called at `point`; returns normally unless a test armed it."""
+
+
+def parse_crash_points(value: str | None) -> dict[str, int]:
+    """`name[:N],name[:N]...` -> {name: N} (N defaults to 0: fire at the first hit). ValueError if malformed."""
+    points: dict[str, int] = {}
+    for item in (value or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, n = item.partition(":")
+        if not name or (sep and not (n.isdigit() and int(n) > 0)):
+            raise ValueError(f"crash point {item!r}: expected NAME or NAME:N with N > 0")
+        points[name] = int(n) if sep else 0
+    return points
+
+
+class ExitFaults(Faults):
+    """Crash points that end the process at once (`os._exit`, as abrupt as kill -9): the process-level crash
+    tests of real bookies arm them through the environment."""
+
+    EXIT_CODE = 86
+
+    def __init__(self, points: dict[str, int]) -> None:
+        self.points = points
+
+    def hit(self, point: str, count: int = 0) -> None:
+        if not self.points:
+            return
+        at = self.points.get(point)
+        if at is not None and count >= at:
+            logging.getLogger(__name__).error("test-only crash point reached (%s, %d): exiting", point, count)
+            os._exit(self.EXIT_CODE)
+
+
+CRASH_ENV = "QUORUMLOG_TEST_CRASH"
+
+
+def crash_points_from_environ() -> dict[str, int]:
+    """The crash points armed for this process: `QUORUMLOG_TEST_CRASH`, plus the older
+    `QUORUMLOG_TEST_COMPACTION_CRASH` (`copied:N` / `before-delete`, bookie/compaction.py). Never set on a
+    real bookie."""
+    points = parse_crash_points(os.environ.get(CRASH_ENV))
+    legacy = os.environ.get("QUORUMLOG_TEST_COMPACTION_CRASH")
+    if legacy:
+        for name, at in parse_crash_points(legacy).items():
+            if name not in ("copied", "before-delete") or (name == "copied") != (at > 0):
+                raise ValueError(
+                    f"QUORUMLOG_TEST_COMPACTION_CRASH={legacy!r}: expected 'copied:N' (N > 0) or 'before-delete'"
+                )
+            points[f"compaction.{name}"] = at
+    return points
+
+
 class Env(ABC):
     """Clock, randomness, network and disk for one process (or one simulated node)."""
 
@@ -155,10 +242,18 @@ class Env(ABC):
     rng: random.Random
     net: Network
     disk: Disk
+    faults: Faults = Faults()
+    #: Background workers may be OS threads that block (production). False in the simulator: one event
+    #: loop runs everything, so workers run as tasks.
+    threads: bool = True
 
     @abstractmethod
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking work (fdatasync, bulk file I/O) off the event loop."""
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        """Start a task owned by this process (or simulated node: its crash cancels the task)."""
+        return asyncio.get_running_loop().create_task(coro, name=name)
 
 
 # --- production -----------------------------------------------------------------------------------------------
@@ -173,6 +268,8 @@ class OsClock(Clock):
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    timer_s = staticmethod(time.monotonic)  # type: ignore[assignment]
 
 
 class OsFile(File):
@@ -245,6 +342,20 @@ class OsDisk(Disk):
         u = shutil.disk_usage(path)
         return DiskUsage(total_bytes=u.total, free_bytes=u.free)
 
+    def open_kv(self, path: str, tables: tuple[str, ...]) -> KVStore:
+        from quorumlog.kv import LmdbKV
+
+        return LmdbKV(path, tables)
+
+    def lock_file(self, path: str) -> Callable[[], None]:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise BlockingIOError(f"{path} is locked by another process") from None
+        return lambda: os.close(fd)  # closing the descriptor releases the flock
+
 
 class OsNetwork(Network):
     async def create_connection(
@@ -269,6 +380,7 @@ class OsEnv(Env):
         self.rng = random.Random(seed)
         self.net = OsNetwork()
         self.disk = OsDisk()
+        self.faults = ExitFaults(crash_points_from_environ())
         self._blocking_threads = blocking_threads
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import struct
@@ -71,22 +70,17 @@ def encode_availability(entry_ids: list[int]) -> bytes:
     return bytes(out)
 
 
-def _lock_dir(env: Env, directory: str) -> int:
-    """An exclusive flock on `<directory>/.lock`, held for the bookie's life (released by the OS on a crash).
-    A process-level guard on real directories, so it uses `os`, not the Env's disk."""
+def _lock_dir(env: Env, directory: str) -> Callable[[], None]:
+    """An exclusive lock on `<directory>/.lock`, held for the bookie's life (released by the OS on a crash);
+    returns its release."""
     env.disk.makedirs(directory)
-    fd = os.open(
-        os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644
-    )
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return env.disk.lock_file(os.path.join(directory, ".lock"))
     except OSError:
-        os.close(fd)
         raise CookieError(
             f"{directory} is in use by another bookie process (its lock is held); stop that bookie first, "
             "or give this one its own directories"
         ) from None
-    return fd
 
 
 class _Poll:
@@ -107,7 +101,7 @@ class Bookie:
         self.config = config
         self.env = env or default_env()
         # One bookie per directory: a second process on the same journal would interleave two logs.
-        self._dir_locks: list[int] = []
+        self._dir_locks: list[Callable[[], None]] = []
         try:
             for d in (config.journal_dir, config.ledger_dir):
                 self._dir_locks.append(_lock_dir(self.env, d))
@@ -121,7 +115,7 @@ class Bookie:
                 skip_corrupt=config.journal_skip_corrupt_records,
             )
             self.env.disk.makedirs(config.ledger_dir)
-            self.index = LedgerIndex(os.path.join(config.ledger_dir, "index"))
+            self.index = LedgerIndex.on_disk(self.env.disk, os.path.join(config.ledger_dir, "index"))
             self.storage = LedgerStorage(
                 EntryLogs(
                     self.env,
@@ -134,8 +128,8 @@ class Bookie:
                 read_cache_bytes=config.read_cache_bytes,
             )
         except BaseException:
-            for fd in self._dir_locks:
-                os.close(fd)
+            for release in self._dir_locks:
+                release()
             raise
         self.book = LedgerBook(self._load_state)
         # Parked long polls by ledger and by connection (dicts as ordered sets), and how many there are.
@@ -178,7 +172,7 @@ class Bookie:
         await self.env.run_blocking(self.journal.release_before, start_of_new.seq)
         self._started = True
         log.info("bookie storage ready: replayed %d journal records since %s", replayed, checkpoint)
-        self._periodic = asyncio.create_task(self._checkpoint_every(), name="bookie-checkpoint-timer")
+        self._periodic = self.env.spawn(self._checkpoint_every(), name="bookie-checkpoint-timer")
 
     def _replay(self, checkpoint: JournalPosition | None) -> int:
         """Re-apply journal records to the write cache and ledger book (startup, off the loop: nothing else
@@ -230,7 +224,7 @@ class Bookie:
                 await self.checkpoint()
         if self._started:
             self.journal.handoff()
-        await self.env.run_blocking(self.journal.close)
+        await self.journal.aclose()
         await asyncio.sleep(0)  # let the last completion callbacks run before the loop moves on
         for polls in list(self._watchers.values()):
             for poll in list(polls):
@@ -241,8 +235,8 @@ class Bookie:
             reply(m.AddResponse(StatusCode.EIO, req.ledger_id, req.entry_id, req.txn_id))
         self._parked.clear()
         self.storage.close()
-        for fd in self._dir_locks:
-            os.close(fd)  # releases the flock
+        for release in self._dir_locks:
+            release()
         self._dir_locks = []
 
     # --- checkpoints -----------------------------------------------------------------------------------------
@@ -257,7 +251,7 @@ class Bookie:
         if self._closed and self._checkpoint_task is not None:
             return
         if self._checkpoint_task is None or self._checkpoint_task.done():
-            self._checkpoint_task = asyncio.create_task(self.checkpoint(), name="bookie-checkpoint")
+            self._checkpoint_task = self.env.spawn(self.checkpoint(), name="bookie-checkpoint")
 
     async def checkpoint(self) -> None:
         """Flush the write cache to an entry log + index and release the journal before it."""
@@ -302,6 +296,8 @@ class Bookie:
         self.flush_ms.record(True, (time.perf_counter() - started) * 1000.0)
         self.flushed_bytes += flush_bytes
         self.storage.end_flush(True)
+        # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
+        self.env.faults.hit("checkpoint.before-release")
         await self.env.run_blocking(self.journal.release_before, pos.seq)
         self._unpark()
         if self._parked or self.storage.wants_flush():

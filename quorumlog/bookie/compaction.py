@@ -27,24 +27,25 @@ Rules it keeps (the crash-safety argument, docs/BOOKIE.md "Compaction"):
   loop, so a read never holds a location into a log that disappears under it.
 - Copying is throttled to `compaction_rate_bytes_per_s`.
 
-Test-only: the environment variable `QUORUMLOG_TEST_COMPACTION_CRASH` makes the bookie process exit at once
-(`os._exit(86)`, as abrupt as kill -9) at a chosen point: `copied:N` after the chunk that brings the copied
-entries to N has been written and synced but before its index commit; `before-delete` after every location
-was moved but before the old log is deleted. Used by tests/bookie/test_compaction.py; never set it on a
-real bookie.
+Test-only crash points, through the Env (`env.faults`, quorumlog/env.py): `compaction.copied` (count: the
+entries copied so far) after a chunk has been written and synced but before its index commit;
+`compaction.before-delete` after every location was moved but before the old log is deleted. A real
+process arms them with `QUORUMLOG_TEST_CRASH` (or the older `QUORUMLOG_TEST_COMPACTION_CRASH=copied:N |
+before-delete`) and exits there at once (`os._exit(86)`, as abrupt as kill -9); the simulator crashes the
+node there. Used by tests/bookie/test_compaction.py; never set them on a real bookie.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from quorumlog.bookie.entrylog import LOCATION, CorruptEntryError
+from quorumlog.env import ExitFaults
 
 if TYPE_CHECKING:
     from quorumlog.bookie.bookie import Bookie
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CRASH_ENV = "QUORUMLOG_TEST_COMPACTION_CRASH"
-CRASH_EXIT_CODE = 86
+CRASH_EXIT_CODE = ExitFaults.EXIT_CODE
 DELETE_GROUP = 8  # copied logs deleted after one full index scan (the scan is the expensive part)
 # live bytes copied per write + index commit (bounds the time the checkpoint lock is held)
 CHUNK_BYTES = 1 << 20
@@ -172,7 +173,8 @@ class Throttle:
 
 
 def parse_crash_point(value: str | None) -> tuple[str, int] | None:
-    """The test-only crash point (see the module docstring); `ValueError` on anything else."""
+    """The older form of the test-only crash points (`copied:N`, `before-delete`; see the module docstring);
+    `ValueError` on anything else."""
     if not value:
         return None
     if value == "before-delete":
@@ -195,11 +197,6 @@ class CompactionStats:
     last_duration_s: float = 0.0
 
 
-def _crash(where: str) -> None:
-    log.error("compaction: test-only crash point reached (%s): exiting", where)
-    os._exit(CRASH_EXIT_CODE)
-
-
 class Compactor:
     """Runs compaction rounds on one bookie (event loop; the I/O runs on worker threads)."""
 
@@ -210,15 +207,13 @@ class Compactor:
         *,
         rate_bytes_per_s: float,
         chunk_bytes: int = CHUNK_BYTES,
-        crash_point: tuple[str, int] | None = None,
     ) -> None:
         self.bookie = bookie
         self.schedule = schedule
         self.throttle = Throttle(rate_bytes_per_s)
         self.chunk_bytes = max(1, chunk_bytes)
-        self.crash_point = crash_point
         self.stats = CompactionStats()
-        self._copied = 0  # entries copied by this process (for the crash point)
+        self._copied = 0  # entries copied by this process (the count of the crash point)
 
     @classmethod
     def for_bookie(cls, bookie: Bookie) -> Compactor:
@@ -236,7 +231,6 @@ class Compactor:
             bookie,
             schedule,
             rate_bytes_per_s=cfg.compaction_rate_bytes_per_s,
-            crash_point=parse_crash_point(os.environ.get(CRASH_ENV)),
         )
 
     async def maybe_compact(self) -> str | None:
@@ -320,8 +314,7 @@ class Compactor:
                 if log_id in referenced:  # a copy was not committed (e.g. a corrupt entry): keep the log
                     log.error("compaction: entry log %d is still referenced; kept", log_id)
                     continue
-                if self.crash_point is not None and self.crash_point[0] == "before-delete":
-                    _crash(f"before deleting entry log {log_id}")
+                bookie.env.faults.hit("compaction.before-delete")
                 size = storage.entry_logs.size(log_id)
                 storage.entry_logs.delete(log_id)  # on the loop: no read is between location and pread
                 storage.usage.forget_log(log_id)
@@ -340,9 +333,7 @@ class Compactor:
         def copy_and_commit() -> int:
             new_locations = logs.write_batch(records)  # synced before return
             self._copied += len(chunk)
-            if self.crash_point is not None and self.crash_point[0] == "copied":
-                if self._copied >= self.crash_point[1]:
-                    _crash(f"after copying {self._copied} entries, before their index commit")
+            bookie.env.faults.hit("compaction.copied", self._copied)
             moves = [(key, old, new) for (key, old), new in zip(chunk, new_locations, strict=True)]
             applied = bookie.index.relocate(moves)
             usage = bookie.storage.usage

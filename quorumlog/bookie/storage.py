@@ -207,6 +207,8 @@ class LedgerStorage:
         if keys:
             entries = cache.entries
             locations = self.entry_logs.write_batch([entries[k] for k in keys])
+        # Test-only crash point: the entries are in a synced log that no index entry points to yet.
+        self.entry_logs.env.faults.hit("checkpoint.before-index")
         pack = _IDS.pack
         self.index.commit(zip([pack(*k) for k in keys], locations, strict=True), states, checkpoint)
         if keys:

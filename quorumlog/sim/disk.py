@@ -7,6 +7,12 @@ On `crash()` every file goes back to its durable image plus a random prefix of t
 last sync, the last of them possibly torn -- the way a page cache flushes some but not all dirty data.
 
 Capacity is bounded (`capacity_bytes`): a write that would exceed it raises ENOSPC, like a full disk.
+
+Key-value stores (`open_kv`, the bookie's index) keep their committed transactions in an image on this
+disk (quorumlog/kv.py `MemoryKV`): a commit is durable at once, as LMDB's synced commit is, and a crash
+loses exactly the transactions still open. Locks (`lock_file`) are released by a crash, as the OS releases a
+killed process's flocks. Handles (files, stores) opened before a crash fail every operation afterwards,
+even once the node restarts: the software that held them died with the node.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from __future__ import annotations
 import errno
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from quorumlog.env import Disk, DiskUsage, File
+from quorumlog.kv import KVStore, MemoryKV, MemoryKVImage
 
 
 @dataclass
@@ -33,11 +41,12 @@ class SimFile(File):
         self.path = path
         self._inode = inode
         self._closed = False
+        self._generation = disk.generation
 
     def _check(self) -> None:
         if self._closed:
             raise ValueError(f"I/O on closed file {self.path}")
-        if self._disk.crashed:
+        if self._disk.crashed or self._disk.generation != self._generation:
             raise OSError(errno.EIO, f"simulated disk of crashed node: {self.path}")
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
@@ -59,8 +68,25 @@ class SimFile(File):
 
     def fdatasync(self) -> None:
         self._check()
-        self._inode.durable = bytearray(self._inode.current)
-        self._inode.unsynced.clear()
+        inode = self._inode
+        if len(inode.unsynced) * 64 < len(inode.current):
+            # Replay the writes since the last sync onto the durable image: copying a whole preallocated
+            # file per sync would make a simulated journal cost its file size per batch.
+            durable = inode.durable
+            for offset, data in inode.unsynced:
+                if offset < 0:
+                    size = int.from_bytes(data, "big")
+                    if size < len(durable):
+                        del durable[size:]
+                    else:
+                        durable.extend(bytes(size - len(durable)))
+                    continue
+                if offset > len(durable):
+                    durable.extend(bytes(offset - len(durable)))
+                durable[offset : offset + len(data)] = data
+        else:
+            inode.durable = bytearray(inode.current)
+        inode.unsynced.clear()
         self._inode.syncs += 1
         self._disk.sync_count += 1
 
@@ -88,7 +114,10 @@ class SimDisk(Disk):
         self.rng = rng
         self.capacity_bytes = capacity_bytes
         self.crashed = False
+        self.generation = 0  # bumped by each crash: older handles are dead
         self.sync_count = 0
+        self._kv: dict[str, MemoryKVImage] = {}
+        self._locks: set[str] = set()
         self._names: dict[str, _Inode] = {}  # what the directory tree shows now
         self._durable_names: dict[str, _Inode] = {}  # what survives a crash
         self._dirs: set[str] = {"/"}
@@ -150,6 +179,26 @@ class SimDisk(Disk):
         used = self.used_bytes()
         return DiskUsage(total_bytes=self.capacity_bytes, free_bytes=max(0, self.capacity_bytes - used))
 
+    def open_kv(self, path: str, tables: tuple[str, ...]) -> KVStore:
+        path = os.path.normpath(path)
+        self.makedirs(path)
+        image = self._kv.setdefault(path, MemoryKVImage())
+        generation = self.generation
+        return MemoryKV(image, tables, lambda: not self.crashed and self.generation == generation)
+
+    def lock_file(self, path: str) -> Callable[[], None]:
+        path = os.path.normpath(path)
+        if path in self._locks:
+            raise BlockingIOError(errno.EAGAIN, f"{path} is locked")
+        self._locks.add(path)
+        generation = self.generation
+
+        def release() -> None:
+            if self.generation == generation:
+                self._locks.discard(path)
+
+        return release
+
     # --- simulation ---
     def used_bytes(self) -> int:
         return sum(len(i.current) for i in self._names.values())
@@ -157,6 +206,8 @@ class SimDisk(Disk):
     def crash(self) -> None:
         """Lose what was not made durable. Files of the crashed node fail I/O until `restart`."""
         self.crashed = True
+        self.generation += 1
+        self._locks.clear()
         survivors: dict[str, _Inode] = {}
         for name, inode in self._durable_names.items():
             image = bytearray(inode.durable)

@@ -4,6 +4,10 @@ Everything random derives from one seed, so a failing run is reproduced by its s
 software runs as tasks registered with `World.spawn(node, ...)`; `crash(node)` cancels them, resets the
 node's connections and throws away its unsynced disk writes; `restart(node)` brings the disk back so a
 fresh instance of the software can be started on it.
+
+Crash points (`Env.faults`, FoundationDB's BUGGIFY idea): `World.arm(node, point, at)` makes the node crash
+the moment its storage code reaches `point` (see quorumlog/env.py `Faults`); the code that reached it is
+stopped there as if the process died, and `on_crash` listeners (the harness) learn of it.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import random
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from quorumlog.env import Clock, Env
+from quorumlog.env import Clock, Env, Faults
 from quorumlog.sim.disk import SimDisk
 from quorumlog.sim.net import LinkConfig, SimFabric, SimNetwork
 
@@ -30,11 +34,33 @@ class SimClock(Clock):
     def wall_ms(self) -> int:
         return EPOCH_MS + int(asyncio.get_running_loop().time() * 1000)
 
+    def timer_s(self) -> float:
+        return asyncio.get_running_loop().time()
+
+
+class SimFaults(Faults):
+    def __init__(self, world: World, node: str) -> None:
+        self.world = world
+        self.node = node
+
+    def hit(self, point: str, count: int = 0) -> None:
+        at = self.world.crash_points.get((self.node, point))
+        if at is not None and count >= at:
+            del self.world.crash_points[(self.node, point)]
+            self.world.crash(self.node)
+            self.world.crash_point_hits.append((self.node, point))
+            for listener in self.world.on_crash:
+                listener(self.node)
+            # Stop the code that reached the point, as the death of its process would: it unwinds as a
+            # cancellation (the node's tasks are being cancelled anyway), so nothing reports it as an error.
+            raise asyncio.CancelledError(f"{self.node} crashed at {point}")
+
 
 class SimEnv(Env):
     """The Env of one simulated node."""
 
     disk: SimDisk
+    threads = False  # one event loop runs every node: workers are tasks, never threads
 
     def __init__(self, world: World, node: str) -> None:
         self.world = world
@@ -43,11 +69,15 @@ class SimEnv(Env):
         self.rng = random.Random(world.rng.getrandbits(64))
         self.net = SimNetwork(world.fabric, node)
         self.disk = SimDisk(random.Random(world.rng.getrandbits(64)), world.disk_capacity_bytes)
+        self.faults = SimFaults(world, node)
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # Blocking work takes simulated time (an fdatasync costs ~0.2-0.5 ms on the real machines).
         await asyncio.sleep(self.rng.uniform(*self.world.blocking_latency_s))
         return fn(*args)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
+        return self.world.spawn(self.node, coro)
 
 
 class World:
@@ -66,6 +96,9 @@ class World:
         self.disk_capacity_bytes = disk_capacity_bytes
         self.envs: dict[str, SimEnv] = {}
         self._tasks: dict[str, set[asyncio.Task[Any]]] = {}
+        self.crash_points: dict[tuple[str, str], int] = {}  # (node, point) -> count at which it fires
+        self.crash_point_hits: list[tuple[str, str]] = []
+        self.on_crash: list[Callable[[str], None]] = []  # told of nodes that crashed at a crash point
 
     def env(self, node: str) -> SimEnv:
         if node not in self.envs:
@@ -80,6 +113,10 @@ class World:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
+
+    def arm(self, node: str, point: str, at: int = 0) -> None:
+        """Crash `node` when its code reaches crash point `point` (with a count of at least `at`)."""
+        self.crash_points[(node, point)] = at
 
     def crash(self, node: str) -> None:
         for task in list(self._tasks.get(node, ())):

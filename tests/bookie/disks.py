@@ -4,9 +4,11 @@ lock around a simulated disk so the journal's threads and a simulated crash neve
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from quorumlog.env import Disk, DiskUsage, File, OsEnv
+from quorumlog.kv import KVStore
 
 
 class WrappedFile(File):
@@ -92,6 +94,12 @@ class WrappedDisk(Disk):
 
     def usage(self, path: str) -> DiskUsage:
         return self.inner.usage(path)
+
+    def open_kv(self, path: str, tables: tuple[str, ...]) -> KVStore:
+        return self.inner.open_kv(path, tables)
+
+    def lock_file(self, path: str) -> Callable[[], None]:
+        return self.inner.lock_file(path)
 
 
 class DiskEnv(OsEnv):

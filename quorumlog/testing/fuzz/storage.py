@@ -90,30 +90,29 @@ def prepare() -> None:
 def _damage_index(
     index: LedgerIndex, keys: list[tuple[int, int]], ops: list[tuple[int, int, int, bytes]]
 ) -> set[tuple[int, int]]:
-    """Apply index damages through LMDB; the keys whose entry the input deleted."""
+    """Apply index damages through the index's store; the keys whose entry the input deleted."""
     deleted: set[tuple[int, int]] = set()
-    env, db = index._env, index._loc
-    with env.begin(write=True, db=db) as txn:
+    with index.store.write() as txn:
         for kind, number, arg, patch in ops:
             key = keys[number % len(keys)]
             raw_key = _KEY.pack(*key)
-            loc = txn.get(raw_key)
+            loc = txn.get("loc", raw_key)
             if loc is None:
                 continue
             # (an earlier damage of this input may have left garbage there)
             log_id, offset, length = LOCATION.unpack(loc) if len(loc) == LOCATION.size else (1, 0, 0)
             if kind == 5:
-                txn.put(raw_key, txn.get(_KEY.pack(*keys[arg % len(keys)])) or loc)
+                txn.put("loc", raw_key, txn.get("loc", _KEY.pack(*keys[arg % len(keys)])) or loc)
             elif kind == 6:
-                txn.put(raw_key, LOCATION.pack(log_id, max(0, offset + arg - 128), length))
+                txn.put("loc", raw_key, LOCATION.pack(log_id, max(0, offset + arg - 128), length))
             elif kind == 7:
-                txn.put(raw_key, LOCATION.pack(log_id, offset, max(0, length + arg - 128)))
+                txn.put("loc", raw_key, LOCATION.pack(log_id, offset, max(0, length + arg - 128)))
             elif kind == 8:
-                txn.put(raw_key, LOCATION.pack((log_id + arg) % 8, offset, length))
+                txn.put("loc", raw_key, LOCATION.pack((log_id + arg) % 8, offset, length))
             elif kind == 9:
-                txn.put(raw_key, patch or b"\0")
+                txn.put("loc", raw_key, patch or b"\0")
             elif kind == 10:
-                txn.delete(raw_key)
+                txn.delete("loc", raw_key)
                 deleted.add(key)
     return deleted
 
