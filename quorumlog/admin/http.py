@@ -27,7 +27,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -58,6 +58,9 @@ LEDGER_READ_BYTES_MAX = 8 << 20  # and entry bytes (the answer stops after the e
 LEDGER_READ_CHUNK = 100  # entries read from the bookies at a time
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
+RECOVERY_JOBS_RUNNING_MAX = 4  # recoveries and decommissions this admin API runs at once
+RECOVERY_JOBS_KEPT_MAX = 32  # finished ones it remembers (GET shows them), oldest dropped first
+BOOKIE_ID_CHARS_MAX = 1024
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -187,7 +190,9 @@ class AdminServer:
             read_token(token_file)  # refuse to start with an unusable token file
         self._runner: web.AppRunner | None = None
         self._force_gc: asyncio.Task[None] | None = None
-        self._client: Any = None  # a quorumlog Client for ledger reads, made on first use
+        self._client: Any = None  # a quorumlog Client for ledger reads and recoveries, made on first use
+        self._client_lock = asyncio.Lock()
+        self._jobs: dict[tuple[str, str], _RecoveryJob] = {}  # (kind, bookie id) -> the latest such job
         self.app = web.Application(middlewares=[self._errors], client_max_size=BODY_BYTES_MAX)
         r = self.app.router
         r.add_get("/heartbeat", self.heartbeat)
@@ -214,6 +219,10 @@ class AdminServer:
         r.add_put("/api/v1/autorecovery/trigger_audit", self._mutating(self.trigger_audit))
         r.add_get("/api/v1/autorecovery/lost_bookie_recovery_delay", self.recovery_delay_get)
         r.add_put("/api/v1/autorecovery/lost_bookie_recovery_delay", self._mutating(self.recovery_delay_put))
+        r.add_get("/api/v1/autorecovery/bookie", self.recovery_jobs)
+        r.add_put("/api/v1/autorecovery/bookie", self._mutating(self.recover_bookie))
+        r.add_get("/api/v1/autorecovery/decommission", self.recovery_jobs)
+        r.add_put("/api/v1/autorecovery/decommission", self._mutating(self.decommission))
 
     async def start(self) -> None:
         runner = web.AppRunner(
@@ -239,6 +248,11 @@ class AdminServer:
         log.info("admin HTTP API on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
+        for job in self._jobs.values():
+            job.task.cancel()
+        for job in self._jobs.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await job.task
         if self._force_gc is not None:
             self._force_gc.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -614,7 +628,6 @@ class AdminServer:
         """Entries of a ledger, read as any client would (up to its LAC, without recovering it), with the
         password from its metadata, as BookKeeper's admin reads do. Payloads are UTF-8 text, or "0x" + hex
         when they are not."""
-        from quorumlog.client.client import Client
         from quorumlog.errors import QuorumLogError
 
         ledger_id = _ledger_id_param(request)
@@ -625,10 +638,9 @@ class AdminServer:
         if end >= 0 and end - start + 1 > LEDGER_READ_ENTRIES_MAX:
             raise ApiError(400, f"at most {LEDGER_READ_ENTRIES_MAX} entries per call")
         try:
-            if self._client is None:
-                self._client = await Client.connect(self._store_uri())
-            md = await self._client.get_ledger_metadata(ledger_id)
-            handle = await self._client.open_ledger(ledger_id, password=md.password, recovery=False)
+            client = await self._admin_client()
+            md = await client.get_ledger_metadata(ledger_id)
+            handle = await client.open_ledger(ledger_id, password=md.password, recovery=False)
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
         last = handle.last_add_confirmed
@@ -661,6 +673,113 @@ class AdminServer:
     def _store_uri(self) -> str:
         self._store()
         return self.service.config.metadata
+
+    async def _admin_client(self) -> Any:
+        from quorumlog.client.client import Client
+
+        uri = self._store_uri()
+        async with self._client_lock:  # two first requests at once make one client, not two
+            if self._client is None:
+                self._client = await Client.connect(uri)
+        return self._client
+
+    # --- recovery and decommission (BookKeeper's RecoveryBookieService, DecommissionService) ----------------
+    #
+    # As in BookKeeper, the PUT answers once the work has started and the work goes on in the bookie's
+    # process; unlike BookKeeper, what would fail at once is checked first and answered as an error (an
+    # unknown bookie id, a writable bookie that cannot be made read-only), and GET shows each job's outcome.
+
+    async def recovery_jobs(self, request: web.Request) -> web.Response:
+        kind = "decommission" if request.path.endswith("/decommission") else "recover"
+        return _json({bookie: job.as_dict() for (k, bookie), job in self._jobs.items() if k == kind})
+
+    def _bookie_src(self, value: Any, *, many: bool) -> str:
+        if many and isinstance(value, list):
+            if len(value) != 1:
+                raise ApiError(400, 'bookie_src must name exactly one bookie, e.g. ["127.0.0.1:3181"]')
+            value = value[0]
+        if not isinstance(value, str) or not value.strip() or len(value) > BOOKIE_ID_CHARS_MAX:
+            shape = '["host:port"]' if many else '"host:port"'
+            raise ApiError(400, f'bookie_src must be a bookie id, e.g. {{"bookie_src": {shape}}}')
+        return value.strip()
+
+    def _start_job(
+        self, kind: str, bookie_id: str, work: Callable[[], Coroutine[Any, Any, dict[str, Any]]]
+    ) -> None:
+        running = [j for j in self._jobs.values() if not j.task.done()]
+        if (kind, bookie_id) in self._jobs and not self._jobs[kind, bookie_id].task.done():
+            raise ApiError(409, f"a {kind} of {bookie_id} is already running (GET this endpoint shows it)")
+        if len(running) >= RECOVERY_JOBS_RUNNING_MAX:
+            raise ApiError(429, f"{len(running)} recoveries/decommissions are running; wait for one to end")
+        finished = [key for key, j in self._jobs.items() if j.task.done()]
+        for key in finished[: max(0, len(self._jobs) + 1 - RECOVERY_JOBS_KEPT_MAX)]:
+            del self._jobs[key]
+        self._jobs.pop((kind, bookie_id), None)  # re-inserted last: the dict stays oldest first
+        self._jobs[kind, bookie_id] = _RecoveryJob(kind, bookie_id, asyncio.create_task(work()))
+
+    async def _plan(self, bookie_id: str) -> Any:
+        """A dry run: an id no registration, cookie or ledger names is refused before anything starts."""
+        from quorumlog.errors import InvalidArgumentError
+        from quorumlog.replication import admin
+
+        try:
+            return await admin.recover(await self._admin_client(), bookie_id, dry_run=True)
+        except InvalidArgumentError as e:
+            raise ApiError(404, str(e)) from None
+
+    async def recover_bookie(self, request: web.Request) -> web.Response:
+        """PUT {"bookie_src": ["host:port"], "delete_cookie": bool}: re-replicate everything that was on a
+        lost bookie (`bookie_dest` is accepted and ignored, as BookKeeper 4.14 does: placement chooses)."""
+        from quorumlog.replication import admin
+
+        body = await self._body(request)
+        bookie_id = self._bookie_src(body.get("bookie_src"), many=True)
+        delete_cookie = body.get("delete_cookie", False)
+        if not isinstance(delete_cookie, bool):
+            raise ApiError(400, "delete_cookie must be true or false")
+        await self._plan(bookie_id)
+        client = await self._admin_client()
+
+        async def work() -> dict[str, Any]:
+            report = (await admin.recover(client, bookie_id)).as_dict()
+            report["cookie_deleted"] = False
+            if delete_cookie and not report["failed"]:
+                report["cookie_deleted"] = await _delete_cookie(client.store, bookie_id)
+            return report
+
+        self._start_job("recover", bookie_id, work)
+        return _json("Success send recovery request command.")
+
+    async def decommission(self, request: web.Request) -> web.Response:
+        """PUT {"bookie_src": "host:port"}: the shell's decommission. A writable bookie is made read-only
+        first -- possible here only for this bookie itself; another one must be made read-only through its
+        own admin API (or decommissioned there) -- and an unknown id is an error."""
+        from quorumlog.replication import admin
+
+        body = await self._body(request)
+        bookie_id = self._bookie_src(body.get("bookie_src"), many=False)
+        await self._plan(bookie_id)
+        client = await self._admin_client()
+        make_read_only = None
+        if bookie_id in client.registry.writable_bookies():
+            if bookie_id != self.service.bookie_id:
+                raise ApiError(
+                    409,
+                    f"bookie {bookie_id} is writable: clients would keep placing ledgers on it while it is "
+                    "drained. Make it read-only first (PUT /api/v1/bookie/state/readonly on its own admin "
+                    "API), or ask its own admin API to decommission it",
+                )
+            self._bookie()
+
+            async def make_read_only() -> None:
+                await self.service.set_operator_read_only(True)
+
+        async def work() -> dict[str, Any]:
+            report = await admin.decommission(client, bookie_id, make_read_only=make_read_only)
+            return report.as_dict()
+
+        self._start_job("decommission", bookie_id, work)
+        return _json(f"Success send decommission Bookie command {bookie_id}")
 
     async def trigger_audit(self, request: web.Request) -> web.Response:
         from quorumlog.errors import IllegalOperationError
@@ -711,6 +830,53 @@ class AdminServer:
         if auditor is None:
             raise ApiError(404, "no auditor is elected")
         return _json({"Auditor": auditor})
+
+
+class _RecoveryJob:
+    """A recovery or decommission the admin API started: its task and, once it ended, its outcome."""
+
+    def __init__(self, kind: str, bookie_id: str, task: asyncio.Task[dict[str, Any]]) -> None:
+        self.kind = kind
+        self.bookie_id = bookie_id
+        self.task = task
+        self.started_ms = int(time.time() * 1000)
+        task.add_done_callback(self._log)
+
+    def _log(self, task: asyncio.Task[dict[str, Any]]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("admin API: %s of %s failed: %s", self.kind, self.bookie_id, exc)
+        else:
+            failed = task.result().get("failed") or {}
+            log.info("admin API: %s of %s done (%d ledgers failed)", self.kind, self.bookie_id, len(failed))
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"started_ms": self.started_ms}
+        if not self.task.done():
+            out["state"] = "running"
+        elif self.task.cancelled():
+            out["state"] = "cancelled"
+        elif (exc := self.task.exception()) is not None:
+            out["state"] = "failed"
+            out["error"] = f"{type(exc).__name__}: {exc}"
+        else:
+            report = self.task.result()
+            out["state"] = "failed" if report.get("failed") else "done"
+            out["report"] = report
+        return out
+
+
+async def _delete_cookie(store: Any, bookie_id: str) -> bool:
+    from quorumlog.meta.cookie import delete_cookie, read_cookie
+
+    try:
+        cookie = await read_cookie(store, bookie_id)
+        await delete_cookie(store, bookie_id, version=cookie.version)
+    except MetadataNotFoundError:
+        return False
+    return True
 
 
 __all__ = ["AdminServer", "ApiError", "is_loopback", "metadata_json", "read_token"]

@@ -204,6 +204,8 @@ async def test_changes_need_the_token_when_one_is_set(admin_bookie: StartAdminBo
         ("DELETE", "/api/v1/ledger/delete?ledger_id=1"),
         ("PUT", "/api/v1/autorecovery/trigger_audit"),
         ("PUT", "/api/v1/autorecovery/lost_bookie_recovery_delay"),
+        ("PUT", "/api/v1/autorecovery/bookie"),
+        ("PUT", "/api/v1/autorecovery/decommission"),
     ):
         async with b.session.request(method, b.base + path) as r:
             assert r.status == 401, (method, path)
