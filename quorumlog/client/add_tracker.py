@@ -17,8 +17,11 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
   yet, so an entry acknowledged through a replacement bookie could be unreadable after a crash.
 - On commit of a change starting at entry S, every pending entry >= S whose write set contains a replaced
   index loses that index's ack and is resent to the replacement (the new ensemble must really hold it).
-- Fencing (`LedgerFencedError`), a wrong password and an add-quorum timeout are fatal: every pending add fails
-  and the tracker refuses further appends. The driver then closes the ledger at the LAC.
+- Fencing (`LedgerFencedError`), a wrong password, an add-quorum timeout and a failed ensemble change are
+  fatal: every pending add fails and the tracker refuses further appends. The driver then closes the ledger
+  at the LAC (BookKeeper's handleUnrecoverableErrorDuringAdd).
+- A bookie failing an add after the entry completed without it still counts as failed (mode "immediate"):
+  the entry is under-replicated and later entries should not go there (BookKeeper's notifyWriteFailed).
 - A bookie refusing an add as a bad request (`BadRequestError`, EBADREQ) is about the request, not the
   bookie: the entry can never be written -- no ensemble can take it -- so it is fatal to this writer too, but
   the bookie is not marked failed and no ensemble change starts. (BookKeeper treats EBADREQ on an add as a
@@ -267,6 +270,15 @@ class AddTracker:
             actions.append(SendAdd(entry_id, index, bookie, recovery))
         return Appended(entry_id, lac, length, actions)
 
+    def fail_pending(self, error: QuorumLogError) -> list[AddAction]:
+        """The handle is being closed with adds in flight: they fail now with `error` (BookKeeper's close
+        drains its pending adds and fails them with LedgerClosedException); the LAC stays where it is, so the
+        close records only acknowledged entries. Nothing more can be appended."""
+        self._closed = True
+        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
+        self._pending.clear()
+        return failed
+
     def close(self) -> tuple[int, int]:
         """Stop accepting appends; returns (last entry id, length) to close the metadata with.
 
@@ -332,11 +344,30 @@ class AddTracker:
             return self._fail_all(error)
         pending = self._pending.get(entry_id)
         if pending is None:
-            return []
+            return self._late_failure(entry_id, bookie_id)
         index = self._index_in_write_set(entry_id, bookie_id)
         if index is None:
             return []
         pending.sent_s.pop(index, None)
+        return self._bookie_failed(bookie_id)
+
+    def _late_failure(self, entry_id: int, bookie_id: str) -> list[AddAction]:
+        """A bookie failed an add of an entry that already completed (its ack quorum formed without it).
+
+        The entry is under-replicated from the start, and the bookie is likely gone: BookKeeper's PendingAddOp
+        still reports it (notifyWriteFailed) and the ledger replaces the bookie, so later entries do not keep
+        going to it. Only in mode "immediate", as there: delayed and disabled modes wait for a failure that
+        breaks an ack quorum.
+        """
+        if (
+            self.mode != "immediate"
+            or self._error is not None
+            or self._closed
+            or entry_id > self.last_add_completed
+            or bookie_id not in self.current_ensemble
+            or self._index_in_write_set(entry_id, bookie_id) is None
+        ):
+            return []
         return self._bookie_failed(bookie_id)
 
     def on_bookie_lost(self, bookie_id: str) -> list[AddAction]:

@@ -404,6 +404,7 @@ class Client:
             return ReadHandle(self, md, pw)
         handle = ReadHandle(self, md, pw)
         if not meta.is_closed:
+            handle.watch_metadata()
             with contextlib.suppress(QuorumLogError):
                 # Learn the LAC now, as BookKeeper's open does; a reader can still ask again later.
                 await handle.read_last_add_confirmed()

@@ -176,6 +176,7 @@ class LedgerHandle:
         self._failures = RecentFailures()
         self._closed = False
         self._md_changed: asyncio.Event | None = None  # made by the first tail() that waits for metadata
+        self._watch_task: asyncio.Task[None] | None = None  # a read handle's metadata watch (watch_metadata)
 
     # --- state -------------------------------------------------------------------------------------------
 
@@ -221,14 +222,14 @@ class LedgerHandle:
     # --- reading entries ---------------------------------------------------------------------------------
 
     async def read(self, first: int, last: int) -> list[Entry]:
-        """Entries first..last (inclusive), all at or below the LAC (else ReadBeyondLastAddConfirmedError)."""
+        """Entries first..last (inclusive), all at or below the LAC this handle knows.
+
+        Past it: `ReadBeyondLastAddConfirmedError` at once, without asking the bookies for a newer LAC, as
+        BookKeeper's read does -- a reader decides when to pay for a LAC read (`read_last_add_confirmed`,
+        `wait_for_entry`), and `read_unconfirmed` reads past the LAC.
+        """
         self._check_open()
         closed_last = self._md.value.last_entry_id if self.is_closed else None
-        if closed_last is None and last > self._lac.lac and first >= 0 and last >= first:
-            # The LAC we know may be stale: ask once before refusing.
-            with contextlib.suppress(QuorumLogError):
-                await self.read_last_add_confirmed()
-            closed_last = self._md.value.last_entry_id if self.is_closed else None
         check_read_range(first, last, self._lac.lac, closed_last_entry_id=closed_last)
         return await self._read_range(first, last)
 
@@ -558,8 +559,9 @@ class LedgerHandle:
     async def wait_for_entry(self, entry_id: int, timeout_s: float = 1.0) -> tuple[int, Entry | None]:
         """Wait up to `timeout_s` until `entry_id` is confirmed; returns (LAC, the entry or None).
 
-        A long-poll READ (previousLAC = entry_id - 1): the bookie answers as soon as its LAC passes it, with the
-        entry, or with no entry once the timeout expires.
+        A long-poll READ (entry -1, previousLAC = entry_id - 1, the piggyback flag): the bookie answers as
+        soon as its LAC passes previousLAC, with entry previousLAC + 1, or with no entry once the timeout
+        expires.
         """
         self._check_open()
         if entry_id < 0:
@@ -580,9 +582,12 @@ class LedgerHandle:
             last_error: QuorumLogError | None = None
             unaware = 0
             for bookie_id in replicas:
+                # The entry id is -1 and previousLAC says which entry is wanted (previousLAC + 1), as
+                # BookKeeper's ReadLastConfirmedAndEntryOp sends it: a BookKeeper bookie refuses a piggyback
+                # read of any other entry id with EBADREQ ("entry piggyback requested incorrectly").
                 req = ReadRequest(
                     self.ledger_id,
-                    entry_id,
+                    LAST_ENTRY_ID,
                     piggyback=True,
                     previous_lac=entry_id - 1,
                     timeout_ms=int(remaining_s * 1000),
@@ -632,7 +637,12 @@ class LedgerHandle:
         self._check_open()
         if start < 0:
             raise InvalidArgumentError(f"start={start}: must be >= 0")
-        watch_task = asyncio.get_running_loop().create_task(self._follow_metadata())
+        # A read handle already follows its metadata (watch_metadata); anything else watches while it tails.
+        watch_task = (
+            asyncio.get_running_loop().create_task(self._follow_metadata())
+            if self._watch_task is None
+            else None
+        )
         try:
             next_id = start
             while True:
@@ -675,9 +685,18 @@ class LedgerHandle:
                     yield polled
                     next_id += 1
         finally:
-            watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch_task
+            if watch_task is not None:
+                watch_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch_task
+
+    def watch_metadata(self) -> None:
+        """Follow this ledger's metadata until it is closed (BookKeeper's ReadOnlyLedgerHandle registers a
+        metadata listener): the handle learns a close -- and with it the final LAC -- and new ensembles as
+        they happen, not at its next read. Stops with the handle, or once the ledger is closed or deleted."""
+        if self._watch_task is None and not self._closed and not self.is_closed:
+            self._watch_task = asyncio.get_running_loop().create_task(self._follow_metadata())
+            self._client._track(self._watch_task)
 
     async def _follow_metadata(self) -> None:
         try:
@@ -689,12 +708,16 @@ class LedgerHandle:
                         return
                     if md.version != self._md.version:
                         self._set_metadata(md)
+                    if self.is_closed:
+                        return  # a closed ledger's metadata says nothing more a reader needs
         except QuorumLogError as e:
             log.warning("metadata watch of ledger %d failed: %s", self.ledger_id, e)
 
     async def close(self) -> None:
-        """Release the handle (a read handle holds no ledger state)."""
+        """Release the handle (a read handle holds no ledger state; its metadata watch stops)."""
         self._closed = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
 
     async def __aenter__(self) -> LedgerHandle:
         return self
@@ -762,6 +785,11 @@ class WriteHandle(LedgerHandle):
         self._lac_flusher = client._lac_flusher
         self._closing = False
         self._abandoned: QuorumLogError | None = None
+        # The one close of this handle: asked by `close()`, or started by an unrecoverable add error.
+        self._close_task: asyncio.Task[None] | None = None
+        self._close_error: QuorumLogError | None = None
+        # A timeout verdict is waiting for one loop pass (`_check_timeouts`).
+        self._timeout_check_queued = False
         # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
         # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
         self._unanswered: dict[str, dict[int, float]] = {}
@@ -853,10 +881,16 @@ class WriteHandle(LedgerHandle):
     def _check_writable(self) -> None:
         if self._abandoned is not None:
             raise self._abandoned
+        error = self._tracker.error
+        if isinstance(error, LedgerFencedError):
+            raise error  # says more than "closed": another client recovered the ledger
         if self._closed or self._closing:
-            raise LedgerClosedError(f"ledger {self.ledger_id}: the write handle is closed")
-        if self._tracker.error is not None:
-            raise self._tracker.error
+            raise LedgerClosedError(
+                f"ledger {self.ledger_id}: the write handle is closed"
+                + (f" (after {error})" if error is not None else "")
+            )
+        if error is not None:
+            raise error
 
     def _push(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
         now = self._now()
@@ -1030,6 +1064,11 @@ class WriteHandle(LedgerHandle):
             self._send_adds(sends)
         if self._tracker.error is not None:
             self._fail_waiting(self._tracker.error)
+            if not self._recovery:
+                # BookKeeper's handleUnrecoverableErrorDuringAdd: the writer closes the ledger at its LAC, so
+                # readers see its end without recovering it. A recovery's adds never close: the recovery
+                # decides where the ledger ends.
+                self._begin_close()
         elif self._adv_waiting and self._tracker.has_capacity:
             self._push_adv_waiting()
         if self._capacity is not None and self._tracker.has_capacity:
@@ -1059,9 +1098,38 @@ class WriteHandle(LedgerHandle):
 
     def _check_timeouts(self) -> bool:
         """Called by the client's add-timeout tick (a coarse periodic check, not a timer per add: a timeout
-        fires at most one tick, a quarter of the timeout, late). True keeps this handle visited."""
+        fires at most one tick, a quarter of the timeout, late). True keeps this handle visited.
+
+        A verdict that is due is given one loop pass later, after the answers already waiting on the
+        sockets are read. A process paused longer than the timeout (SIGSTOP, a long GC) wakes with its
+        timer overdue and its bookies' answers unread -- the loop runs overdue timers before it reads
+        sockets (asyncio when the pause hit its select, uvloop always) -- and would otherwise blame every
+        bookie, fail its adds with NotEnoughBookiesError, and miss the answers that say the adds succeeded
+        or were fenced.
+        """
         if self._closed:
             return False
+        if not self._timeout_check_queued and self._timeout_due(self._now()):
+            self._timeout_check_queued = True
+            # Two hops: a callback queued now runs before the next select's readers; the one it queues runs
+            # after them.
+            self._loop.call_soon(self._loop.call_soon, self._check_timeouts_now)
+        return self._tracker.pending_count > 0 or any(self._unanswered.values())
+
+    def _timeout_due(self, now: float) -> bool:
+        deadline = self._tracker.next_deadline_s()
+        if deadline is not None and deadline <= now:
+            return True
+        add_timeout_s = self._client.config.add_timeout_s
+        return add_timeout_s > 0 and any(
+            unanswered and now - next(iter(unanswered.values())) >= add_timeout_s
+            for unanswered in self._unanswered.values()
+        )
+
+    def _check_timeouts_now(self) -> None:
+        self._timeout_check_queued = False
+        if self._closed or self._abandoned is not None:
+            return
         now = self._now()
         actions = self._tracker.check_timeouts(now)
         if actions:
@@ -1083,7 +1151,6 @@ class WriteHandle(LedgerHandle):
                     )
                     self._excluded.add(bookie_id)
                     self._apply(self._tracker.on_bookie_lost(bookie_id))
-        return self._tracker.pending_count > 0 or any(self._unanswered.values())
 
     def _flush_explicit_lac(self) -> bool:
         """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
@@ -1238,26 +1305,43 @@ class WriteHandle(LedgerHandle):
         return self._tracker.last_add_confirmed
 
     async def close(self) -> None:
-        """Wait for pending adds, then close the ledger in metadata with its last entry id and length.
+        """Close the ledger in metadata at its LAC, with its length; adds still in flight fail at once.
 
-        A deferred-sync ledger is forced first, so an orderly close keeps every acknowledged entry. If that
-        force fails, the ledger closes at its LAC -- the last entry known durable -- as BookKeeper's close
-        always does (it does not force: unforced entries are left out of a closed deferred-sync ledger).
+        As BookKeeper's close: pending adds are not waited for -- a bookie that never answers must not hold
+        the close -- they fail with `LedgerClosedError`, and the ledger ends at the last acknowledged entry.
+        Await the appends first to have them in the ledger. A deferred-sync ledger is forced first, so an
+        orderly close keeps every acknowledged entry (BookKeeper's close does not force; docs/CLIENT.md
+        "Differences from BookKeeper"). If that force fails, the ledger closes at its LAC, the last entry
+        known durable.
 
+        After an unrecoverable add error the handle closed the ledger itself; this waits for that close.
         If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
         last entry is accepted; anything else raises `LedgerFencedError`.
         """
-        if self._closed:
+        if self._abandoned is not None or (self._closed and self._close_task is None):
             return
-        self._closing = True
+        task = self._begin_close()
+        # Not `await task`: cancelling this caller must not cancel a close others may wait for too.
+        await asyncio.wait({task})
+        if self._close_error is not None:
+            raise self._close_error
+
+    def _begin_close(self) -> asyncio.Task[None]:
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = self._loop.create_task(self._close_ledger())
+            self._client._track(self._close_task)
+        return self._close_task
+
+    async def _close_ledger(self) -> None:
         try:
+            closed = LedgerClosedError(f"ledger {self.ledger_id} was closed with this add in flight")
             if self._adv_waiting:
-                self._fail_waiting(
-                    LedgerClosedError(f"ledger {self.ledger_id} closed before earlier ids came")
-                )
-            if self._futures:
-                await asyncio.gather(*list(self._futures.values()), return_exceptions=True)
+                self._fail_waiting(closed)
+            if self._tracker.error is None and self._tracker.pending_count:
+                self._apply(self._tracker.fail_pending(closed))
             if self._change_task is not None and not self._change_task.done():
+                # Metadata only (no bookie is waited for): its CAS and ours must not race.
                 with contextlib.suppress(Exception):
                     await self._change_task
             if self.deferred_sync and self._tracker.error is None:
@@ -1271,8 +1355,18 @@ class WriteHandle(LedgerHandle):
                         self._tracker.last_add_confirmed,
                     )
             error = self._tracker.error
+            if error is not None and not isinstance(error, LedgerFencedError):
+                log.warning(
+                    "ledger %d: closing at entry %d after an unrecoverable add error: %s",
+                    self.ledger_id,
+                    self._tracker.last_add_confirmed,
+                    error,
+                )
             last, length = self._tracker.close()
             await self._close_metadata(last, length, error)
+        except QuorumLogError as e:
+            # Kept for `close()` to raise; a handle closed after a failure may never be closed by its user.
+            self._close_error = e
         finally:
             self._closed = True
             self._cancel_timers()

@@ -11,13 +11,18 @@ The procedure and the rules it keeps:
    (`FenceFailed`) are unknowns. Fencing is done once the answered bookies *cover* the ensemble (no write set
    has A unanswered bookies): then the old writer can never again gather an ack quorum.
 2. Reading forward. From max LAC + 1, fencing recovery reads go to every bookie of each entry's write set,
-   a window of `read_window_entries` entries at a time, decided strictly in entry-id order:
-   - present on any bookie (digest verified by the driver) -> recover it: `RecoveryAdd` of the very bytes read;
-   - NoSuchEntry / NoSuchLedger from enough bookies that fewer than A of the write set remain unknown -> the
-     entry was never acknowledged: stop, the previous entry is the last;
+   a window of `read_window_entries` entries at a time, decided strictly in entry-id order. Each entry's
+   answers are taken in write-set order, as BookKeeper's recovery read asks them (one replica after another,
+   the next only once the previous could not give the entry), so the verdict is BookKeeper's whatever order
+   the answers arrive in:
+   - a replica has it (digest verified by the driver) -> recover it: `RecoveryAdd` of the very bytes read;
+   - NoSuchEntry / NoSuchLedger from W - A + 1 replicas before any replica that has it -> the entry was never
+     acknowledged (fewer than A of the write set can hold it): stop, the previous entry is the last;
    - a digest mismatch or other error is an unknown, never "no such entry": recovery must not truncate a
-     ledger because a replica is corrupt. If every bookie answered and neither rule applies, recovery fails
-     (`LedgerRecoveryError`, retriable) rather than guess.
+     ledger because a replica is corrupt; the next replica decides. If every replica answered and neither
+     rule applies, recovery fails (`LedgerRecoveryError`, retriable) rather than guess.
+   Deciding in arrival order instead would let W - A + 1 quick "no" answers end the ledger before a slower
+   replica holding the entry answered: an entry present on a replica would be dropped by timing.
    When a bookie's last-entry header already gave the length at max LAC, reading starts at max LAC + 1;
    otherwise entry max LAC is read once more only to learn the ledger length at that point. Entries before
    the last ensemble count as acknowledged (a writer changes ensemble at its LAC + 1), so max LAC is at
@@ -175,10 +180,7 @@ class _EntryRead:
     bookies: list[str]  # write set, in order
     missing: set[int] = field(default_factory=set)  # write-set positions that said "no such entry"
     failed: dict[int, QuorumLogError] = field(default_factory=dict)
-    found: EntryFound | None = None
-
-    def answered(self) -> int:
-        return len(self.missing) + len(self.failed)
+    found: dict[int, EntryFound] = field(default_factory=dict)  # write-set position -> what it returned
 
 
 class Recovery:
@@ -305,14 +307,15 @@ class Recovery:
 
     def _on_read(self, event: EntryFound | EntryMissing | EntryReadFailed) -> list[RecoveryAction]:
         read = self._reads.get(event.entry_id)
-        if self.phase is not Phase.READING or read is None or read.found is not None:
+        if self.phase is not Phase.READING or read is None:
             return []
         try:
             pos = read.bookies.index(event.bookie_id)
         except ValueError:
             return []
         if isinstance(event, EntryFound):
-            read.found = event
+            read.failed.pop(pos, None)
+            read.found[pos] = event
         elif isinstance(event, EntryMissing):
             read.failed.pop(pos, None)
             read.missing.add(pos)
@@ -324,6 +327,25 @@ class Recovery:
             read.failed[pos] = event.error
         return self._decide()
 
+    def _verdict(self, read: _EntryRead) -> EntryFound | bool | None:
+        """The entry as found, False (it does not exist), True (undecidable: every replica answered, no
+        rule applies) or None (wait): BookKeeper's verdict for its one-replica-after-another order (see the
+        module docstring), given as soon as no answer still missing could change it."""
+        needed = self.quorum.write_quorum - self.quorum.ack_quorum + 1  # "no" answers that end the ledger
+        missing = unanswered = 0
+        for pos in range(len(read.bookies)):
+            found = read.found.get(pos)
+            if found is not None:
+                # Asked in order, the replicas before it would have ended the ledger only with `needed` noes.
+                return found if missing + unanswered < needed else None
+            if pos in read.missing:
+                missing += 1
+                if missing >= needed:
+                    return False if unanswered == 0 else None
+            elif pos not in read.failed:
+                unanswered += 1
+        return True if unanswered == 0 else None
+
     def _decide(self) -> list[RecoveryAction]:
         actions: list[RecoveryAction] = []
         while not self._end_found:
@@ -331,19 +353,19 @@ class Recovery:
             if read is None:
                 break
             entry_id = read.entry_id
-            if read.found is not None:
+            verdict = self._verdict(read)
+            if verdict is None:
+                break
+            if isinstance(verdict, EntryFound):
                 del self._reads[entry_id]
                 self._next_to_decide += 1
                 self.last_entry_id = entry_id
-                self.length = read.found.length
+                self.length = verdict.length
                 if entry_id > self.max_lac:
                     self._adds_pending.add(entry_id)
-                    actions.append(RecoveryAdd(entry_id, read.found.length, read.found.data))
+                    actions.append(RecoveryAdd(entry_id, verdict.length, verdict.data))
                 continue
-            # Positions in the write set are the ensemble indices of the entry's write set, in order; coverage
-            # only needs how many of them are still unknown.
-            unknown = self.quorum.write_quorum - len(read.missing)
-            if unknown < self.quorum.ack_quorum:
+            if verdict is False:
                 if entry_id <= self.max_lac:
                     return self._fail(
                         LedgerRecoveryError(
@@ -355,20 +377,18 @@ class Recovery:
                 self._reads.clear()  # later entries never reached an ack quorum in order: dropped
                 self.phase = Phase.ADDING
                 break
-            if read.answered() == len(read.bookies):
-                corrupt = [
-                    b
-                    for pos, b in enumerate(read.bookies)
-                    if isinstance(read.failed.get(pos), DigestMismatchError)
-                ]
-                detail = f"; corrupt replicas on {corrupt}" if corrupt else ""
-                return self._fail(
-                    LedgerRecoveryError(
-                        f"cannot decide whether entry {entry_id} exists: {len(read.missing)} bookies said no, "
-                        f"{len(read.failed)} failed{detail}"
-                    )
+            corrupt = [
+                b
+                for pos, b in enumerate(read.bookies)
+                if isinstance(read.failed.get(pos), DigestMismatchError)
+            ]
+            detail = f"; corrupt replicas on {corrupt}" if corrupt else ""
+            return self._fail(
+                LedgerRecoveryError(
+                    f"cannot decide whether entry {entry_id} exists: {len(read.missing)} bookies said no, "
+                    f"{len(read.failed)} failed{detail}"
                 )
-            break
+            )
         actions.extend(self._fill_window())
         actions.extend(self._maybe_close())
         return actions

@@ -102,10 +102,41 @@ def test_entry_present_on_any_bookie_is_recovered_and_the_first_absent_one_ends_
     actions = r.on_event(EntryFound("b0", 5, 55, b"five"))
     assert [a for a in actions if isinstance(a, RecoveryAdd)] == [RecoveryAdd(5, 55, b"five")]
     r.on_event(EntryMissing("b1", 6))
-    assert r.on_event(EntryMissing("b2", 6)) == []  # the end is known, but the re-add of 5 is pending
+    # Entry 6's write set is (b0, b1, b2): b0 is asked first, so two noes from b1 and b2 decide nothing yet.
+    assert r.on_event(EntryMissing("b2", 6)) == []
+    assert r.phase is Phase.READING
+    assert r.on_event(EntryMissing("b0", 6)) == []  # the end is known, but the re-add of 5 is pending
     assert r.phase is Phase.ADDING
     assert r.on_add_done(5) == [CloseLedger(5, 55)]
     assert r.phase is Phase.DONE
+
+
+def test_replicas_are_taken_in_write_set_order_so_a_slow_replica_holding_the_entry_is_not_outvoted() -> None:
+    """BookKeeper's recovery read asks one replica after another in write-set order, and ends the ledger
+    once W - A + 1 of those asked said "no such entry". Two quick noes from the later replicas of W3 A2 must
+    therefore wait for the first replica: if it holds the entry, the entry is recovered."""
+    q = Quorum(3, 3, 2)
+    r, _ = fenced(q, {0: B}, [FenceEmpty("b1"), FenceEmpty("b2")])
+    # Entry 0's write set is (b0, b1, b2); only b0 has it, and it answers last.
+    assert r.on_event(EntryMissing("b1", 0)) == []
+    assert r.on_event(EntryMissing("b2", 0)) == []
+    actions = r.on_event(EntryFound("b0", 0, 4, b"zero"))
+    assert [a for a in actions if isinstance(a, RecoveryAdd)] == [RecoveryAdd(0, 4, b"zero")]
+    # Entry 1's write set is (b1, b2, b0): b1 and b2 say no before b0 would be asked -- the end, as in
+    # BookKeeper, however b0 answers.
+    r.on_event(EntryMissing("b1", 1))
+    r.on_event(EntryMissing("b2", 1))
+    assert r.phase is Phase.ADDING
+    assert r.on_event(EntryFound("b0", 1, 9, b"one")) == []
+    assert r.on_add_done(0) == [CloseLedger(0, 4)]
+
+
+def test_a_failed_replica_passes_the_turn_to_the_next() -> None:
+    q = Quorum(3, 3, 2)
+    r, _ = fenced(q, {0: B}, [FenceEmpty("b1"), FenceEmpty("b2")])
+    r.on_event(EntryReadFailed("b0", 0, BookieIOError()))
+    assert r.on_event(EntryMissing("b1", 0)) == []  # b2 may still have it
+    assert r.on_event(EntryMissing("b2", 0)) == [CloseLedger(-1, 0)]
 
 
 def test_entries_are_decided_in_order_and_nothing_after_the_end_is_re_added() -> None:
@@ -150,8 +181,9 @@ def test_length_at_max_lac_is_read_once_when_no_fence_answer_gave_it() -> None:
 def test_an_acknowledged_entry_reported_missing_fails_recovery() -> None:
     q = Quorum(3, 3, 2)
     r, _ = fenced(q, {0: B}, [FenceAnswer("b0", 9, 7, 90), FenceAnswer("b1", 9, 8, 90)])
-    r.on_event(EntryMissing("b0", 8))
-    [failed] = r.on_event(EntryMissing("b1", 8))
+    # Entry 8's write set is (b2, b0, b1): its first two replicas say no.
+    r.on_event(EntryMissing("b2", 8))
+    [failed] = r.on_event(EntryMissing("b0", 8))
     assert isinstance(failed, RecoveryFailed) and "acknowledged" in str(failed.error)
 
 

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from quorumlog.errors import AddQuorumTimeoutError, OperationTimeoutError
-from tests.scenarios.conftest import PW, connect, fresh_cluster
+from quorumlog import LedgerState
+from quorumlog.errors import AddQuorumTimeoutError, LedgerClosedError, OperationTimeoutError
+from tests.scenarios.conftest import PW, connect, fresh_cluster, wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="package")
 
@@ -59,6 +60,47 @@ async def test_add_quorum_timeout_fails_the_add() -> None:
                 assert 0.5 <= time.monotonic() - t0 < 20
             finally:
                 slow.resume()
+
+
+async def test_ledger_closed_after_timeout() -> None:
+    """TestAddEntryQuorumTimeout.testLedgerClosedAfterTimeout (and testTimeoutWithPendingOps).
+
+    E3 W3 A3 with one replica paused, addEntryTimeout 10 s and addEntryQuorumTimeout 1 s, as there.
+    Expected: every pending add fails with BKAddEntryQuorumTimeoutException (AddQuorumTimeoutError) -- the
+    writer does not try an ensemble change -- and the writer closes the ledger at its LAC
+    (handleUnrecoverableErrorDuringAdd): the next add fails with BKLedgerClosedException, the metadata is
+    CLOSED at the last acknowledged entry with the first ensemble, and a reader opening it without recovery
+    sees that end.
+    """
+    async with fresh_cluster(3) as cluster:
+        async with await connect(cluster, add_timeout_s=10.0, add_quorum_timeout_s=1.0) as client:
+            w = await client.create_ledger(3, 3, 3, password=PW)
+            await w.append(b"ok")
+            first_ensemble = w.metadata.ensembles
+            slow = cluster.node(w.metadata.ensembles[0][0])
+            slow.pause()
+            try:
+                pending = [w.append(b"stuck-%d" % i) for i in range(3)]
+                results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 30)
+                assert all(isinstance(r, AddQuorumTimeoutError) for r in results), results
+                with pytest.raises(LedgerClosedError):
+                    await w.append(b"after")
+
+                async def closed() -> bool:
+                    md = await client.get_ledger_metadata(w.ledger_id)
+                    return md.state is LedgerState.CLOSED
+
+                await wait_for(closed, "the writer to close the ledger at its LAC", 20)
+                md = await client.get_ledger_metadata(w.ledger_id)
+                assert md.last_entry_id == 0 and md.length == 2
+                assert md.ensembles == first_ensemble  # no ensemble change was tried
+                await w.close()  # the handle is closed already: nothing more to do, no error
+            finally:
+                slow.resume()
+            async with await connect(cluster) as other:
+                r = await other.open_ledger(w.ledger_id, password=PW, recovery=False)
+                assert r.is_closed and r.last_add_confirmed == 0
+                assert [e.payload for e in await r.read(0, 0)] == [b"ok"]
 
 
 async def test_read_with_every_replica_silent_fails_with_a_typed_error() -> None:

@@ -7,7 +7,10 @@ import asyncio
 import pytest
 
 from quorumlog import Client, LedgerState
+from quorumlog.client.distribution import Quorum
 from quorumlog.errors import UnauthorizedError
+from quorumlog.proto.entry import DigestManager
+from quorumlog.proto.messages import AddRequest
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.conftest import PW, connect, fresh_cluster
 
@@ -96,3 +99,37 @@ async def test_recovery_when_the_writer_died_after_a_partial_write() -> None:
             r = await other.open_ledger(w.ledger_id, password=PW, recovery=True)
             assert r.last_add_confirmed == 19
             assert [e.payload for e in await r.read(0, 19)] == [b"p-%d" % i for i in range(20)]
+
+
+async def test_recovery_reads_ask_the_write_set_in_order() -> None:
+    """LedgerRecoveryOp / PendingReadOp.SequenceReadRequest: a recovery read asks the replicas of the write
+    set one after another, in order, and ends the ledger only once W - A + 1 of those asked said "no such
+    entry".
+
+    E3 W3 A2; entry 1 was written by a dying writer to one replica only: the second of its write set, which
+    is paused when recovery starts. The two others answer "no such entry" at once -- but they are the first
+    and third replicas. Expected: recovery waits for the second replica's answer instead of counting the
+    quick noes, and recovers entry 1 (BookKeeper asks replica 1 after replica 0's "no", and gets it).
+    """
+    async with fresh_cluster(3) as cluster, await connect(cluster) as client:
+        w = await client.create_ledger(3, 3, 2, password=PW)
+        assert await w.append(b"zero") == 0
+        ensemble = w.metadata.ensembles[0]
+        write_set = Quorum(3, 3, 2).write_set_bookies(1, ensemble)
+        holder = write_set[1]
+        digest = DigestManager(w.ledger_id, w.metadata.digest, PW)
+        body = digest.encode_entry(1, 0, len(b"zero") + len(b"one"), b"one")
+        await client.bookie(holder).send(AddRequest(w.ledger_id, 1, digest.master_key, body))
+        node = cluster.node(holder)
+        node.pause()
+        async with await connect(cluster, read_timeout_s=20.0, add_timeout_s=20.0) as other:
+            recovery = asyncio.ensure_future(other.open_ledger(w.ledger_id, password=PW, recovery=True))
+            try:
+                # Long enough for the two quick "no" answers to arrive (they would end the ledger at once if
+                # counted as they come); the holder's answer comes once it resumes.
+                await asyncio.wait({recovery}, timeout=2.0)
+            finally:
+                node.resume()
+            r = await asyncio.wait_for(recovery, 60)
+            assert r.is_closed and r.last_add_confirmed == 1
+            assert [e.payload for e in await r.read(0, 1)] == [b"zero", b"one"]
