@@ -475,7 +475,7 @@ class Dashboard:
                 if r.status != 200:
                     b.metrics_error = f"/metrics answered HTTP {r.status}"
                     return
-                body = await r.content.read(METRICS_BYTES_MAX + 1)
+                body = await _read_bounded(r, METRICS_BYTES_MAX + 1)
             if len(body) > METRICS_BYTES_MAX:
                 b.metrics_error = f"/metrics body over {METRICS_BYTES_MAX} bytes: not parsed"
                 return
@@ -971,6 +971,20 @@ class Dashboard:
 def create_dashboard(metadata_uri: str, host: str = "127.0.0.1", port: int = 0, **kw: Any) -> Dashboard:
     """A `Dashboard` not started yet (`await d.start()`): the factory other commands mount it with."""
     return Dashboard(metadata_uri, host, port, **kw)
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The body, or its first `limit` bytes when it is longer (`content.read(n)` alone may stop at any
+    chunk boundary: a metrics text cut there would parse into wrong numbers without an error)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await response.content.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _addresses(info: Any) -> tuple[str, str]:

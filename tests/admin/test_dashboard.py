@@ -424,3 +424,63 @@ async def test_zookeeper_outage_is_a_503_and_the_dashboard_recovers() -> None:
             await dash.stop()
     finally:
         server.close()
+
+
+async def test_metrics_arriving_in_pieces_and_oversized_metrics(tmp_path: Any, board: Any) -> None:
+    """A bookie's /metrics is read whole however it arrives (a text cut at a chunk boundary would parse into
+    wrong numbers without an error), and one over METRICS_BYTES_MAX is refused, not parsed."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from quorumlog.admin.dashboard import METRICS_BYTES_MAX
+    from quorumlog.meta.registration import BookieRegistration, Endpoint
+    from quorumlog.testing.cluster import LocalCluster
+    from quorumlog.testing.servers import free_port
+
+    head = b"# TYPE quorumlog_bookie_connections gauge\nquorumlog_bookie_connections 3.0\n"
+    tail = b'bookkeeper_server_ADD_ENTRY_REQUEST_count{success="true"} 1234.0\n'
+
+    async def in_pieces(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)  # chunked: the head goes out alone
+        await resp.write(head)
+        await asyncio.sleep(0.2)  # the fault injected: the rest comes later, in a chunk of its own
+        await resp.write(tail)
+        await resp.write_eof()
+        return resp
+
+    async def oversized(request: web.Request) -> web.Response:
+        return web.Response(body=b"# " + b"x" * (METRICS_BYTES_MAX + 10) + b"\n")
+
+    servers = []
+    for handler in (in_pieces, oversized):
+        app = web.Application()
+        app.router.add_get("/metrics", handler)
+        servers.append(TestServer(app, host="127.0.0.1"))
+        await servers[-1].start_server()
+    cluster = LocalCluster(bookies=0, base_dir=str(tmp_path / "cluster"))
+    await cluster.start()
+    assert cluster.store is not None
+    regs = []
+    try:
+        for server in servers:
+            port = free_port()
+            info = BookieServiceInfo(
+                (
+                    Endpoint("bookie", "127.0.0.1", port, "bookie-rpc"),
+                    Endpoint("httpserver", "127.0.0.1", server.port or 0, "http"),
+                )
+            )
+            regs.append(BookieRegistration(cluster.store, f"127.0.0.1:{port}", info))
+            await regs[-1].register()
+        ui = await board(cluster.uri)
+        by_id = {b.bookie_id: b for b in (await ui.dash.refresh()).bookies}
+        pieces, big = by_id[regs[0].bookie_id], by_id[regs[1].bookie_id]
+        assert pieces.metrics and pieces.adds_total == 1234.0 and pieces.connections == 3.0
+        assert not big.metrics and f"over {METRICS_BYTES_MAX} bytes" in big.metrics_error
+    finally:
+        for reg in regs:
+            await reg.close()
+        await cluster.close()
+        for server in servers:
+            await server.close()
