@@ -121,8 +121,13 @@ def test_readjournal_prints_every_add_with_ledger_entry_size_and_payload(written
     assert "payload" not in table.stdout  # only with --msg
 
 
-def test_readlog_prints_the_entries_a_checkpoint_wrote(written: Written) -> None:
+def test_readlog_prints_the_entries_a_checkpoint_wrote(written: Written, tmp_path) -> None:  # type: ignore[no-untyped-def]
     before = digest(written.entry_log)
+    config = tmp_path / "bookie.toml"  # the bookie's own settings file names its directories
+    config.write_text(f'[bookie]\ndata_dir = "{written.data_dir}"\n')
+    by_config = written.sh("readlog", "1", "--bookie-config", str(config), "--json")
+    assert by_config.returncode == 0, by_config.stderr
+    assert len(json.loads(by_config.stdout)) == ENTRIES
     r = written.sh("readlog", "1", "--data-dir", written.data_dir, "--msg", "--json")
     assert r.returncode == 0, r.stderr
     rows = [x for x in json.loads(r.stdout) if x["ledger_id"] == written.ledger_id]

@@ -126,9 +126,11 @@ def _pick_files(
 ) -> list[str]:
     """`target` as a path, or as a file id (decimal, as BookKeeper's shell takes it) in `directory`; every
     such file of `directory`, oldest first, when no target is given."""
-    if target is not None and (os.sep in target or target.endswith(suffix) or os.path.exists(target)):
-        return [target if os.path.exists(target) else os.path.join(directory, target)]
+    if target is not None and (os.sep in target or os.path.exists(target)):
+        return [target]
     _need_dir(directory, f"{what} directory")
+    if target is not None and target.endswith(suffix):
+        return [os.path.join(directory, target)]  # a file name, in the bookie's directory
     if target is not None:
         try:
             file_id = int(target, 10)
