@@ -96,6 +96,7 @@ def vs_bookkeeper(args: Any) -> dict[str, Any]:
     pairs = []
     first: dict[str, Any] = {}
     with bk.peer(args.bookies, bk.say) as peer:
+        peer.warm_up(args.bk_warmup_s, (3, 2, 2), args.entry_bytes)
         for r in range(args.rounds):
             bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
             ours = run(main(args))
