@@ -59,6 +59,7 @@ HISTORY_POINTS = 180  # samples kept for the charts: 6 minutes at the default in
 SCRAPE_TIMEOUT_S = 3.0  # one bookie's /metrics (or GET_BOOKIE_INFO) answer
 SCRAPE_CONCURRENCY = 16  # bookies scraped at once
 METRICS_BYTES_MAX = 4 << 20  # a /metrics body past this is not parsed (a bookie's is ~30 KiB)
+INFO_BYTES_MAX = 64 << 10  # of a bookie's /api/v1/bookie/info answer (a few dozen bytes)
 BOOKIES_MAX = 1000  # bookies shown (and scraped) at most
 LEDGER_SCAN_MAX = 100_000  # ledger ids looked at for one listing
 LEDGER_PAGE_MAX = 200  # ledgers one listing answer holds at most
@@ -479,12 +480,12 @@ class Dashboard:
             if len(body) > METRICS_BYTES_MAX:
                 b.metrics_error = f"/metrics body over {METRICS_BYTES_MAX} bytes: not parsed"
                 return
-            values = parse_metrics(body.decode("utf-8", errors="replace"))
-            async with self._session.get(b.http_url + "api/v1/bookie/info") as r:
-                if r.status == 200:
-                    info = await r.json()
-                    b.free_bytes = int(info.get("freeSpace", 0))
-                    b.total_bytes = int(info.get("totalSpace", 0))
+            try:
+                values = parse_metrics(body.decode("utf-8", errors="replace"))
+            except Exception as e:  # whatever the parser makes of a malformed text: this bookie only
+                b.metrics_error = f"/metrics is not Prometheus text: {type(e).__name__}: {str(e)[:200]}"
+                return
+            await self._scrape_disk(b)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
             b.metrics_error = f"{type(e).__name__}: {str(e)[:200]}" if str(e) else type(e).__name__
             return
@@ -497,6 +498,20 @@ class Dashboard:
         b.disk_used_ratio = values.get("disk_used_ratio")
         b.connections = values.get("connections")
         b.journal_sync_p99_ms = values.get("journal_sync_p99_ms")
+
+    async def _scrape_disk(self, b: BookieSample) -> None:
+        """Free and total bytes from the admin API; left unknown when the answer is not what it should be
+        (the metrics stand on their own)."""
+        assert self._session is not None
+        try:
+            async with self._session.get(b.http_url + "api/v1/bookie/info") as r:
+                info = json.loads(await _read_bounded(r, INFO_BYTES_MAX)) if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return
+        if isinstance(info, dict):
+            free, total = info.get("freeSpace"), info.get("totalSpace")
+            if type(free) is int and type(total) is int:
+                b.free_bytes, b.total_bytes = free, total
 
     async def _ask_disk(self, b: BookieSample) -> None:
         """A bookie without an admin port: its disk by GET_BOOKIE_INFO, as `listbookies` asks it."""

@@ -428,7 +428,8 @@ async def test_zookeeper_outage_is_a_503_and_the_dashboard_recovers() -> None:
 
 async def test_metrics_arriving_in_pieces_and_oversized_metrics(tmp_path: Any, board: Any) -> None:
     """A bookie's /metrics is read whole however it arrives (a text cut at a chunk boundary would parse into
-    wrong numbers without an error), and one over METRICS_BYTES_MAX is refused, not parsed."""
+    wrong numbers without an error); one over METRICS_BYTES_MAX is refused, not parsed; malformed metrics
+    or bookie info fail that bookie's numbers only."""
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
@@ -452,10 +453,17 @@ async def test_metrics_arriving_in_pieces_and_oversized_metrics(tmp_path: Any, b
     async def oversized(request: web.Request) -> web.Response:
         return web.Response(body=b"# " + b"x" * (METRICS_BYTES_MAX + 10) + b"\n")
 
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(body=b'bookkeeper_server_ADD_ENTRY_REQUEST_count{success="true" 12\n')
+
+    async def odd_info(request: web.Request) -> web.Response:
+        return web.json_response(["not", "an", "object"])
+
     servers = []
-    for handler in (in_pieces, oversized):
+    for handler in (in_pieces, oversized, garbage):
         app = web.Application()
         app.router.add_get("/metrics", handler)
+        app.router.add_get("/api/v1/bookie/info", odd_info)
         servers.append(TestServer(app, host="127.0.0.1"))
         await servers[-1].start_server()
     cluster = LocalCluster(bookies=0, base_dir=str(tmp_path / "cluster"))
@@ -475,9 +483,11 @@ async def test_metrics_arriving_in_pieces_and_oversized_metrics(tmp_path: Any, b
             await regs[-1].register()
         ui = await board(cluster.uri)
         by_id = {b.bookie_id: b for b in (await ui.dash.refresh()).bookies}
-        pieces, big = by_id[regs[0].bookie_id], by_id[regs[1].bookie_id]
+        pieces, big, bad = (by_id[r.bookie_id] for r in regs)
         assert pieces.metrics and pieces.adds_total == 1234.0 and pieces.connections == 3.0
+        assert pieces.total_bytes is None  # an info answer that is not an object: disk unknown, no crash
         assert not big.metrics and f"over {METRICS_BYTES_MAX} bytes" in big.metrics_error
+        assert not bad.metrics and "not Prometheus text" in bad.metrics_error
     finally:
         for reg in regs:
             await reg.close()
