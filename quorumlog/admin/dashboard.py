@@ -542,6 +542,8 @@ class Dashboard:
                 b.disk_used_ratio = 1 - free / total
 
     async def _recovery(self, snap: Snapshot) -> None:
+        from google.protobuf import text_format
+
         from quorumlog.meta.underreplication import UnderReplicationManager
         from quorumlog.replication import admin
 
@@ -552,10 +554,17 @@ class Dashboard:
         marked = await urm.list_marked()
         snap.under_replicated_count = len(marked)
         for ledger_id in marked[:UNDER_REPLICATED_MAX]:
+            try:
+                missing = await urm.missing_replicas(ledger_id) or []
+            except MetadataStoreError as e:
+                # A mark that does not parse is one bad node, not an outage: shown as such, the rest too.
+                if not isinstance(e.__cause__, UnicodeDecodeError | text_format.ParseError):
+                    raise
+                missing = [f"(unreadable mark: {str(e)[:200]})"]
             snap.under_replicated.append(
                 {
                     "ledger_id": ledger_id,
-                    "missing": await urm.missing_replicas(ledger_id) or [],
+                    "missing": missing,
                     # A locked mark is being re-replicated now, by that worker.
                     "replicating": await urm.lock_owner(ledger_id),
                 }

@@ -211,17 +211,20 @@ async def test_under_replicated_ledgers_and_auto_recovery_settings(
     await urm.mark(7, ["10.0.0.9:3181"])
     await urm.mark(8, ["10.0.0.8:3181"])
     assert await urm.try_lock(8)
+    await urm.mark(9, ["10.0.0.7:3181"])
+    await store.set(urm.mark_path(9), b"\xff not a mark", version=-1)  # one corrupt node
     await admin.set_lost_bookie_recovery_delay(store, 30)
     ui = await board(b.uri)
     await ui.dash.refresh()
     status, r = await ui.get("/api/recovery")
     assert status == 200
     assert r["auditor"] is None and r["lost_bookie_recovery_delay_s"] == 30
-    assert r["replication_enabled"] is True and r["under_replicated_count"] == 2
-    assert r["under_replicated"] == [
+    assert r["error"] == "" and r["replication_enabled"] is True and r["under_replicated_count"] == 3
+    assert r["under_replicated"][:2] == [
         {"ledger_id": 7, "missing": ["10.0.0.9:3181"], "replicating": None},
         {"ledger_id": 8, "missing": ["10.0.0.8:3181"], "replicating": "test"},
     ]
+    assert r["under_replicated"][2]["missing"][0].startswith("(unreadable mark")
     status, page = await ui.get("/")
     assert "being re-replicated by test" in page and "10.0.0.9:3181" in page and "30 s" in page
 
