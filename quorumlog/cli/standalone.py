@@ -148,13 +148,21 @@ class Standalone:
             self._check_ports()
             if self.bookies >= self.remembered_bookies:
                 self._remember(self.bookies)
-            await self._start_cluster()
+            self._make_cluster()
+            await self.cluster.open_metadata()
+            # Auto-recovery starts beside the bookies: each process spends seconds importing. A failure of
+            # one cancels the other and is reported as itself, not as a group.
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tg.create_task(self._start_bookies())
+                    if self.autorecovery:
+                        tg.create_task(self._start_autorecovery())
+            except BaseExceptionGroup as group:
+                raise group.exceptions[0] from None
             if self.bookies < self.remembered_bookies:
                 await self._shrink()
                 self._remember(self.bookies)
             await self._check_writes()
-            if self.autorecovery:
-                await self._start_autorecovery()
             await self._start_watching()
             if self.dashboard_port:
                 await self._start_dashboard()
@@ -214,7 +222,7 @@ class Standalone:
             os.fsync(f.fileno())
         os.replace(tmp, path)
 
-    async def _start_cluster(self) -> None:
+    def _make_cluster(self) -> None:
         from quorumlog.testing.cluster import LocalCluster
         from quorumlog.testing.servers import free_port
 
@@ -232,8 +240,10 @@ class Standalone:
         for node in self.cluster.bookies[self.bookies :]:
             if "http_port" not in node.settings:  # a bookie to decommission needs its admin API
                 node.settings["http_port"] = free_port()
+
+    async def _start_bookies(self) -> None:
         try:
-            await self.cluster.start()
+            await asyncio.gather(*(b.start() for b in self.cluster.bookies))
         except RuntimeError as e:  # a bookie failed to start; the message carries its log's tail
             raise CliError(
                 f"a bookie did not start: {e}",
@@ -434,10 +444,19 @@ class Standalone:
             await changed.wait()
             changed.clear()
             known |= set(registry.writable_bookies()) | set(registry.readonly_bookies())
+            present: frozenset[str] | None = None
             for b in sorted(known):
                 now = self._state(b)
                 if now == state.get(b):
                     continue
+                if now == "down":
+                    # A bookie moving between writable and read-only is in neither list of the view for a
+                    # moment; the store, read now, says whether it really went (then the next event settles).
+                    if present is None:
+                        with contextlib.suppress(Exception):
+                            present = await registry.registered_now()
+                    if present is not None and b in present:
+                        continue
                 state[b] = now
                 if now == "down":
                     was_down.add(b)

@@ -479,12 +479,18 @@ class LocalCluster:
         raise KeyError(bookie_id)
 
     async def start(self) -> LocalCluster:
-        self.store = await open_store(self.uri)
-        if await self.store.exists(layout.instanceid_path(self.store.ledgers_root)) is None:
-            await init_cluster(self.store)
+        await self.open_metadata()
         # Bookies start concurrently: a process bookie spends most of its start-up importing.
         await asyncio.gather(*(b.start() for b in self.bookies))
         return self
+
+    async def open_metadata(self) -> None:
+        """Open the metadata store and initialise the cluster in it if new (the first half of `start`:
+        other processes of the cluster, e.g. auto-recovery, can start from here on)."""
+        if self.store is None:
+            self.store = await open_store(self.uri)
+        if await self.store.exists(layout.instanceid_path(self.store.ledgers_root)) is None:
+            await init_cluster(self.store)
 
     async def add_bookie(self, port: int | None = None) -> BookieNode:
         node = self._node(len(self.bookies), port if port is not None else free_port())
