@@ -608,6 +608,8 @@ class Dashboard:
             return (await LedgerManager(self.store).read(ledger_id)).value
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
+        except ProtocolError as e:  # the store answered with bytes that are no ledger metadata
+            raise ApiError(502, f"ledger {ledger_id}: unreadable metadata: {e}") from None
 
     async def _tail_client(self) -> Any:
         from quorumlog.client.client import Client
@@ -690,6 +692,8 @@ class Dashboard:
                     md = (await manager.read(ledger_id)).value
                 except (MetadataNotFoundError, NoSuchLedgerError):
                     return None  # deleted while we listed
+                except ProtocolError as e:  # one bad node: listed as such, the others as usual
+                    return {"ledger_id": ledger_id, "state": "UNREADABLE", "error": str(e)[:200]}
             last_first = max(md.ensembles) if md.ensembles else 0
             return {
                 "ledger_id": ledger_id,
@@ -1142,6 +1146,13 @@ def _ledgers_html(rows: list[dict[str, Any]]) -> str:
                 _e(_bytes(r["length"])),
                 _e(r["ensembles"]),
                 _e(", ".join(r["bookies"])),
+            ]
+            if "error" not in r
+            else [
+                f'<a href="/ledger/{int(r["ledger_id"])}">{int(r["ledger_id"])}</a>',
+                _e(r["state"]),
+                *([""] * 4),
+                _e(r["error"]),
             ]
             for r in rows
         ],

@@ -177,6 +177,23 @@ async def test_ledgers_detail_and_tail(admin_bookie: StartAdminBookie, board: An
     status, page = await ui.get(f"/ledger/{first}")
     assert status == 200 and "hello dashboard 2" in page and bookies[0].service.bookie_id in page
 
+    # A ledger whose metadata node holds garbage: that ledger's answers say so, the listing goes on.
+    from quorumlog.meta.ledger_manager import LedgerManager
+
+    store = bookies[0].service.store
+    assert store is not None
+    await store.set(LedgerManager(store).path(first), b"garbage", version=-1)
+    status, body = await ui.get(f"/api/ledgers/{first}")
+    assert status == 502 and "unreadable metadata" in body["error"], body
+    status, listing = await ui.get("/api/ledgers")
+    assert status == 200
+    assert [(r["ledger_id"], r["state"]) for r in listing["ledgers"]] == [
+        (second, "CLOSED"),
+        (first, "UNREADABLE"),
+    ]
+    status, page = await ui.get("/")
+    assert status == 200 and "UNREADABLE" in page
+
 
 async def test_logs_browse_and_records_at_the_tail(admin_bookie: StartAdminBookie, board: Any) -> None:
     b = [await admin_bookie(f"b{i}") for i in range(2)]
