@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
 import re
+import resource
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -109,6 +112,22 @@ def ratio(ours: float | None, theirs: float | str | None) -> float | None:
     return round(ours / theirs, 3)
 
 
+def _cpu_s(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of these processes so far (from /proc)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _free_run(count: int) -> int:
     """The first of `count` consecutive loopback ports that are free now (ZooKeeper, then the bookies)."""
     for _ in range(200):
@@ -174,9 +193,12 @@ class Peer:
             self.zk,
             *(str(a) for a in args),
         ]
+        bookies = self._bookie_pids()
+        cpu0, children0, t0 = _cpu_s(bookies), _children_cpu_s(), time.perf_counter()
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=timeout_s + TOOL_OVERHEAD_S, env=env, check=False
         )
+        wall_s = time.perf_counter() - t0
         try:
             fields: dict[str, Any] = parse_result(done.stdout)
         except ValueError:
@@ -187,7 +209,16 @@ class Peer:
         if notes:
             fields["notes"] = notes
         fields["command"] = " ".join(["java", *props, tool, "ZK", *(str(a) for a in args)])
+        # Cores used over the whole tool run (warm-up included): under load, how much of the machine the Java
+        # client and bookies got, to set beside our runs' client_cpu / bookies_cpu.
+        fields["tool_cpu_cores"] = round((_children_cpu_s() - children0) / wall_s, 2)
+        fields["bookies_cpu_cores"] = round((_cpu_s(bookies) - cpu0) / wall_s, 2)
         return fields
+
+    def _bookie_pids(self) -> list[int]:
+        # start-cluster.sh writes ZooKeeper's pid first, then the bookies'.
+        with open(os.path.join(self.data_dir, "pids")) as f:
+            return [int(x) for x in f.read().split()[1:]]
 
     def warm_up(self, seconds: float, quorum: Sequence[int], entry_bytes: int, protocol: str = "v3") -> None:
         """One unmeasured PeerBench run of `seconds` before the first round. Each tool run warms its own
