@@ -71,6 +71,7 @@ def test_admin_api_dashboard_json_logs_and_an_environment_that_cannot_redirect_i
         "--http-port", str(base + 2),
         "--dashboard-port", str(base + 6),
         "--log-format", "json",
+        "--log-file", str(tmp_path / "standalone.log"),
         env=env,
     )  # fmt: skip
     try:
@@ -93,6 +94,11 @@ def test_admin_api_dashboard_json_logs_and_an_environment_that_cannot_redirect_i
             records = _json_lines(os.path.join(data_dir, f"bookie-{i}", "bookie.log"))
             assert records and all({"ts", "level", "logger", "msg"} <= r.keys() for r in records)
             assert any(r["msg"].startswith(f"bookie 127.0.0.1:{base + i} registered") for r in records)
+        # The standalone's own log: its state lines, as JSON records.
+        own = _json_lines(str(tmp_path / "standalone.log"))
+        assert {"logger": "quorumlog.standalone", "msg": f"metadata: {running.uri}"}.items() <= next(
+            r for r in own if r["msg"].startswith("metadata: ")
+        ).items()
         recovery = _json_lines(os.path.join(data_dir, "autorecovery", "autorecovery.log"))
         assert any("auto-recovery" in r["msg"] and "started" in r["msg"] for r in recovery)
     finally:
