@@ -593,6 +593,9 @@ class Dashboard:
             return _json({"error": str(e)}, 404)
         except InvalidArgumentError as e:
             return _json({"error": str(e)}, 400)
+        except ProtocolError as e:
+            # Bytes in the metadata store that do not parse (a log's or a segment's node): that object only.
+            return _json({"error": f"unreadable metadata: {e}"}, 502)
         except (MetadataStoreError, OperationTimeoutError) as e:
             return _json({"error": f"metadata store: {e}"}, 503)
         except Exception:

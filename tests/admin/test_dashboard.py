@@ -217,6 +217,15 @@ async def test_logs_browse_and_records_at_the_tail(admin_bookie: StartAdminBooki
     status, page = await ui.get("/")
     assert 'href="/log/events/clicks"' in page
 
+    from quorumlog.stream.metadata import StreamLayout
+
+    store = b[0].service.store
+    assert store is not None
+    await store.set(StreamLayout().log("events", "clicks"), b"{not json", version=-1)
+    for path in ("/api/logs/events/clicks", "/log/events/clicks"):
+        status, body = await ui.get(path)
+        assert status == 502 and "unreadable metadata" in body["error"], body
+
 
 async def test_under_replicated_ledgers_and_auto_recovery_settings(
     admin_bookie: StartAdminBookie, board: Any
