@@ -5,8 +5,10 @@ One run: five simulated bookie nodes running the production bookie (`sim.node.Si
 using the real `quorumlog.client.Client` over the simulated network. Each step draws one action from the
 seeded RNG: append a burst, crash a bookie (its disk keeps only synced data and a possibly torn tail) and
 restart it later, lose power on two bookies of the ledger's ensemble at once in the middle of a burst (the
-fault that finds an acknowledgement given before its data was synced), partition the writer from a
-bookie, pause a bookie, crash a writer and recover its ledger from another client, or let a zombie writer
+fault that finds an acknowledgement given before its data was synced), arm a crash point in a bookie's
+storage code (it crashes when a checkpoint is between its entry-log write and its index commit, or between
+the index commit and the journal release, or when the journal rolls a file; `Env.faults`), partition the
+writer from a bookie, pause a bookie, crash a writer and recover its ledger from another client, or let a zombie writer
 keep writing while someone recovers its ledger.
 
 The checkers state the promises (STYLE.md §5):
@@ -40,6 +42,18 @@ BOOKIES = 5
 PORT = 3181
 SESSION_TIMEOUT_S = 4.0
 PASSWORD = b"sim"
+ACTIONS = (
+    "append",
+    "crash_bookie",
+    "power_loss",
+    "crash_point",
+    "partition",
+    "pause",
+    "zombie",
+    "crash_writer",
+)
+ACTION_WEIGHTS = (10, 2, 2, 1, 2, 2, 1, 1)
+CRASH_POINTS = ("checkpoint.before-index", "checkpoint.before-release", "journal.roll")
 
 
 class CheckFailed(AssertionError):
@@ -62,6 +76,8 @@ class Stats:
     appends_acked: int = 0
     bookie_crashes: int = 0
     power_losses: int = 0
+    crash_points_armed: int = 0
+    crash_points_hit: int = 0
     writer_crashes: int = 0
     recoveries: int = 0
     partitions: int = 0
@@ -84,6 +100,7 @@ class Simulation:
         self._writer_count = 0
         self._history: list[str] = []
         self._restarts: list[asyncio.Task[None]] = []
+        self.armed_at_start: list[tuple[str, str]] = []
 
     # --- set-up ---
 
@@ -117,10 +134,33 @@ class Simulation:
         self.down.add(node)
         self.stats.bookie_crashes += 1
 
+    def crashed_at_point(self, node: str) -> None:
+        """A bookie reached an armed crash point (World.crash already ran): the same aftermath as a crash."""
+        bookie = self.bookies.pop(node, None)
+        if bookie is None:
+            return
+        self.meta.kill_session(bookie.store.session_id, SESSION_TIMEOUT_S)
+        self.down.add(node)
+        self.stats.crash_points_hit += 1
+        self.note(f"{node} crashed at a crash point")
+        self._restarts.append(self.world.spawn("nemesis", self._restart_later(node)))
+
+    def arm_crash_point(self) -> None:
+        up = sorted(n for n in self.bookies if n not in self.down)
+        if len(up) <= 3:
+            return
+        node = self.rng.choice(up)
+        point = self.rng.choice(CRASH_POINTS)
+        self.world.arm(node, point)
+        self.stats.crash_points_armed += 1
+        self.note(f"armed {point} on {node}")
+
     async def restart_bookie(self, node: str) -> None:
         if node not in self.down:
             return  # already restarted (the delayed restart and the final one may both ask)
         self.down.discard(node)
+        for key in [k for k in self.world.crash_points if k[0] == node]:
+            del self.world.crash_points[key]  # never crash a bookie while it starts: arming needs it up
         self.world.restart(node)
         await self.start_bookie(node)
 
@@ -249,10 +289,7 @@ class Simulation:
         alive = True
         for _ in range(self.rng.randint(3, 8)):
             self.stats.steps += 1
-            action = self.rng.choices(
-                ["append", "crash_bookie", "power_loss", "partition", "pause", "zombie", "crash_writer"],
-                weights=[10, 2, 2, 2, 2, 1, 1],
-            )[0]
+            action = self.rng.choices(ACTIONS, weights=ACTION_WEIGHTS)[0]
             self.note(f"{node} ledger {rec.ledger_id}: {action}")
             if action == "append":
                 alive = await self.append_burst(handle, rec, self.rng.randint(1, 40))
@@ -265,6 +302,9 @@ class Simulation:
                 alive = await self.append_burst(handle, rec, self.rng.randint(1, 20))
             elif action == "power_loss":
                 alive = await self.power_loss(handle, rec)
+            elif action == "crash_point":
+                self.arm_crash_point()
+                alive = await self.append_burst(handle, rec, self.rng.randint(1, 40))
             elif action == "partition":
                 victim = self.rng.choice(list(self.bookies))
                 self.world.partition(node, victim)
@@ -357,16 +397,21 @@ class Simulation:
         self.note(f"restarted {node}")
 
     async def run(self) -> Stats:
+        self.world.on_crash.append(self.crashed_at_point)
         admin = self.meta.session("admin")
         await init_cluster(admin)
         for i in range(BOOKIES):
             await self.start_bookie(f"bookie{i}")
+        for node, point in self.armed_at_start:  # (tests) once the bookies run: a start never crashes
+            self.world.arm(node, point)
+            self.stats.crash_points_armed += 1
         reader = await self.new_client("reader")
         writers = 0
         while self.stats.steps < self.steps:
             writers += 1
             await self.writer_session(f"writer{writers}", reader)
         # Let every bookie come back, then read everything back through a fresh client.
+        self.world.crash_points.clear()
         await asyncio.gather(*self._restarts)
         for node in sorted(self.down):
             await self.restart_bookie(node)
