@@ -18,7 +18,13 @@ Rules the handles keep:
   add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
   Bookies that failed this writer are avoided as replacements while other bookies are available.
 - A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change, a bookie refusing an add
-  as a bad request) fails every pending add and every later append with that error.
+  as a bad request) fails every pending add with that error, and the handle then closes the ledger at its
+  LAC by itself (BookKeeper's handleUnrecoverableErrorDuringAdd); later appends fail with
+  `LedgerClosedError` (a fenced writer's with `LedgerFencedError`). A recovery's adds never close.
+- `close()` fails the adds still in flight with `LedgerClosedError` at once and closes at the LAC: it never
+  waits for a bookie that may not answer.
+- A timeout verdict waits one loop pass, so the answers already on the sockets are read first (a process
+  resumed from a pause must not blame its bookies for its own pause).
 - An entry whose ADD frame would exceed the client's `max_frame_bytes` is refused by `append` with
   `InvalidArgumentError` before it gets an id: no bookie would take it, and the ledger stays usable.
 - A request-level answer (EBADREQ) is not a bookie failure: it never excludes the bookie or starts an
@@ -29,7 +35,10 @@ Rules the handles keep:
 - Every entry read is digest-verified; a mismatch is corruption (`DigestMismatchError`), never "no such
   entry". Reads go to one replica at a time in recent-failure order, with a speculative read after
   `speculative_read_timeout_s`.
-- A reader never reads past its LAC unless asked (`read_unconfirmed`); its LAC only grows.
+- A reader never reads past its LAC unless asked (`read_unconfirmed`), and `read` does not refresh the LAC
+  first; its LAC only grows. A read handle of an open ledger watches its metadata until the ledger closes.
+- Long polls are READs of entry -1 with previousLAC = the entry before the one wanted, as BookKeeper's
+  client sends them (a BookKeeper bookie refuses any other entry id with EBADREQ).
 - Deferred sync: a write handle's LAC moves only when `force()` completed on every bookie of the ensemble,
   and a bookie failure fails the writer instead of changing ensemble (add_tracker); close forces first.
 """
