@@ -134,3 +134,39 @@ def test_a_bookie_that_cannot_start_is_retried_with_back_off_until_it_can(tmp_pa
         code = running.stop()
     assert code == 0, running.text()
     assert processes_mentioning(data_dir) == []
+
+
+def test_under_replicated_ledgers_are_reported_found_and_fixed(tmp_path: Any) -> None:
+    """A bookie that stays down past the lost-bookie delay: auto-recovery marks its ledgers (reported), and
+    they are reported fixed once the bookie is back and the marks are cleared."""
+    data_dir = str(tmp_path / "data")
+    base = port_base(3)
+    running = start_standalone(data_dir, "--lost-bookie-recovery-delay-s", "0", port_base_=base)
+    squatter = socket.socket()
+    try:
+        ledger = ql_json(
+            "shell", "--metadata", running.uri, "simpletest", "-n", "10", "-e", "3", "-w", "3", "--keep"
+        )
+        victim = f"127.0.0.1:{base + 2}"
+        pid = _bookie_pid(data_dir, base + 2)
+        running.proc.send_signal(signal.SIGSTOP)
+        try:
+            pidfd = os.pidfd_open(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                assert select.select([pidfd], [], [], 10.0)[0], "a kill -9'd bookie did not exit"
+            finally:
+                os.close(pidfd)
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", base + 2))
+            squatter.listen()
+        finally:
+            running.proc.send_signal(signal.SIGCONT)
+        found = next_line(running, rf"^under-replicated ledgers found: .*\b{ledger['ledger_id']}\b")
+        squatter.close()
+        next_line(running, rf"^bookie {re.escape(victim)} writable again", found)
+        next_line(running, rf"^ledgers re-replicated: .*\b{ledger['ledger_id']}\b", found)
+    finally:
+        squatter.close()
+        code = running.stop()
+    assert code == 0, running.text()
