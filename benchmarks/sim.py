@@ -3,7 +3,8 @@
 Each seed is one run of `quorumlog.sim` (the production client and bookie on simulated nodes, with crashes,
 power losses, partitions, pauses, writer crashes and zombie writers; docs/TESTING.md "The simulator").
 The JSON summary: seeds run, acknowledged adds checked, faults injected (by kind), and violations -- each
-with its seed, the broken promise and the command that reproduces it. A run that raises anything else (a
+with its seed, the broken promise and the command that reproduces it -- and the seeds whose run logged an
+ERROR record (an exception nobody retrieved, a task that died: noise that hides real trouble). A run that raises anything else (a
 deadlock, a harness error) is reported the same way. Exit status 1 if any seed failed.
 
     ./dev bench sim --seeds 1-10000 [--steps 60] [--jobs 2]
@@ -22,7 +23,15 @@ from typing import Any
 
 import _common as c
 
-FAULT_KINDS = ("bookie_crashes", "power_losses", "partitions", "pauses", "writer_crashes", "zombie_rounds")
+FAULT_KINDS = (
+    "bookie_crashes",
+    "power_losses",
+    "crash_points_hit",
+    "partitions",
+    "pauses",
+    "writer_crashes",
+    "zombie_rounds",
+)
 
 
 def parse_seeds(text: str) -> range:
@@ -39,15 +48,35 @@ def run_seed(seed: int, steps: int) -> dict[str, Any]:
     """One simulation, in a worker process: its stats, or what went wrong."""
     from quorumlog.sim.harness import CheckFailed, simulate
 
-    logging.disable(logging.CRITICAL)  # the client's warnings about injected faults are expected
+    # The client's warnings about injected faults are expected; ERROR records are not (an exception nobody
+    # retrieved, a task that died, a storage failure): they are counted and the first few kept.
+    noise = _ErrorRecords()
+    root = logging.getLogger()
+    root.handlers[:] = [noise]
+    root.setLevel(logging.ERROR)
     started = time.perf_counter()
     try:
         stats = asdict(simulate(seed, steps))
     except CheckFailed as e:
-        return {"seed": seed, "violation": str(e)}
+        return {"seed": seed, "violation": str(e), "error_records": noise.records}
     except Exception as e:  # a deadlock or a harness bug: as important as a broken promise
         return {"seed": seed, "violation": f"{type(e).__name__}: {e}", "error": True}
-    return {"seed": seed, "stats": stats, "seconds": time.perf_counter() - started}
+    return {
+        "seed": seed,
+        "stats": stats,
+        "seconds": time.perf_counter() - started,
+        "error_records": noise.records,
+    }
+
+
+class _ErrorRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < 5:
+            self.records.append(f"{record.name}: {record.getMessage()[:300]}")
 
 
 def main() -> int:
@@ -67,6 +96,7 @@ def main() -> int:
     faults = dict.fromkeys(FAULT_KINDS, 0)
     acked = recoveries = 0
     violations: list[dict[str, Any]] = []
+    noisy: list[dict[str, Any]] = []  # seeds that logged ERROR records
     seconds: list[float] = []
     with c.progress(not ns.no_progress) as bar, ProcessPoolExecutor(max(1, ns.jobs)) as pool:
         task = bar.add_task("seeds", total=len(seeds))
@@ -76,6 +106,8 @@ def main() -> int:
                 violations.append(out)
                 print(f"seed={out['seed']}: FAILED\n{out['violation']}", file=sys.stderr)
                 continue
+            if out.get("error_records"):
+                noisy.append({"seed": out["seed"], "records": out["error_records"]})
             stats = out["stats"]
             acked += stats["appends_acked"]
             recoveries += stats["recoveries"]
@@ -90,10 +122,12 @@ def main() -> int:
         "faults_injected": sum(faults.values()),
         "faults": faults,
         "violations": len(violations),
+        "seeds_with_error_logs": len(noisy),
         "wall_s": round(time.perf_counter() - started, 1),
         "time_per_seed": c.percentiles(seconds) if seconds else {},
     }
     result["violations"] = violations
+    result["error_logs"] = noisy[:20]
     c.emit(result)
     return 1 if violations else 0
 
