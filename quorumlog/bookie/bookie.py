@@ -169,6 +169,7 @@ class Bookie:
         start_of_new = self.journal.start_position
         await self.env.run_blocking(self.storage.flush, cache, states, start_of_new)
         self.storage.end_flush(True)
+        self.env.faults.hit("checkpoint.before-release")  # (test-only: see _checkpoint)
         await self.env.run_blocking(self.journal.release_before, start_of_new.seq)
         self._started = True
         log.info("bookie storage ready: replayed %d journal records since %s", replayed, checkpoint)
