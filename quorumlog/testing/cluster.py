@@ -385,8 +385,16 @@ class AutoRecoveryNode:
         return _tail(self.log_path, self.out_path, lines)
 
 
+OUT_BYTES_MAX = 1 << 20
+"""A child's raw-output file past this size is moved to `<file>.1` at its next start: a child that keeps
+crashing before its logging starts appends a traceback per attempt, and a supervisor retries forever."""
+
+
 def _spawn(cmd: list[str], out_path: str, ready_fd: int) -> subprocess.Popen[bytes]:
     # Popen returns as soon as the child is forked: cheap enough to call from the event loop.
+    with contextlib.suppress(OSError):
+        if os.path.getsize(out_path) > OUT_BYTES_MAX:
+            os.replace(out_path, out_path + ".1")
     with open(out_path, "ab") as outf:
         return subprocess.Popen(
             cmd,

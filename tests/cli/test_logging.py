@@ -122,7 +122,27 @@ async def test_a_bookie_process_logs_into_its_data_dir_at_the_level_given(tmp_pa
         1, processes=True, base_dir=str(tmp_path), log_level="INFO", log_settings={"log_format": "json"}
     ) as cluster:
         node = cluster.bookie(0)
-        records = _lines(node.log_path)
-        assert any(r["msg"].startswith(f"bookie {node.bookie_id} registered") for r in records)
-        await node.stop()
-    assert any("shut" in r["msg"].lower() or "stopp" in r["msg"].lower() for r in _lines(node.log_path))
+        await node.stop()  # then the file is complete: no line half-written while it is read
+    records = _lines(node.log_path)
+    assert any(r["msg"].startswith(f"bookie {node.bookie_id} registered") for r in records)
+    assert any("shut" in r["msg"].lower() or "stopp" in r["msg"].lower() for r in records)
+
+
+def test_a_childs_raw_output_file_stays_bounded(tmp_path: Any) -> None:
+    """`bookie.out` (output before logging starts, e.g. a crash at import) is moved aside once it is large:
+    a supervisor restarting a child that keeps crashing would otherwise grow it forever."""
+    import sys
+
+    from quorumlog.testing.cluster import OUT_BYTES_MAX, _spawn
+
+    out = tmp_path / "bookie.out"
+    out.write_bytes(b"x" * (OUT_BYTES_MAX + 1))
+    r, w = os.pipe()
+    try:
+        proc = _spawn([sys.executable, "-c", "print('crashed again')"], str(out), w)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(r)
+        os.close(w)
+    assert out.read_bytes() == b"crashed again\n"
+    assert (tmp_path / "bookie.out.1").stat().st_size == OUT_BYTES_MAX + 1
