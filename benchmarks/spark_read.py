@@ -1,18 +1,25 @@
-"""Spark benchmark: batch read throughput of a log through the `quorumlog` data source, next to Spark reading
-the same records from Parquet and from JSON lines files, and streaming latency from write to micro-batch.
+"""Spark benchmark: batch reads of a log through the `quorumlog` data source against Spark reading the same records as JSON lines, side by side and alternating, as a speed ratio.
 
-    ./dev bench spark_read [--gib 1.0] [--record-bytes 1024] [--master local[2]] [--latency-seconds 20]
+    quorumlog bench spark_read [--records 200000] [--record-bytes 200] [--rounds 5] [--master local[2]]
+                               [--min-partitions N] [--latency-seconds 0]
 
 Set-up: 3 bookie processes (journal fsync off: this measures reads), one log written by one writer with
-batching (1 KiB ASCII records, ~1 MiB entries, 256 MiB segments). The same rows are then written by Spark to
-Parquet (snappy) and JSON lines in a temp dir. Each source is scanned with the same query --
-`count(*)`, `sum(length(payload))` -- which has to materialise every payload; each scan runs twice and the
-faster run is reported (the first also pays for Python worker start-up and the OS page cache).
+batching (JSON-object records of exactly --record-bytes bytes, ~1 MiB entries, the namespace's default
+segment size, so 200,000 records of 200 bytes are one segment). Spark then writes the same payloads as JSON
+lines text files (one payload per line) in a temp dir.
 
-Streaming latency: a query with the default trigger (next micro-batch as soon as the last one ends) reads
-the log while a writer appends --latency-rate records/s; a foreachBatch sink records, per row, the time it
-reached the driver minus the record's timestamp (set by the writer when `write` was called; same clock).
-Prints one JSON object.
+Two comparisons, each run once to warm up (Python workers, page cache) and then --rounds times, the two
+sides alternating and swapping which goes first every round, so that a change in the machine's load hits
+both alike:
+- plain: the log's `count(*)`, `sum(length(payload))` against `spark.read.text` with
+  `count(*)`, `sum(length(value))` (every payload materialised on both sides);
+- json_schema: the log with option json_schema against `spark.read.schema(...).json` with the same DDL,
+  both aggregating the decoded columns.
+
+`speed_ratio` is the JSON-lines median time over the quorumlog median time: above 1.0 the log is read
+faster. The per-round ratios are reported too, with the load average before and after. With
+--latency-seconds > 0 it also measures streaming latency from write to micro-batch (a foreachBatch sink
+takes, per row, the time it reached the driver minus the record's timestamp). Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -21,17 +28,22 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+from _common import git_commit, loadavg
 
 from quorumlog.spark.connection import connect
 from quorumlog.spark.local import LocalQuorumlog
 
 NAMESPACE = "bench"
 WRITE_CHUNK = 2000  # records handed to the writer at a time
+JSON_DDL = "user STRING, page STRING, n LONG"
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -41,18 +53,26 @@ def percentile(values: list[float], p: float) -> float:
     return values[min(len(values) - 1, int(p / 100 * len(values)))]
 
 
+def payload(i: int, record_bytes: int) -> bytes:
+    """A JSON object of exactly `record_bytes` bytes (padded in its `pad` field)."""
+    head = b'{"user":"u%05d","page":"/p/%03d","n":%d,"pad":"' % (i % 10_000, i % 500, i)
+    pad = record_bytes - len(head) - 2
+    if pad < 0:
+        raise SystemExit(f"--record-bytes {record_bytes} is too small for the JSON record ({len(head) + 2})")
+    return head + b"x" * pad + b'"}'
+
+
 def load_log(uri: str, log: str, records: int, record_bytes: int) -> float:
     """Write `records` records into a new log; returns seconds taken."""
-    body = (b"0123456789abcdef" * (record_bytes // 16 + 1))[: record_bytes - 8]
 
     async def write(client: Any) -> None:
         lg = await client.namespace(NAMESPACE).create_log(log)
         async with await lg.open_writer() as w:
             pending = []
             for start in range(0, records, WRITE_CHUNK):
-                batch = [b"%08d" % i + body for i in range(start, min(records, start + WRITE_CHUNK))]
+                batch = [payload(i, record_bytes) for i in range(start, min(records, start + WRITE_CHUNK))]
                 pending.append(w.write_many(batch))
-                if len(pending) >= 8:  # bounded: keep ~16k records (16 MiB) in flight
+                if len(pending) >= 8:  # bounded: keep ~16k records in flight
                     await pending.pop(0)
             for p in pending:
                 await p
@@ -63,27 +83,45 @@ def load_log(uri: str, log: str, records: int, record_bytes: int) -> float:
     return time.perf_counter() - started
 
 
-def scan(df: Any) -> tuple[float, int, int]:
-    from pyspark.sql import functions as F
-
+def timed(make_df: Callable[[], Any], aggs: Callable[[], list[Any]], expected_rows: int, name: str) -> float:
     started = time.perf_counter()
-    row = df.agg(F.count("*").alias("n"), F.sum(F.length("payload")).alias("b")).collect()[0]
-    return time.perf_counter() - started, int(row.n), int(row.b)
+    row = make_df().agg(*aggs()).collect()[0]
+    seconds = time.perf_counter() - started
+    if row[0] != expected_rows:
+        raise SystemExit(f"{name}: read {row[0]} rows, expected {expected_rows}")
+    return seconds
 
 
-def measure(name: str, make_df: Any, expected_rows: int, runs: int = 2) -> dict[str, Any]:
-    best = None
-    for _ in range(runs):
-        seconds, rows, payload_bytes = scan(make_df())
-        if rows != expected_rows:
-            raise SystemExit(f"{name}: read {rows} rows, expected {expected_rows}")
-        best = seconds if best is None else min(best, seconds)
-    assert best is not None
+def compare(
+    name: str,
+    ours: Callable[[], float],
+    theirs: Callable[[], float],
+    rounds: int,
+) -> dict[str, Any]:
+    """Warm both up once, then `rounds` rounds of both, alternating which goes first."""
+    ours()
+    theirs()
+    ql: list[float] = []
+    js: list[float] = []
+    load_before = loadavg()
+    for r in range(rounds):
+        if r % 2 == 0:
+            ql.append(ours())
+            js.append(theirs())
+        else:
+            js.append(theirs())
+            ql.append(ours())
+    ql_median, js_median = statistics.median(ql), statistics.median(js)
     return {
-        "source": name,
-        "seconds": round(best, 2),
-        "rows_per_s": round(expected_rows / best),
-        "mb_per_s": round(payload_bytes / best / 1e6, 1),
+        "case": name,
+        "quorumlog_seconds": [round(s, 3) for s in ql],
+        "json_lines_seconds": [round(s, 3) for s in js],
+        "quorumlog_median_s": round(ql_median, 3),
+        "json_lines_median_s": round(js_median, 3),
+        "speed_ratio": round(js_median / ql_median, 2),
+        "round_ratios": [round(j / q, 2) for q, j in zip(ql, js, strict=True)],
+        "loadavg_before": load_before,
+        "loadavg_after": loadavg(),
     }
 
 
@@ -140,22 +178,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--gib", type=float, default=1.0, help="log size in GiB of payload")
-    parser.add_argument("--record-bytes", type=int, default=1024)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--record-bytes", type=int, default=200)
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="measured rounds per comparison (after a warm-up)"
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="1g")
-    parser.add_argument("--latency-seconds", type=float, default=20.0)
+    parser.add_argument("--min-partitions", type=int, default=None, help="the source's min_partitions option")
+    parser.add_argument("--latency-seconds", type=float, default=0.0, help="0: no streaming latency run")
     parser.add_argument("--latency-rate", type=float, default=50.0, help="records/s during the latency run")
     args = parser.parse_args()
-    records = int(args.gib * (1 << 30) / args.record_bytes)
+    records = args.records
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
 
     import quorumlog.spark
 
     work = tempfile.mkdtemp(prefix="ql-spark-bench-")
+    latency = None
     try:
         with LocalQuorumlog(3) as ql:
             uri = ql.uri
@@ -173,56 +217,71 @@ def main() -> None:
             quorumlog.spark.register(spark)
             try:
 
-                def from_log() -> Any:
-                    return (
+                def from_log(json_schema: str | None = None) -> Any:
+                    reader = (
                         spark.read.format("quorumlog")
                         .option("metadata", uri)
                         .option("namespace", NAMESPACE)
                         .option("log", "records")
-                        .load()
                     )
+                    if args.min_partitions is not None:
+                        reader = reader.option("min_partitions", str(args.min_partitions))
+                    if json_schema is not None:
+                        reader = reader.option("json_schema", json_schema)
+                    return reader.load()
 
                 partitions = from_log().rdd.getNumPartitions()
-                # The same rows as files: payload as text (JSON has no bytes type), other columns as they are.
-                rows = from_log().selectExpr(
-                    "segment", "entry_id", "slot", "timestamp", "cast(payload as string) as payload"
-                )
-                rows.write.mode("overwrite").parquet(os.path.join(work, "parquet"))
-                rows.write.mode("overwrite").json(os.path.join(work, "json"))
+                lines = os.path.join(work, "json")
+                from_log().selectExpr("cast(payload as string) as value").write.mode("overwrite").text(lines)
+                text_partitions = spark.read.text(lines).rdd.getNumPartitions()
+
+                def plain_aggs() -> list[Any]:
+                    return [F.count("*"), F.sum(F.length("payload"))]
+
+                def text_aggs() -> list[Any]:
+                    return [F.count("*"), F.sum(F.length("value"))]
+
+                def decoded_aggs() -> list[Any]:
+                    return [F.count("*"), F.sum("n"), F.sum(F.length("user")), F.count("page")]
+
                 results = [
-                    measure("quorumlog", from_log, records),
-                    measure("parquet", lambda: spark.read.parquet(os.path.join(work, "parquet")), records),
-                    measure(
-                        "json_lines",
-                        lambda: spark.read.schema(
-                            "segment LONG, entry_id LONG, slot INT, timestamp TIMESTAMP, payload STRING"
-                        ).json(os.path.join(work, "json")),
-                        records,
+                    compare(
+                        "plain",
+                        lambda: timed(from_log, plain_aggs, records, "quorumlog"),
+                        lambda: timed(lambda: spark.read.text(lines), text_aggs, records, "text"),
+                        args.rounds,
+                    ),
+                    compare(
+                        "json_schema",
+                        lambda: timed(lambda: from_log(JSON_DDL), decoded_aggs, records, "quorumlog json"),
+                        lambda: timed(
+                            lambda: spark.read.schema(JSON_DDL).json(lines), decoded_aggs, records, "json"
+                        ),
+                        args.rounds,
                     ),
                 ]
-                latency = streaming_latency(
-                    spark, uri, args.latency_seconds, args.latency_rate, os.path.join(work, "checkpoint")
-                )
+                if args.latency_seconds > 0:
+                    latency = streaming_latency(
+                        spark, uri, args.latency_seconds, args.latency_rate, os.path.join(work, "checkpoint")
+                    )
             finally:
                 spark.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(
-        json.dumps(
-            {
-                "records": records,
-                "record_bytes": args.record_bytes,
-                "gib": args.gib,
-                "master": args.master,
-                "load_seconds": round(load_s, 1),
-                "load_mb_per_s": round(records * args.record_bytes / load_s / 1e6, 1),
-                "log_partitions": partitions,
-                "batch_read": results,
-                "streaming_latency": latency,
-            },
-            indent=2,
-        )
-    )
+    out: dict[str, Any] = {
+        "records": records,
+        "record_bytes": args.record_bytes,
+        "master": args.master,
+        "commit": git_commit(),
+        "cores": os.cpu_count(),
+        "load_seconds": round(load_s, 1),
+        "log_partitions": partitions,
+        "json_lines_partitions": text_partitions,
+        "comparisons": results,
+    }
+    if latency is not None:
+        out["streaming_latency"] = latency
+    print(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":

@@ -23,10 +23,23 @@ def register(spark: Any) -> None:
 
     # By value: a Python worker without quorumlog can then load the source and say what to set (guard.py).
     cloudpickle.register_pickle_by_value(guard)
-    spark.dataSource.register(guard.QuorumLogDataSource)
+    source = type(
+        "QuorumLogDataSource",
+        (guard.QuorumLogDataSource,),
+        {"default_min_partitions": _default_parallelism(spark), "__module__": guard.__name__},
+    )
+    spark.dataSource.register(source)
     # `df.write.format("quorumlog")` finds Python data sources through the JVM thread's *active* session,
     # which a session made elsewhere (a fixture, another thread) does not set: writes would then fail with
     # DATA_SOURCE_NOT_FOUND although reads work. Make this session the active one (classic Spark only).
     jvm = getattr(getattr(spark, "sparkContext", None), "_jvm", None)
     if jvm is not None:
         jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+def _default_parallelism(spark: Any) -> int | None:
+    """`spark.default.parallelism` as the session resolves it (cores of local[N], or of the executors)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect has no SparkContext: then only the size-based split applies
+        return None

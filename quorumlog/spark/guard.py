@@ -85,12 +85,18 @@ def _open_partition(sealed: _Sealed, partition: InputPartition) -> tuple[Any, An
 class QuorumLogDataSource(DataSource):
     """`spark.read.format("quorumlog")` and friends; the work is done by `quorumlog.spark.source`."""
 
+    # The session's default parallelism, baked into the class `register()` hands Spark (Python data sources
+    # are not given the session's configuration): the default of option min_partitions.
+    default_min_partitions: int | None = None
+
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def _impl(self) -> Any:
-        return _implementation().QuorumLogDataSource(self.options)
+        impl = _implementation().QuorumLogDataSource(self.options)
+        impl.default_min_partitions = self.default_min_partitions
+        return impl
 
     def schema(self) -> Any:
         return self._impl().schema()
@@ -129,6 +135,10 @@ class StreamReader(_Sealed, DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.real().prepareForTriggerAvailableNow()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        latest = self.real().reportLatestOffset()
+        return None if latest is None else dict(latest)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         return _seal_partitions(self.real().partitions(start, end))

@@ -19,6 +19,7 @@ from quorumlog.stream.writer import STREAM_PASSWORD
 PARTITION_BYTES_MAX_DEFAULT = 64 << 20  # one read task covers at most this much of a segment (estimated)
 OPEN_SEGMENT_PARTITION_ENTRIES = 64  # entry sizes of an open segment are unknown: split by count
 READ_CHUNK_ENTRIES = 16  # entries fetched per read request inside a task (entries are <= 1 MiB each)
+MIN_PARTITIONS_MAX = 100_000  # a read plans at most about this many partitions (each is a pickled task)
 
 KNOWN = {
     "metadata",
@@ -32,6 +33,10 @@ KNOWN = {
     "end_timestamp",
     "json_schema",
     "partition_bytes_max",
+    "min_partitions",
+    "max_records_per_trigger",
+    "max_bytes_per_trigger",
+    "fail_on_data_loss",
     "create",
     "query_id",
     "checkpointlocation",
@@ -52,6 +57,10 @@ class SourceOptions:
     end_timestamp_ms: int | None
     json_schema: str | None
     partition_bytes_max: int
+    min_partitions: int  # split ranges further until a read has at least this many partitions
+    max_records_per_trigger: int | None  # streaming admission control (None: everything available)
+    max_bytes_per_trigger: int | None
+    fail_on_data_loss: bool  # streaming: records truncated before they were read fail the query
     create: bool
     query_id: str | None  # option query_id, as given
     checkpoint_location: str | None  # option checkpointLocation, as given (resolved by the stream writer)
@@ -64,7 +73,9 @@ class SourceOptions:
         return "ledgers " + ",".join(str(i) for i in self.ledgers)
 
 
-def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None = None) -> SourceOptions:
+    """Check and parse the options. `default_min_partitions` is the session's default parallelism, taken
+    when the source was registered (Spark does not hand Python data sources the session's configuration)."""
     opts = {str(k).lower(): str(v) for k, v in raw.items()}
     unknown = sorted(k for k in opts if k not in KNOWN and not k.startswith("spark."))
     if unknown:
@@ -101,12 +112,15 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "start is inclusive and end exclusive"
         )
     password = opts["password"].encode() if "password" in opts else STREAM_PASSWORD
-    try:
-        partition_bytes_max = int(opts.get("partition_bytes_max", PARTITION_BYTES_MAX_DEFAULT))
-    except ValueError:
-        raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be an integer") from None
-    if partition_bytes_max < 1:
-        raise InvalidArgumentError("quorumlog: option 'partition_bytes_max' must be positive")
+    partition_bytes_max = _positive(opts, "partition_bytes_max") or PARTITION_BYTES_MAX_DEFAULT
+    min_partitions = _positive(opts, "min_partitions") or max(1, default_min_partitions or 1)
+    if min_partitions > MIN_PARTITIONS_MAX:
+        raise InvalidArgumentError(
+            f"quorumlog: option 'min_partitions' is at most {MIN_PARTITIONS_MAX}, got {min_partitions}"
+        )
+    max_records = _positive(opts, "max_records_per_trigger")
+    max_bytes = _positive(opts, "max_bytes_per_trigger")
+    fail_on_data_loss = _boolean(opts, "fail_on_data_loss", True)
     json_schema = opts.get("json_schema") or None
     if json_schema is not None:
         clash = sorted(set(ddl_names(json_schema)) & set(BASE_NAMES))
@@ -126,7 +140,11 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         end_timestamp_ms=_timestamp(opts, "end_timestamp"),
         json_schema=json_schema,
         partition_bytes_max=partition_bytes_max,
-        create=opts.get("create", "false").lower() in ("1", "true", "yes"),
+        min_partitions=min_partitions,
+        max_records_per_trigger=max_records,
+        max_bytes_per_trigger=max_bytes,
+        fail_on_data_loss=fail_on_data_loss,
+        create=_boolean(opts, "create", False),
         query_id=opts.get("query_id") or None,
         checkpoint_location=opts.get("checkpointlocation") or None,
     )
@@ -154,6 +172,34 @@ def ddl_names(ddl: str) -> list[str]:
         else:
             part.append(ch)
     return names
+
+
+def _positive(opts: dict[str, str], key: str) -> int | None:
+    """An optional integer >= 1 (None when the option is not given)."""
+    if key not in opts:
+        return None
+    text = opts[key].strip().replace("_", "")
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"quorumlog: option {key!r} must be an integer, got {opts[key]!r}"
+        ) from None
+    if value < 1:
+        raise InvalidArgumentError(f"quorumlog: option {key!r} must be positive, got {value}")
+    return value
+
+
+def _boolean(opts: dict[str, str], key: str, default: bool) -> bool:
+    text = opts.get(key)
+    if text is None:
+        return default
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise InvalidArgumentError(f"quorumlog: option {key!r} must be true or false, got {text!r}")
 
 
 def _position(opts: dict[str, str], key: str) -> Position | None:

@@ -14,15 +14,18 @@ Rules it keeps:
 
 from __future__ import annotations
 
-import datetime as dt
+import contextlib
+import itertools
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
 from quorumlog.errors import InvalidArgumentError, LogTruncatedError, NoSuchLedgerError
+from quorumlog.spark.columns import base_arrays, entry_columns, json_decoder, keep_mask
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import (
     BASE_NAMES,
@@ -32,7 +35,7 @@ from quorumlog.spark.options import (
 )
 from quorumlog.stream.metadata import LogMetadata, SegmentInfo, SegmentState
 from quorumlog.stream.position import Position
-from quorumlog.stream.records import BatchKind, decode_batch
+from quorumlog.stream.records import decode_batch
 
 BASE_COLUMNS = "segment LONG, entry_id LONG, slot INT, timestamp TIMESTAMP, payload BINARY"
 
@@ -45,9 +48,17 @@ class SegmentView:
     ledger_id: int
     last_entry: int  # last readable entry id (-1: nothing yet)
     open: bool  # still being written: read only up to last_entry, with unconfirmed reads
-    bytes: int
+    bytes: int  # of entries 0..last_entry (an open segment's: 0 unless the view was asked for statistics)
     min_timestamp_ms: int | None = None
     max_timestamp_ms: int | None = None
+    records: int = 0  # in entries 0..last_entry (as `bytes`)
+
+    def per_entry(self) -> tuple[float, float]:
+        """Average (records, bytes) per entry: what admission control and lag estimate with."""
+        entries = self.last_entry + 1
+        if entries <= 0:
+            return 0.0, 0.0
+        return self.records / entries, self.bytes / entries
 
 
 @dataclass(frozen=True)
@@ -73,14 +84,19 @@ class Span(InputPartition):
 # --- driver: what is visible -------------------------------------------------------------------------------
 
 
-def view(opts: SourceOptions) -> LogView:
+def view(opts: SourceOptions, lac_floor: dict[int, int] | None = None, *, stats: bool = False) -> LogView:
+    """What is readable now. `lac_floor` (ledger id -> highest LAC seen before) is raised in place and
+    never gone below: a LAC is read from a covering set of bookies, and two reads may ask different sets,
+    so one read can return less than an earlier one while the writer's explicit LAC is still on its way
+    to some bookies. A stream reader keeps one floor for its life, so its offsets never move back.
+    `stats`: also count the open segment's records and bytes up to its LAC (one more entry read)."""
     with connect(opts.metadata) as conn:
         if opts.log is None:
             return conn.run(lambda c: _ledgers_view(c, opts))
-        return conn.run(lambda c: _log_view(c, opts))
+        return conn.run(lambda c: _log_view(c, opts, {} if lac_floor is None else lac_floor, stats))
 
 
-async def _log_view(client: Any, opts: SourceOptions) -> LogView:
+async def _log_view(client: Any, opts: SourceOptions, lac_floor: dict[int, int], stats: bool) -> LogView:
     assert opts.log is not None
     ns = client.namespace(opts.namespace)
     log = await ns.open_log(opts.log)  # LogNotFoundError names the log
@@ -109,23 +125,36 @@ async def _log_view(client: Any, opts: SourceOptions) -> LogView:
                     info.bytes,
                     info.min_timestamp_ms,
                     info.max_timestamp_ms,
+                    info.records,
                 )
             )
         else:
-            lac = await _lac(client, info.ledger_id, opts.password)
-            out.append(SegmentView(seq, info.ledger_id, lac, True, 0))
+            lac, records, length = await _lac(client, info.ledger_id, opts.password, lac_floor, stats)
+            out.append(SegmentView(seq, info.ledger_id, lac, True, length, records=records))
     return LogView(md, tuple(out))
 
 
-async def _lac(client: Any, ledger_id: int, password: bytes) -> int:
+async def _lac(
+    client: Any, ledger_id: int, password: bytes, lac_floor: dict[int, int], stats: bool
+) -> tuple[int, int, int]:
+    """(LAC, records and bytes up to it) of an open segment's ledger; the counts only with `stats`."""
     try:
         handle = await client.open_ledger(ledger_id, password=password, recovery=False)
     except NoSuchLedgerError:
-        return -1  # announced but never created (its writer died first): nothing to read
+        return -1, 0, 0  # announced but never created (its writer died first): nothing to read
     try:
         if handle.is_closed:
-            return int(handle.last_add_confirmed)
-        return int(await handle.read_last_add_confirmed())
+            lac = int(handle.last_add_confirmed)
+        else:
+            lac = max(int(await handle.read_last_add_confirmed()), lac_floor.get(ledger_id, -1))
+        lac_floor[ledger_id] = lac
+        if not stats or lac < 0:
+            return lac, 0, 0
+        # The LAC entry's batch header says how many records precede it in the segment; its ledger header
+        # the cumulative length. (Unconfirmed read: this handle's own LAC may be behind the floor.)
+        entry = (await handle.read_unconfirmed(lac, lac))[0]
+        batch = decode_batch(entry.payload)
+        return lac, batch.first_record + len(batch.records), int(entry.length)
     finally:
         await handle.close()
 
@@ -158,6 +187,70 @@ def tail(lv: LogView) -> Position:
     if last.open:
         return Position(last.seq, last.last_entry + 1, 0)
     return Position(last.seq + 1, 0, 0)
+
+
+def admit(
+    lv: LogView,
+    start: tuple[int, int],
+    latest: tuple[int, int],
+    max_records: int | None,
+    max_bytes: int | None,
+) -> tuple[int, int]:
+    """Admission control: the furthest offset in (start, latest] whose records and bytes after `start`
+    stay within the limits, estimated with each segment's average per entry (offsets move by whole
+    entries). At least one entry is admitted whenever one is available, so a stream always progresses.
+    A closed segment taken whole ends at (S + 1, 0), as in `latestOffset`."""
+    if (max_records is None and max_bytes is None) or latest <= start:
+        return latest
+    records_left = float(max_records) if max_records is not None else None
+    bytes_left = float(max_bytes) if max_bytes is not None else None
+    cur, taken = start, 0
+    for seg in lv.segments:
+        if seg.seq < cur[0]:
+            continue
+        if (seg.seq, 0) >= latest:
+            break
+        first = cur[1] if seg.seq == cur[0] else 0
+        last = latest[1] - 1 if seg.seq == latest[0] else seg.last_entry
+        available = last - first + 1
+        if available <= 0:
+            if not seg.open and seg.seq < latest[0]:
+                cur = (seg.seq + 1, 0)
+            continue
+        per_record, per_byte = seg.per_entry()
+        fits = available
+        if records_left is not None and per_record > 0:
+            fits = min(fits, max(0, int(records_left // per_record)))
+        if bytes_left is not None and per_byte > 0:
+            fits = min(fits, max(0, int(bytes_left // per_byte)))
+        if taken == 0:
+            fits = max(fits, 1)
+        if fits <= 0:
+            break
+        if records_left is not None:
+            records_left -= fits * per_record
+        if bytes_left is not None:
+            bytes_left -= fits * per_byte
+        taken += fits
+        whole = fits == available and not seg.open and last == seg.last_entry
+        cur = (seg.seq + 1, 0) if whole else (seg.seq, first + fits)
+        if fits < available:
+            break
+    return min(cur, latest)
+
+
+def backlog(lv: LogView, offset: tuple[int, int]) -> tuple[int, int]:
+    """Estimated (records, bytes) readable at or after `offset` (segments' averages per entry)."""
+    records = size = 0.0
+    for seg in lv.segments:
+        if seg.seq < offset[0]:
+            continue
+        first = offset[1] if seg.seq == offset[0] else 0
+        entries = max(0, seg.last_entry - first + 1)
+        per_record, per_byte = seg.per_entry()
+        records += entries * per_record
+        size += entries * per_byte
+    return round(records), round(size)
 
 
 def check_start(opts: SourceOptions, lv: LogView) -> None:
@@ -195,7 +288,7 @@ def batch_spans(opts: SourceOptions, lv: LogView) -> list[Span]:
         if end is not None and opts.log is not None and seg.seq == end.segment:
             last = min(last, end.entry)  # slot bounds are applied row by row in the task
         spans.extend(split(seg, first, last, opts.partition_bytes_max))
-    return spans
+    return spread(spans, opts.min_partitions)
 
 
 def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> list[Span]:
@@ -210,6 +303,23 @@ def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> 
         Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open)
         for lo in range(first, last + 1, step)
     ]
+
+
+def spread(spans: list[Span], min_partitions: int) -> list[Span]:
+    """Split entry ranges further until there are at least `min_partitions` (as long as ranges have more
+    than one entry), keeping log order: a one-segment log still gets a task per core (Kafka's
+    `minPartitions`). Each range is cut into pieces of about total / min_partitions entries."""
+    if len(spans) >= min_partitions:
+        return spans
+    total = sum(s.last_entry - s.first_entry + 1 for s in spans)
+    step = max(1, total // min_partitions)
+    out: list[Span] = []
+    for s in spans:
+        entries = s.last_entry - s.first_entry + 1
+        pieces = max(1, -(-entries // step))
+        bounds = [s.first_entry + entries * i // pieces for i in range(pieces + 1)]
+        out.extend(Span(s.seq, s.ledger_id, lo, hi - 1, s.open) for lo, hi in itertools.pairwise(bounds))
+    return out
 
 
 def _outside_time(seg: SegmentView, opts: SourceOptions) -> bool:
@@ -259,102 +369,61 @@ class RowFilter:
 def read_span(
     uri: str, password: bytes, span: Span, rows: RowFilter, schema_json: str, json_fields: bool
 ) -> Iterator[Any]:
-    """Arrow record batches of one span, one per chunk of entries; the connection is closed at the end."""
+    """Arrow record batches of one span, one per chunk of entries; the connection is closed at the end.
+
+    The next chunk is read from the bookies (on the client's loop thread) while this one is decoded: one
+    chunk ahead, so a task holds at most two chunks of entries."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
     schema = StructType.fromJson(json.loads(schema_json))
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    decode_json = _json_decoders(schema, arrow_schema) if json_fields else None
-    filtering = rows.start is not None or rows.end is not None
-    filtering = filtering or rows.start_timestamp_ms is not None or rows.end_timestamp_ms is not None
-    with connect(uri) as conn:
+    base_schema = pa.schema(list(arrow_schema)[: len(BASE_NAMES)])
+    decode_json = None
+    if json_fields:
+        decode_json = json_decoder(
+            [
+                (f.name, arrow_schema.field(i).type)
+                for i, f in enumerate(schema.fields)
+                if i >= len(BASE_NAMES)
+            ]
+        )
+    with connect(uri) as conn, ThreadPoolExecutor(1, thread_name_prefix="quorumlog-read") as ahead:
         handle = conn.client.open_ledger(span.ledger_id, password=password, recovery=False)
+        # Entries of an open segment up to the planned LAC are acknowledged but this handle's own LAC may
+        # lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
+        read = handle.read_unconfirmed if span.open else handle.read
         try:
-            first = span.first_entry
-            while first <= span.last_entry:
-                upto = min(span.last_entry, first + READ_CHUNK_ENTRIES - 1)
-                # Entries of an open segment up to the planned LAC are acknowledged but this handle's own
-                # LAC may lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
-                entries = handle.read_unconfirmed(first, upto) if span.open else handle.read(first, upto)
-                cols: tuple[list[Any], ...] = ([], [], [], [], [])
-                for entry in entries:
-                    batch = decode_batch(entry.payload)
-                    if batch.kind != BatchKind.DATA:
-                        continue
-                    for slot, (ts, payload) in enumerate(batch.records):
-                        if filtering and not rows.keeps(span.seq, entry.entry_id, slot, ts):
-                            continue
-                        cols[0].append(span.seq)
-                        cols[1].append(entry.entry_id)
-                        cols[2].append(slot)
-                        cols[3].append(ts * 1000)
-                        cols[4].append(payload)
-                first = upto + 1
-                if not cols[0]:
+            chunks = [
+                (lo, min(span.last_entry, lo + READ_CHUNK_ENTRIES - 1))
+                for lo in range(span.first_entry, span.last_entry + 1, READ_CHUNK_ENTRIES)
+            ]
+            pending = ahead.submit(read, *chunks[0]) if chunks else None
+            for i in range(len(chunks)):
+                assert pending is not None
+                entries = pending.result()
+                pending = ahead.submit(read, *chunks[i + 1]) if i + 1 < len(chunks) else None
+                cols = entry_columns(entries)
+                del entries
+                if not cols.rows:
                     continue
-                arrays = [pa.array(cols[i], type=arrow_schema.field(i).type) for i in range(len(cols))]
+                batch = pa.RecordBatch.from_arrays(
+                    base_arrays(cols, span.seq, base_schema), schema=base_schema
+                )
+                keep = keep_mask(
+                    cols, span.seq, rows.start, rows.end, rows.start_timestamp_ms, rows.end_timestamp_ms
+                )
+                if keep is not None:
+                    batch = batch.filter(pa.array(keep))
+                    if not batch.num_rows:
+                        continue
+                arrays = batch.columns
                 if decode_json is not None:
-                    arrays.extend(decode_json(cols[4]))
+                    arrays = arrays + decode_json(batch.column(len(BASE_NAMES) - 1))  # the payloads
                 yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
         finally:
+            if pending is not None and not pending.cancel():
+                with contextlib.suppress(Exception):  # the task is failing or was stopped early
+                    pending.result()
             handle.close()
-
-
-def _json_decoders(schema: Any, arrow_schema: Any) -> Any:
-    """Payloads → one Arrow array per decoded column. Each payload is parsed once; a value that does not fit
-    its column becomes null (like Spark's PERMISSIVE JSON mode), and a payload that is not a JSON object gives
-    nulls in every decoded column. Timestamps may be ISO-8601 text or milliseconds since the epoch."""
-    import pyarrow as pa
-
-    fields = [
-        (f.name, arrow_schema.field(i).type) for i, f in enumerate(schema.fields) if i >= len(BASE_NAMES)
-    ]
-
-    def decode(payloads: list[bytes]) -> list[Any]:
-        docs = [_json_object(p) for p in payloads]
-        arrays = []
-        for name, arrow_type in fields:
-            values = [None if d is None else d.get(name) for d in docs]
-            if pa.types.is_timestamp(arrow_type):
-                values = [_timestamp(v) for v in values]
-            try:
-                arrays.append(pa.array(values, type=arrow_type))
-            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
-                arrays.append(pa.array([_fits(v, arrow_type) for v in values], type=arrow_type))
-        return arrays
-
-    return decode
-
-
-def _json_object(payload: bytes) -> dict[str, Any] | None:
-    try:
-        doc = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _timestamp(value: Any) -> Any:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return dt.datetime.fromtimestamp(value / 1000, tz=dt.UTC)
-    if isinstance(value, str):
-        try:
-            when = dt.datetime.fromisoformat(value)
-        except ValueError:
-            return None
-        return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
-    return None
-
-
-def _fits(value: Any, arrow_type: Any) -> Any:
-    import pyarrow as pa
-
-    try:
-        pa.array([value], type=arrow_type)
-        return value
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError, TypeError):
-        return None

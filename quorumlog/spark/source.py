@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import time
 import urllib.parse
@@ -31,7 +32,13 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType, TimestampType
 
 from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncatedError, QuorumLogError
@@ -43,10 +50,13 @@ from quorumlog.spark.scan import (
     LogView,
     RowFilter,
     Span,
+    admit,
+    backlog,
     batch_spans,
     check_start,
     read_span,
     split,
+    spread,
     tail,
     view,
 )
@@ -55,17 +65,20 @@ from quorumlog.stream.position import Position
 from quorumlog.stream.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, encode_batch
 
 NAME = "quorumlog"
+log = logging.getLogger(__name__)
 
 
 class QuorumLogDataSource(DataSource):
     """`spark.read.format("quorumlog")`, `readStream`, `df.write` and `writeStream` (docs/SPARK.md)."""
+
+    default_min_partitions: int | None = None  # set by guard.py (the session's default parallelism)
 
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def _options(self) -> SourceOptions:
-        return parse_options(self.options)
+        return parse_options(self.options, default_min_partitions=self.default_min_partitions)
 
     def schema(self) -> StructType | str:
         opts = self._options()
@@ -203,10 +216,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # start=TAIL: the tail when this run first asked, and whether latestOffset has answered yet
         self.tail_start: tuple[int, int] | None = None
         self.answered = False
+        # The highest LAC seen per open ledger: offsets built from a fresh LAC read never move back.
+        self.lac_floor: dict[int, int] = {}
+        self.latest_seen: tuple[int, int] | None = None  # for reportLatestOffset (progress' latestOffset)
+        self.lag: tuple[int, int] | None = None  # (records, bytes) after the last planned end offset
 
-    def _view(self) -> LogView:
+    def _view(self, *, stats: bool = False) -> LogView:
         try:
-            return view(self.opts)
+            return view(self.opts, self.lac_floor, stats=stats)
         except QuorumLogError as exc:
             raise _explain(self.opts, exc) from exc
 
@@ -232,15 +249,23 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         first = seg.seq
                         break
             return _offset(first, 0)
-        check_start(self.opts, lv)
+        try:
+            check_start(self.opts, lv)
+        except LogTruncatedError as exc:
+            if self.opts.fail_on_data_loss:
+                raise _explain(self.opts, exc) from exc
+            kept = lv.metadata.truncated_before
+            log.warning("%s; starting at %s instead (fail_on_data_loss=false)", exc, kept)
+            return _offset(kept.segment, kept.entry)
         return _offset(start.segment, start.entry)
 
-    def _latest(self, start: tuple[int, int]) -> tuple[int, int]:
+    def _latest(self, start: tuple[int, int], lv: LogView | None = None) -> tuple[int, int]:
         """The furthest offset readable now. A fully read closed segment S is written as (S + 1, 0), so an
-        offset names a segment's middle only while that segment is open -- which keeps "records were
-        truncated before this query read them" decidable after retention deleted a finished segment."""
+        offset names a segment's middle only while records of it are unread (it is open, or admission
+        control stopped there) -- which keeps "records were truncated before this query read them"
+        decidable after retention deleted a finished segment."""
         cur = start
-        for seg in self._view().segments:
+        for seg in (lv or self._view()).segments:
             if seg.seq < cur[0]:
                 continue
             if seg.seq > cur[0]:
@@ -254,9 +279,25 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             cur = min(cur, (end.segment, end.entry + (1 if end.slot > 0 else 0)))
         return max(cur, start)
 
-    def getDefaultReadLimit(self) -> ReadAllAvailable:
-        # Row or byte limits would need entry sizes known only after reading; this source sets none.
+    def getDefaultReadLimit(self) -> ReadLimit:
+        # Spark takes one limit; with both options set the other is applied by latestOffset all the same.
+        if self.opts.max_records_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_records_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
         return ReadAllAvailable()
+
+    def _limits(self, limit: Any) -> tuple[int | None, int | None]:
+        """(max records, max bytes) for one micro-batch. Spark passes the default limit, or ReadAllAvailable
+        when the trigger must read everything (Trigger.Once); None (a direct call) means the options."""
+        if isinstance(limit, ReadAllAvailable):
+            return None, None
+        records, size = self.opts.max_records_per_trigger, self.opts.max_bytes_per_trigger
+        if isinstance(limit, ReadMaxRows):
+            records = int(limit.max_rows)
+        elif isinstance(limit, ReadMaxBytes):
+            size = int(limit.max_bytes)
+        return records, size
 
     def latestOffset(self, start: dict[str, Any], limit: Any) -> dict[str, int]:
         first_answer, self.answered = not self.answered, True
@@ -266,11 +307,23 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # writes that end to its offset log before running the batch, and from then on the query
             # continues from its checkpoint, never from a new tail. Batch 0 re-run after a restart starts at
             # the later tail it is then given and still reads nothing (partitions() of an inverted range).
+            self.latest_seen = self.tail_start
             return _offset(*self.tail_start)
-        latest = self._latest(_key(start))
+        records, size = self._limits(limit)
+        lv = self._view(stats=records is not None or size is not None)
+        begin = _key(start)
+        latest = self._latest(begin, lv)
+        self.latest_seen = latest
         if self.target is not None:
-            latest = max(_key(start), min(latest, self.target))
-        return _offset(*latest)
+            latest = max(begin, min(latest, self.target))
+        end = max(begin, admit(lv, begin, latest, records, size))
+        if records is not None or size is not None:
+            self.lag = backlog(lv, end)
+        return _offset(*end)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        """The log's tail as last seen (StreamingQueryProgress' `latestOffset`), limits and targets aside."""
+        return None if self.latest_seen is None else _offset(*self.latest_seen)
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = self._latest(_key(self.initialOffset()))
@@ -284,18 +337,22 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         kept = lv.metadata.truncated_before
         present = {seg.seq for seg in lv.segments}
         if lo[0] < kept.segment and lo[0] not in present:
-            raise LogTruncatedError(
+            message = (
                 f"quorumlog {self.opts.target}: the stream's offset {lo[0]}:{lo[1]} was truncated (records "
                 f"before {kept} are deleted); records were lost to retention before this query read them"
             )
-        spans: list[InputPartition] = []
+            if self.opts.fail_on_data_loss:
+                raise LogTruncatedError(message + " (option fail_on_data_loss=false skips them)")
+            # Kafka's failOnDataLoss=false: go on from what is kept, loudly.
+            log.warning("%s; skipping to %s (fail_on_data_loss=false)", message, kept)
+        spans: list[Span] = []
         for seg in lv.segments:
             if not lo[0] <= seg.seq <= hi[0]:
                 continue
             first = lo[1] if seg.seq == lo[0] else 0
             last = hi[1] - 1 if seg.seq == hi[0] else seg.last_entry
             spans.extend(split(seg, first, last, self.opts.partition_bytes_max))
-        return spans
+        return list(spread(spans, self.opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, Span)

@@ -41,6 +41,31 @@ def test_options_are_parsed_into_plain_values() -> None:
     assert parse_options({"metadata": URI, "ledgers": "7, 8"}).ledgers == (7, 8)
 
 
+def test_stream_and_partition_options_have_kafka_like_defaults() -> None:
+    opts = parse_options({"metadata": URI, "log": "l"})
+    assert (opts.min_partitions, opts.max_records_per_trigger, opts.max_bytes_per_trigger) == (1, None, None)
+    assert opts.fail_on_data_loss is True
+    # the session's default parallelism (given by register()) is the default; the option wins over it
+    assert parse_options({"metadata": URI, "log": "l"}, default_min_partitions=4).min_partitions == 4
+    opts = parse_options(
+        {
+            "metadata": URI,
+            "log": "l",
+            "MIN_PARTITIONS": "8",
+            "max_records_per_trigger": "200_000",
+            "max_bytes_per_trigger": "1048576",
+            "fail_on_data_loss": "False",
+        },
+        default_min_partitions=4,
+    )
+    assert (opts.min_partitions, opts.max_records_per_trigger, opts.max_bytes_per_trigger) == (
+        8,
+        200_000,
+        1 << 20,
+    )
+    assert opts.fail_on_data_loss is False
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -54,6 +79,25 @@ def test_options_are_parsed_into_plain_values() -> None:
         ({"metadata": URI, "ledgers": "1", "start": "1:0:0"}, "with 'ledgers' use start_timestamp"),
         ({"metadata": URI, "log": "l", "json_schema": "payload STRING"}, "clash"),
         ({"metadata": URI, "log": "l", "partition_bytes_max": "0"}, "partition_bytes_max"),
+        (
+            {"metadata": URI, "log": "l", "min_partitions": "two"},
+            "option 'min_partitions' must be an integer",
+        ),
+        ({"metadata": URI, "log": "l", "min_partitions": "0"}, "option 'min_partitions' must be positive"),
+        ({"metadata": URI, "log": "l", "min_partitions": "1000001"}, "option 'min_partitions' is at most"),
+        (
+            {"metadata": URI, "log": "l", "max_records_per_trigger": "-5"},
+            "'max_records_per_trigger' must be positive",
+        ),
+        (
+            {"metadata": URI, "log": "l", "max_bytes_per_trigger": "1MB"},
+            "'max_bytes_per_trigger' must be an integer",
+        ),
+        (
+            {"metadata": URI, "log": "l", "fail_on_data_loss": "maybe"},
+            "'fail_on_data_loss' must be true or false",
+        ),
+        ({"metadata": URI, "log": "l", "create": "sure"}, "'create' must be true or false"),
     ],
 )
 def test_bad_options_name_the_option(options: dict[str, str], message: str) -> None:

@@ -351,3 +351,67 @@ def test_stream_from_tail_is_checkpointed(spark: Any, quorumlog_uri: str, tmp_pa
     assert again.exception() is None
     payloads = sorted(bytes(r.payload) for r in reader(spark, quorumlog_uri, "tail-dst").collect())
     assert payloads == sorted([b"during-%d" % i for i in range(5)] + [b"after-%d" % i for i in range(3)])
+
+
+def test_a_one_segment_log_is_read_by_more_than_one_task(spark: Any, quorumlog_uri: str) -> None:
+    """Issue 18 "Speed": one segment was one partition, so a one-segment log was read by one task whatever
+    the cores. Ranges are now split until there are spark.default.parallelism partitions (min_partitions),
+    and the rows are still every record once, in log order."""
+
+    async def setup(client: Any) -> None:
+        log = await client.namespace("t").create_log("one-segment", batch_max_bytes=4096, linger_s=0.001)
+        async with await log.open_writer() as w:
+            await w.write_many([b"%05d" % i + b"x" * 195 for i in range(2000)])
+
+    run(quorumlog_uri, setup)
+    segments = run(quorumlog_uri, lambda c: _segments(c, "one-segment"))
+    assert len(segments) == 1 and segments[0].last_entry_id > 50
+    assert spark.sparkContext.defaultParallelism == 2
+    df = reader(spark, quorumlog_uri, "one-segment")
+    assert df.rdd.getNumPartitions() >= 2
+    rows = df.select("segment", "entry_id", "slot", "payload").collect()  # partition order = log order
+    assert [bytes(r.payload)[:5] for r in rows] == [b"%05d" % i for i in range(2000)]
+    assert [(r.segment, r.entry_id, r.slot) for r in rows] == sorted(
+        (r.segment, r.entry_id, r.slot) for r in rows
+    )
+    assert reader(spark, quorumlog_uri, "one-segment", min_partitions="7").rdd.getNumPartitions() >= 7
+
+
+def test_stream_admission_control_splits_a_backlog(spark: Any, quorumlog_uri: str) -> None:
+    """max_records_per_trigger (Kafka's maxOffsetsPerTrigger): a backlog is read in bounded micro-batches,
+    each spread over the session's cores, every record once and in order; the progress reports the log's
+    tail as latestOffset."""
+    total, limit = 3000, 700
+
+    async def setup(client: Any) -> None:
+        log = await client.namespace("t").create_log("backlog", **SMALL)
+        async with await log.open_writer() as w:
+            await w.write_many([b"%05d" % i + b"y" * 95 for i in range(total)])
+
+    run(quorumlog_uri, setup)
+    batches: list[list[bytes]] = []
+    partitions: list[int] = []
+
+    def sink(batch_df: Any, batch_id: int) -> None:
+        partitions.append(batch_df.rdd.getNumPartitions())
+        rows = batch_df.select("segment", "entry_id", "slot", "payload").collect()
+        batches.append(
+            [bytes(r.payload)[:5] for r in sorted(rows, key=lambda r: (r.segment, r.entry_id, r.slot))]
+        )
+
+    query = (
+        reader_stream(spark, quorumlog_uri, "backlog", max_records_per_trigger=str(limit))
+        .writeStream.foreachBatch(sink)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    per_entry = (4096 - 16) // (100 + 12)
+    sizes = [len(b) for b in batches if b]
+    assert len(sizes) >= total // (limit + per_entry) and max(sizes) <= limit + per_entry, sizes
+    assert [p for b in batches for p in b] == [b"%05d" % i for i in range(total)]
+    source = query.lastProgress["sources"][0]
+    assert source["latestOffset"] is not None and json.loads(source["latestOffset"]) == json.loads(
+        source["endOffset"]
+    )
