@@ -67,6 +67,7 @@ LEDGER_PAGE_DEFAULT = 25
 METADATA_READ_CONCURRENCY = 16  # ledger metadata reads at once
 UNDER_REPLICATED_MAX = 500  # under-replicated ledgers listed (with their missing replicas) at most
 LOGS_MAX = 1000  # stream logs listed at most
+PROCESSES_MAX = 100  # auto-recovery processes listed at most
 TAIL_ENTRIES_MAX = 100  # entries (or records) one tail answer holds at most
 TAIL_ENTRIES_DEFAULT = 10
 TAIL_SEGMENTS_MAX = 4  # segments walked back to fill a log's tail
@@ -211,6 +212,7 @@ class Snapshot:
     replication_enabled: bool | None = None
     under_replicated: list[dict[str, Any]] = field(default_factory=list)
     under_replicated_count: int = 0
+    workers: list[dict[str, Any]] = field(default_factory=list)  # running auto-recovery processes
     error: str = ""  # the metadata store could not be read
 
     def point(self) -> dict[str, Any]:
@@ -259,6 +261,7 @@ class Snapshot:
                 "replication_enabled": self.replication_enabled,
                 "under_replicated_count": self.under_replicated_count,
                 "under_replicated": self.under_replicated,
+                "processes": self.workers,
             },
         }
 
@@ -546,6 +549,7 @@ class Dashboard:
 
         from quorumlog.meta.underreplication import UnderReplicationManager
         from quorumlog.replication import admin
+        from quorumlog.replication.service import read_status
 
         urm = UnderReplicationManager(self.store, owner="dashboard")
         snap.auditor = await urm.auditor()
@@ -553,6 +557,7 @@ class Dashboard:
         snap.replication_enabled = await urm.is_enabled()
         marked = await urm.list_marked()
         snap.under_replicated_count = len(marked)
+        snap.workers = [_process_row(s) for s in (await read_status(self.store))[:PROCESSES_MAX]]
         for ledger_id in marked[:UNDER_REPLICATED_MAX]:
             try:
                 missing = await urm.missing_replicas(ledger_id) or []
@@ -870,12 +875,15 @@ class Dashboard:
             _card("under_replicated", "Under-replicated", f"{s['under_replicated']}"),
             "</section>",
             '<section class="charts">',
-            '<figure><figcaption>Adds/s (all bookies)</figcaption><svg id="chart-adds" '
-            'viewBox="0 0 600 160" preserveAspectRatio="none"></svg></figure>',
+            '<figure><figcaption>Requests/s (all bookies)</figcaption><svg id="chart-adds" '
+            'viewBox="0 0 600 160" preserveAspectRatio="none"></svg>'
+            '<div class="legend"><span class="k0">━ adds</span><span class="k1">━ reads</span></div></figure>',
             "<figure><figcaption>Latency p99, ms (worst bookie; each bookie's summary since its start)"
             '</figcaption><svg id="chart-latency" viewBox="0 0 600 160" preserveAspectRatio="none"></svg>'
             '<div class="legend"><span class="k0">━ add (bookkeeper_server_ADD_ENTRY_REQUEST)</span>'
             '<span class="k1">━ journal fsync (bookie_journal_JOURNAL_SYNC)</span></div></figure>',
+            "<figure><figcaption>Under-replicated ledgers (auto-recovery draining them)</figcaption>"
+            '<svg id="chart-recovery" viewBox="0 0 600 160" preserveAspectRatio="none"></svg></figure>',
             "</section>",
             "<h2>Bookies</h2>",
             '<table id="bookies"><thead><tr><th>bookie</th><th>address</th><th>state</th><th>disk used</th>'
@@ -1106,6 +1114,71 @@ def _facts(facts: list[tuple[str, str]]) -> str:
     return f'<table class="facts">{rows}</table>'
 
 
+def _process_row(status: Any) -> dict[str, Any]:
+    """One auto-recovery process's status node (replication/service.py), as the dashboard shows it. The node
+    is another program's JSON: every field is checked, and what is not as expected shows as zero/empty."""
+
+    def section(name: str) -> dict[str, Any]:
+        value = status.get(name) if isinstance(status, dict) else None
+        return value if isinstance(value, dict) else {}
+
+    def count(d: dict[str, Any], key: str) -> int:
+        value = d.get(key)
+        return value if type(value) is int else 0
+
+    auditor, worker = section("auditor"), section("worker")
+    in_progress = worker.get("in_progress")
+    owner = status.get("owner") if isinstance(status, dict) else None
+    return {
+        "owner": str(owner)[:200] if owner is not None else "?",
+        "auditor_elected": auditor.get("elected") is True,
+        "worker": bool(worker),
+        "ledgers_replicated": count(worker, "ledgers_replicated"),
+        "entries_copied": count(worker, "entries_copied"),
+        "bytes_copied": count(worker, "bytes_copied"),
+        "failures": count(worker, "failures"),
+        "in_progress": [i for i in in_progress if type(i) is int][:20]
+        if isinstance(in_progress, list)
+        else [],
+        "last_error": str(worker.get("last_error") or "")[:200],
+        "ledgers_marked": count(auditor, "ledgers_marked"),
+    }
+
+
+def _processes_html(rows: list[dict[str, Any]]) -> str:
+    return _table(
+        [
+            "process",
+            "role",
+            "ledgers re-replicated",
+            "entries copied",
+            "bytes copied",
+            "failures",
+            "in progress",
+            "last error",
+        ],
+        [
+            [
+                p["owner"],
+                " + ".join(
+                    r
+                    for r in ("auditor" if p["auditor_elected"] else "", "worker" if p["worker"] else "")
+                    if r
+                )
+                or "candidate",
+                str(p["ledgers_replicated"]),
+                str(p["entries_copied"]),
+                _bytes(p["bytes_copied"]),
+                str(p["failures"]),
+                ", ".join(map(str, p["in_progress"])) or "–",
+                p["last_error"] or "–",
+            ]
+            for p in rows
+        ],
+        "processes",
+    )
+
+
 def _recovery_html(snap: Snapshot) -> str:
     delay = (
         "not set (auditors use their configured default)"
@@ -1134,7 +1207,11 @@ def _recovery_html(snap: Snapshot) -> str:
     table = _table(
         ["ledger", "missing replicas", "progress"], rows, "under-replicated", raw_columns={0, 1, 2}
     )
-    return f'<div id="recovery">{facts}{table}</div>'
+    processes = _processes_html(snap.workers)
+    return (
+        f'<div id="recovery">{facts}<h3>Under-replicated ledgers</h3>{table}'
+        f"<h3>Auto-recovery processes</h3>{processes}</div>"
+    )
 
 
 def _ledgers_html(rows: list[dict[str, Any]]) -> str:

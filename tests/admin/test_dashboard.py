@@ -523,3 +523,43 @@ async def test_metrics_arriving_in_pieces_and_oversized_metrics(tmp_path: Any, b
         await cluster.close()
         for server in servers:
             await server.close()
+
+
+async def test_running_auto_recovery_processes_are_listed(admin_bookie: StartAdminBookie, board: Any) -> None:
+    """An auto-recovery process's status (what it has re-replicated, what it works on) and the election,
+    as `shell autorecoverystatus` shows them."""
+    from quorumlog.replication.auditor import AuditorSettings
+    from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
+
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    settings = AutoRecoverySettings(
+        auditor=AuditorSettings(lost_bookie_recovery_delay_s=0, audit_interval_s=0),
+        status_interval_s=0.1,
+        owner="dash-recovery",
+    )
+    async with AutoRecovery(b.uri, settings):
+        # The status node is written on the process's own schedule and announces nothing: sample until the
+        # process shows as the elected auditor, for at most 20 s.
+        deadline = asyncio.get_running_loop().time() + 20.0
+        while True:
+            snap = await ui.dash.refresh()
+            rows = [p for p in snap.workers if p["owner"] == "dash-recovery"]
+            if (rows and rows[0]["auditor_elected"]) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert snap.auditor == "dash-recovery"
+        assert rows and rows[0]["auditor_elected"] and rows[0]["worker"], snap.workers
+        assert rows[0]["failures"] == 0 and rows[0]["in_progress"] == []
+        status, r = await ui.get("/api/recovery")
+        assert status == 200 and [p["owner"] for p in r["processes"]] == ["dash-recovery"]
+        status, page = await ui.get("/")
+        assert "dash-recovery" in page and "auditor + worker" in page
+
+
+def test_process_rows_survive_odd_status_nodes() -> None:
+    from quorumlog.admin.dashboard import _process_row
+
+    odd = _process_row({"owner": "x", "worker": {"in_progress": "nope", "failures": "2"}, "auditor": []})
+    assert odd["owner"] == "x" and odd["failures"] == 0 and odd["in_progress"] == [] and odd["worker"]
+    assert _process_row(["not", "a", "dict"])["owner"] == "?"

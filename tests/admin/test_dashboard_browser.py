@@ -20,6 +20,7 @@ import pytest
 from quorumlog.admin.dashboard import Dashboard
 from quorumlog.client.client import Client
 from quorumlog.replication import admin
+from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.testing.cluster import LocalCluster
 from tests.bookie.helpers import BookieProcess, free_port
 
@@ -100,8 +101,11 @@ async def _traffic(dash: Dashboard, uri: str) -> int:
         handle = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2, password=b"pw")
         await dash.refresh()
         for round_ in range(6):
+            first = handle.last_add_confirmed + 1
             for i in range(40 + 60 * (round_ % 3)):
                 await handle.append(b"order %d/%d" % (round_, i))
+            if round_ % 2:
+                await handle.read(first, handle.last_add_confirmed)  # some reads for the chart too
             await dash.refresh()
         await handle.close()
         log = await client.namespace("shop").create_log(
@@ -121,10 +125,18 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
 
     dash = Dashboard(cluster.uri, "127.0.0.1", 0, sample_interval_s=0)
     await dash.start()
+    recovery = AutoRecovery(cluster.uri, AutoRecoverySettings(status_interval_s=0.1, owner="autorecovery-1"))
     try:
         ledger_id = await _traffic(dash, cluster.uri)
         await admin.set_lost_bookie_recovery_delay(dash.store, 60)
-        await dash.refresh()
+        await recovery.start()
+        # Its status node is written on its own schedule and announces nothing: sample until it shows
+        # as the elected auditor, for at most 20 s.
+        deadline = asyncio.get_running_loop().time() + 20.0
+        while not any(p["auditor_elected"] for p in (await dash.refresh()).workers):
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
 
         # Selenium blocks; the dashboard serves on this event loop, so the browser runs in a thread.
         def load() -> dict[str, Any]:
@@ -139,6 +151,7 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
                 "writable": browser.find_element(By.ID, "sum-writable").text,
                 "ledgers": browser.find_element(By.ID, "ledgers").text,
                 "logs": browser.find_element(By.ID, "logs").text,
+                "recovery": browser.find_element(By.ID, "recovery").text,
                 "title": browser.title,
             }
             shot = os.environ.get("QUORUMLOG_DASHBOARD_SCREENSHOT")
@@ -152,6 +165,7 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
 
         seen = await asyncio.to_thread(load)
     finally:
+        await recovery.stop()
         await dash.stop()
     for p in bookies:
         assert f"127.0.0.1:{p.port}" in seen["bookies"]  # the real addresses, as text of the page
@@ -160,6 +174,7 @@ async def test_dashboard_in_chromium_shows_the_live_cluster(
     assert seen["writable"] == "3"
     assert str(ledger_id) in seen["ledgers"]
     assert "orders" in seen["logs"]
+    assert "autorecovery-1" in seen["recovery"] and "auditor + worker" in seen["recovery"]
     assert seen["title"] == "quorumlog cluster"
     assert "order 5/159" in seen["ledger_page"]  # the last entry written (round 5 wrote 160)
     assert all(f"127.0.0.1:{p.port} (writable)" in seen["ledger_page"] for p in bookies)

@@ -48,6 +48,44 @@
     tbody.replaceChildren.apply(tbody, rows);
   }
 
+  // A table (or the "none" line when there are no rows) replacing the element with that id. A cell is a
+  // string, or {text, href} for a link.
+  function replaceTable(id, headers, rows) {
+    const old = document.getElementById(id);
+    if (!old) return;
+    let el;
+    if (!rows.length) {
+      el = document.createElement("p");
+      el.className = "empty";
+      el.textContent = "none";
+    } else {
+      el = document.createElement("table");
+      const head = el.createTHead().insertRow();
+      headers.forEach(function (h) {
+        const th = document.createElement("th");
+        th.textContent = h;
+        head.appendChild(th);
+      });
+      const body = el.createTBody();
+      rows.forEach(function (row) {
+        const tr = body.insertRow();
+        row.forEach(function (c) {
+          const td = tr.insertCell();
+          if (c !== null && typeof c === "object") {
+            const a = document.createElement("a");
+            a.href = c.href;
+            a.textContent = c.text;
+            td.appendChild(a);
+          } else {
+            td.textContent = c;
+          }
+        });
+      });
+    }
+    el.id = id;
+    old.replaceWith(el);
+  }
+
   function renderRecovery(r) {
     const facts = document.querySelectorAll("#recovery table.facts td");
     if (facts.length >= 4) {
@@ -57,12 +95,27 @@
       facts[2].textContent = r.replication_enabled === null ? "–" : (r.replication_enabled ? "enabled" : "DISABLED");
       facts[3].textContent = String(r.under_replicated_count);
     }
+    replaceTable("under-replicated", ["ledger", "missing replicas", "progress"], r.under_replicated.map(function (u) {
+      return [
+        { text: String(u.ledger_id), href: "/ledger/" + encodeURIComponent(u.ledger_id) },
+        u.missing.join(", ") || "–",
+        u.replicating ? "being re-replicated by " + u.replicating : "waiting for a worker",
+      ];
+    }));
+    replaceTable("processes", ["process", "role", "ledgers re-replicated", "entries copied", "bytes copied",
+      "failures", "in progress", "last error"], r.processes.map(function (p) {
+      const role = [p.auditor_elected ? "auditor" : "", p.worker ? "worker" : ""].filter(Boolean).join(" + ");
+      return [p.owner, role || "candidate", String(p.ledgers_replicated), String(p.entries_copied),
+        bytes(p.bytes_copied), String(p.failures), p.in_progress.join(", ") || "–", p.last_error || "–"];
+    }));
   }
 
   // A line chart: series = [{name, points: [[t, y], ...]}], drawn into a 600x160 viewBox.
   function drawChart(svg, series, unit) {
     if (!svg) return;
-    const W = 600, H = 160, L = 44, B = 16, T = 6;
+    // Drawn in the element's own pixels, so text and lines are not stretched with the page's width.
+    const W = Math.max(200, Math.round(svg.getBoundingClientRect().width) || 600), H = 160, L = 44, B = 16, T = 6;
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     let tMin = Infinity, tMax = -Infinity, yMax = 0;
     series.forEach(function (s) {
       s.points.forEach(function (p) {
@@ -124,11 +177,17 @@
     renderBookies(o.bookies);
     renderRecovery(o.recovery);
     const h = o.history || [];
-    drawChart(document.getElementById("chart-adds"), [{ name: "adds/s", points: series(h, "adds_per_s") }], "adds/s");
+    drawChart(document.getElementById("chart-adds"), [
+      { name: "adds/s", points: series(h, "adds_per_s") },
+      { name: "reads/s", points: series(h, "reads_per_s") },
+    ], "requests/s");
     drawChart(document.getElementById("chart-latency"), [
       { name: "add p99 ms (worst bookie)", points: series(h, "add_p99_ms") },
       { name: "journal fsync p99 ms (worst bookie)", points: series(h, "journal_sync_p99_ms") },
     ], "ms");
+    drawChart(document.getElementById("chart-recovery"), [
+      { name: "under-replicated ledgers", points: series(h, "under_replicated") },
+    ], "ledgers");
     setText("updated", "updated " + new Date(o.at_ms).toLocaleTimeString());
   }
 
