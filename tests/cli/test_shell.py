@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from quorumlog.meta.store import open_store
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.testing.servers import free_port
-from tests.cli.helpers import Running, assert_clean_error, ql, ql_json
+from tests.cli.helpers import Running, assert_clean_error, port_base, ql, ql_json, start_standalone
 
 COMMANDS = [
     "listbookies",
@@ -32,6 +35,20 @@ COMMANDS = [
     "listunderreplicated",
     "whoisauditor",
 ]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Running]:
+    """A 3-bookie standalone without its auto-recovery process: these tests see the shell against a plain
+    cluster (no auditor elected, no delay stored, marks left alone); auto-recovery has its own tests."""
+    data_dir = tempfile.mkdtemp(prefix="ql-shell-")
+    running = start_standalone(data_dir, "--autorecovery", "false", port_base_=port_base(3))
+    try:
+        yield running
+    finally:
+        code = running.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+        assert code == 0, running.text()
 
 
 def sh(cluster: Running, *args: str):  # type: ignore[no-untyped-def]

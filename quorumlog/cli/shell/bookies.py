@@ -183,8 +183,8 @@ def bookiesanity(entries: int, as_json: bool) -> None:
             ) as client:
                 w = await client.create_ledger(1, 1, 1)
                 try:
-                    for i in range(entries):
-                        w.append(_payload(i, 64))
+                    # Acknowledged before the close: a close fails adds still in flight.
+                    await asyncio.gather(*(w.append(_payload(i, 64)) for i in range(entries)))
                     await w.close()
                     r = await client.open_ledger(w.ledger_id, recovery=False)
                     got = await r.read(0, entries - 1)

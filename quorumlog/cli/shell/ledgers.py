@@ -253,7 +253,12 @@ def deleteledger(ledger: int, force: bool, as_json: bool) -> None:
     _confirm_or_force(force, f"Delete ledger {ledger}? Its entries cannot be read afterwards")
 
     async def body() -> None:
+        from quorumlog.meta.ledger_manager import LedgerManager
+
         async with sc.store() as store, sc.client(store) as client:
+            # The client's delete succeeds for a ledger that does not exist (it is idempotent, for retries);
+            # an operator's mistyped id must not read as "deleted".
+            await LedgerManager(store).read(ledger)
             await client.delete_ledger(ledger)
 
     run_async(body())
