@@ -14,6 +14,10 @@ Rules it keeps:
   with a JSON body and the traceback goes to the log, never to the client.
 - Reads of the metadata store are bounded by the store's own operation timeouts; a listing stops at
   `LEDGER_LIST_MAX` ledgers.
+- Recoveries and decommissions (`autorecovery/bookie`, `autorecovery/decommission`) are checked before they
+  start (an unknown bookie id, a writable bookie that cannot be made read-only: an error, nothing started),
+  then run in the bookie's process, at most `RECOVERY_JOBS_RUNNING_MAX` at once; stopping the bookie
+  cancels them (the locks and marks they hold make a rerun safe).
 """
 
 from __future__ import annotations
