@@ -302,6 +302,8 @@ class Dashboard:
         r = self.app.router
         r.add_get("/", self.page_overview)
         r.add_get("/ledger/{ledger_id}", self.page_ledger)
+        r.add_get("/ledger", self.page_find_ledger)
+        r.add_get("/ledgers", self.page_ledgers)
         r.add_get("/log/{namespace}/{name}", self.page_log)
         r.add_get("/api/overview", self.api_overview)
         r.add_get("/api/history", self.api_history)
@@ -894,12 +896,34 @@ class Dashboard:
             "<h2>Auto-recovery</h2>",
             _recovery_html(snap),
             "<h2>Ledgers</h2>",
+            _FIND_LEDGER_FORM,
             f'<p class="error">{_e(ledger_error)}</p>' if ledger_error else "",
             _ledgers_html(ledgers["ledgers"]),
+            _older_link(ledgers.get("next_before")),
             "<h2>Logs</h2>",
             _logs_html(logs),
         ]
         return _page("quorumlog cluster", self.metadata_uri, "\n".join(body), overview=True)
+
+    async def page_find_ledger(self, request: web.Request) -> web.Response:
+        """The "open ledger" form's target: on to that ledger's page (a bad id is a 400 like elsewhere)."""
+        ledger_id = _ledger_id(request.query.get("id", "").strip())
+        raise web.HTTPFound(f"/ledger/{ledger_id}")
+
+    async def page_ledgers(self, request: web.Request) -> web.Response:
+        raw_before = request.query.get("before")
+        before = _ledger_id(raw_before) if raw_before else None
+        page = await self.ledgers(before, LEDGER_PAGE_MAX)
+        title = "ledgers" if before is None else f"ledgers before {before}"
+        body = "\n".join(
+            [
+                '<p><a href="/">← cluster</a></p>',
+                _FIND_LEDGER_FORM,
+                _ledgers_html(page["ledgers"]),
+                _older_link(page.get("next_before")),
+            ]
+        )
+        return _page(title, self.metadata_uri, body)
 
     async def page_ledger(self, request: web.Request) -> web.Response:
         ledger_id = _ledger_id(request.match_info["ledger_id"])
@@ -1238,6 +1262,20 @@ def _ledgers_html(rows: list[dict[str, Any]]) -> str:
         ],
         "ledgers",
         raw_columns=set(range(7)),
+    )
+
+
+_FIND_LEDGER_FORM = (
+    '<form class="find" action="/ledger" method="get"><input name="id" inputmode="numeric" '
+    'placeholder="ledger id" aria-label="ledger id"><button type="submit">open ledger</button></form>'
+)
+
+
+def _older_link(before: int | None) -> str:
+    return (
+        f'<p><a id="older" href="/ledgers?before={int(before)}">older ledgers →</a></p>'
+        if before is not None
+        else ""
     )
 
 

@@ -176,6 +176,10 @@ async def test_ledgers_detail_and_tail(admin_bookie: StartAdminBookie, board: An
 
     status, page = await ui.get(f"/ledger/{first}")
     assert status == 200 and "hello dashboard 2" in page and bookies[0].service.bookie_id in page
+    status, page = await ui.get(f"/ledger?id={first}")  # the "open ledger" form, redirected to its page
+    assert status == 200 and f"<title>ledger {first}</title>" in page
+    status, page = await ui.get(f"/ledgers?before={second}")
+    assert status == 200 and f'href="/ledger/{first}"' in page and f'href="/ledger/{second}"' not in page
 
     # A ledger whose metadata node holds garbage: that ledger's answers say so, the listing goes on.
     from quorumlog.meta.ledger_manager import LedgerManager
@@ -266,6 +270,9 @@ async def test_under_replicated_ledgers_and_auto_recovery_settings(
         ("/api/ledgers?limit=0", 400, "limit"),
         ("/api/ledgers?limit=x", 400, "limit must be an integer"),
         ("/api/ledgers?before=zz", 400, "integer"),
+        ("/ledger?id=abc", 400, "integer"),
+        ("/ledger", 400, "integer"),
+        ("/ledgers?before=-5", 400, "out of range"),
         ("/api/ledgers/1/entries?count=100000", 400, "count"),
         ("/api/logs/events/nope", 404, "no log"),
         ("/api/logs/bad%2Fname/x", 400, "not valid"),
