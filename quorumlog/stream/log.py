@@ -104,8 +104,11 @@ class Log:
         end: Position | None = None,
     ) -> LogReader:
         """A reader from `start` (inclusive), or from the first record at or after `start_timestamp_ms`;
-        with `end`, it stops before that position instead of tailing forever."""
-        return LogReader(self, start, start_timestamp_ms, end)
+        with `end`, it stops before that position instead of tailing forever. `Position.TAIL`: the records
+        written after this returns."""
+        reader = LogReader(self, start, start_timestamp_ms, end)
+        await reader._pin_start()
+        return reader
 
     async def segments(self) -> list[SegmentInfo]:
         return [s.value for s in await self.log_store.segments(self.namespace, self.name)]

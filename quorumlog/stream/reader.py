@@ -10,6 +10,7 @@ Rules it keeps:
 - A start position before the log's truncation point is an error (`LogTruncatedError`), never a silent
   skip to the first available record. `Position.HEAD` always means "the oldest record still kept".
 - An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
+- `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class LogReader:
         self._gen: AsyncIterator[Record] | None = None
         self.position: Position | None = None  # the next position this reader owes
         self._closed = False
+
+    async def _pin_start(self) -> None:
+        """Turn `Position.TAIL` into the position it means now: the reader owes the records written after it
+        was opened, not after its first iteration (the writer may add records in between)."""
+        if self._start == Position.TAIL and self._start_ts is None:
+            self._start = await self._resolve_start()
 
     def __aiter__(self) -> LogReader:
         return self
