@@ -145,10 +145,11 @@ async def test_adv_handle_refuses_an_entry_id_twice(client: Client) -> None:
     assert await w.append(b"first", entry_id=0) == 0
     with pytest.raises(QuorumLogError):
         await w.append(b"again", entry_id=0)
-    w.append(b"two", entry_id=2)
+    two = w.append(b"two", entry_id=2)
     with pytest.raises(QuorumLogError):
         await w.append(b"two again", entry_id=2)
     assert await w.append(b"one", entry_id=1) == 1
+    assert await two == 2  # before close: close fails adds still in flight (LedgerClosedError)
     await w.close()
     r = await client.open_ledger(w.ledger_id, password=PW)
     assert [e.payload for e in await r.read(0, 2)] == [b"first", b"one", b"two"]

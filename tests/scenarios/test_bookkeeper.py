@@ -27,10 +27,13 @@ async def test_open_without_recovery_while_the_writer_writes(client: Client, clu
     The reader may read up to its LAC; past it, read fails (ReadBeyondLastAddConfirmed) while
     read_unconfirmed returns the entries the bookies have.
     """
-    w = await client.create_ledger(3, 2, 2, password=PW)
+    # The writer sends no explicit LAC (BookKeeper's default): the bookies know only piggybacked LACs, and a
+    # read's maxLAC moves the reader's LAC no further than that (BookKeeper's reads update the LAC too).
+    writer = await connect(cluster, explicit_lac_interval_s=0)
+    w = await writer.create_ledger(3, 2, 2, password=PW)
     for i in range(10):  # one at a time: each add carries the LAC of the one before
         await w.append(b"n%d" % i)
-    async with await connect(cluster, explicit_lac_interval_s=0) as other:
+    async with writer, await connect(cluster, explicit_lac_interval_s=0) as other:
         r = await other.open_ledger(w.ledger_id, password=PW, recovery=False)
         assert not r.is_closed
         assert 8 <= r.last_add_confirmed <= 9  # open learns the bookies' LAC

@@ -128,5 +128,7 @@ async def test_deferred_sync_ledger_makes_no_ensemble_change() -> None:
         with pytest.raises(IllegalOperationError, match="cannot change ensemble"):
             await asyncio.wait_for(w.append(b"after"), 30)
         assert len(w.metadata.ensembles) == 1
-        with pytest.raises(IllegalOperationError):
+        # The failure is unrecoverable, so the writer closed the handle (handleUnrecoverableErrorDuringAdd):
+        # a later add is refused as on any closed handle.
+        with pytest.raises(LedgerClosedError):
             w.append(b"later")
