@@ -147,6 +147,7 @@ class BookieSample:
     total_bytes: int | None = None
     connections: float | None = None
     journal_sync_p99_ms: float | None = None
+    server_status: float | None = None  # bookie_SERVER_STATUS: 1 writable, 0 read-only
     at_s: float = 0.0  # monotonic time of the scrape
     adds_per_s: float | None = None  # since the previous sample
     reads_per_s: float | None = None
@@ -183,6 +184,8 @@ def parse_metrics(text: str) -> dict[str, float]:
                 out["write_bytes"] = s.value
             elif s.name == "quorumlog_bookie_disk_usage_ratio":
                 out["disk_used_ratio"] = s.value
+            elif s.name == "bookie_SERVER_STATUS":
+                out["server_status"] = s.value
             elif s.name == "quorumlog_bookie_connections":
                 out["connections"] = s.value
             elif (
@@ -419,16 +422,17 @@ class Dashboard:
 
     async def _sample(self) -> Snapshot:
         from quorumlog.meta import layout
-        from quorumlog.meta.registration import BookieServiceInfo
 
         root = self.store.ledgers_root
         writable = set(await self._children(layout.available_path(root)))
-        # A bookie moving between the lists is briefly in both; its metrics settle it below.
-        readonly = set(await self._children(layout.readonly_path(root))) - writable
+        readonly_nodes = set(await self._children(layout.readonly_path(root)))
+        # A bookie moving between the lists is briefly in both: shown writable unless its own metrics say
+        # read-only (bookie_SERVER_STATUS), below.
+        moving = writable & readonly_nodes
+        readonly = readonly_nodes - writable
         known = set(await self._children(layout.cookies_path(root)))
         ids = sorted(writable | readonly | known)[:BOOKIES_MAX]
         bookies: list[BookieSample] = []
-        infos: dict[str, BookieServiceInfo | None] = {}
         for bookie_id in ids:
             state = "writable" if bookie_id in writable else "read-only" if bookie_id in readonly else "down"
             sample = BookieSample(bookie_id, state)
@@ -436,7 +440,6 @@ class Dashboard:
                 info = await self._registration(
                     layout.bookie_path(root, bookie_id, readonly=state != "writable")
                 )
-                infos[bookie_id] = info
                 if info is not None:
                     sample.address, sample.http_url = _addresses(info)
             bookies.append(sample)
@@ -454,6 +457,8 @@ class Dashboard:
 
         await asyncio.gather(*(one(b) for b in bookies))
         for b in bookies:
+            if b.bookie_id in moving and b.server_status == 0:
+                b.state = "read-only"
             before = self._previous.get(b.bookie_id)
             if before is not None and b.metrics and before.metrics:
                 seconds = b.at_s - before.at_s
@@ -503,6 +508,7 @@ class Dashboard:
         b.disk_used_ratio = values.get("disk_used_ratio")
         b.connections = values.get("connections")
         b.journal_sync_p99_ms = values.get("journal_sync_p99_ms")
+        b.server_status = values.get("server_status")
 
     async def _scrape_disk(self, b: BookieSample) -> None:
         """Free and total bytes from the admin API; left unknown when the answer is not what it should be

@@ -136,6 +136,22 @@ async def test_read_only_bookie_is_shown_read_only(admin_bookie: StartAdminBooki
     status, o = await ui.get("/api/bookies")
     assert status == 200
     assert [(r["state"], r["metrics"]) for r in o["bookies"]] == [("read-only", True)]
+    assert o["bookies"][0]["server_status"] == 0
+
+    # Caught between the lists (a move creates the new node before deleting the old): the bookie's own
+    # bookie_SERVER_STATUS decides, not the order the lists were read in.
+    store = b.service.store
+    assert store is not None
+    root = store.ledgers_root
+    writable_node = layout.bookie_path(root, b.service.bookie_id, readonly=False)
+    info = (await store.get(layout.bookie_path(root, b.service.bookie_id, readonly=True))).value
+    await store.create(writable_node, info, ephemeral=True)
+    try:
+        await ui.dash.refresh()
+        status, o = await ui.get("/api/bookies")
+        assert [r["state"] for r in o["bookies"]] == ["read-only"]
+    finally:
+        await store.delete(writable_node)
 
 
 async def test_ledgers_detail_and_tail(admin_bookie: StartAdminBookie, board: Any) -> None:
