@@ -18,6 +18,7 @@ from quorumlog.errors import (
     AddQuorumTimeoutError,
     BookieUnavailableError,
     IllegalOperationError,
+    LedgerClosedError,
     LedgerFencedError,
     NotEnoughBookiesError,
     TooManyRequestsError,
@@ -394,3 +395,41 @@ def test_deferred_sync_ledger_fails_instead_of_changing_ensemble(mode: str) -> N
     with pytest.raises(IllegalOperationError):
         t.append(1, 0.0)
     assert t.ensembles == {0: B}
+
+
+def test_a_write_failure_after_the_entry_completed_still_replaces_the_bookie() -> None:
+    """BookKeeper's PendingAddOp: an error after the ack quorum is reported (notifyWriteFailed) and the bookie
+    replaced -- the entry is under-replicated, and later entries must not go there."""
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(1, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    assert completed(t.on_ack(0, "b1", 0.0)) == [0]
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0.1) == [EnsembleChangeNeeded(1, {2: "b2"})]
+    # A second late failure of the same bookie joins the change in flight.
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0.2) == []
+
+
+@pytest.mark.parametrize("mode", ["delayed", "disabled"])
+def test_a_late_write_failure_waits_in_delayed_and_disabled_modes(mode: str) -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B}, ensemble_change=mode)  # type: ignore[arg-type]
+    t.append(1, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    t.on_ack(0, "b1", 0.0)
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0.1) == []
+    assert sends(t.append(1, 0.2).actions) == [(1, "b1"), (1, "b2"), (1, "b0")]
+
+
+def test_fail_pending_fails_adds_in_flight_and_closes_at_the_lac() -> None:
+    """BookKeeper's close drains the pending adds with LedgerClosedException and closes at the LAC."""
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(3, 0.0)
+    t.append(4, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    assert completed(t.on_ack(0, "b1", 0.0)) == [0]
+    t.on_ack(1, "b0", 0.0)  # one ack short of its quorum
+    error = LedgerClosedError("closed")
+    assert t.fail_pending(error) == [AddFailed(1, error)]
+    assert t.close() == (0, 3)
+    with pytest.raises(LedgerClosedError):
+        t.append(1, 0.1)
+    assert t.on_ack(1, "b1", 0.1) == []  # a late answer changes nothing
