@@ -66,6 +66,8 @@ STABLE_S = 60.0
 UNDER_REPLICATED_CHECK_S = 2.0
 """How often the under-replicated list is read for the report (no watch covers its hierarchical tree)."""
 UNDER_REPLICATED_SHOWN_MAX = 10
+REGISTRY_WAIT_S = 30.0
+"""How long a shrink waits for bookies to show writable (started) or read-only (asked) in metadata."""
 
 log = logging.getLogger("quorumlog.standalone")
 
@@ -276,9 +278,17 @@ class Standalone:
         extras = self.cluster.bookies[self.bookies :]
         extra_ids = {b.bookie_id for b in extras}
         async with await Client.connect(self.uri, store=self.cluster.store) as client:
-            await client.registry.wait_for(
-                lambda r: {b.bookie_id for b in self.cluster.bookies} <= r.writable_bookies(), timeout_s=30
-            )
+            try:
+                await client.registry.wait_for(
+                    lambda r: {b.bookie_id for b in self.cluster.bookies} <= r.writable_bookies(),
+                    timeout_s=REGISTRY_WAIT_S,
+                )
+            except TimeoutError:
+                raise CliError(
+                    f"not every bookie registered writable within {REGISTRY_WAIT_S:.0f} s; nothing was "
+                    "decommissioned",
+                    f"see the bookie logs under {self.data_dir}/bookie-*/bookie.log",
+                ) from None
             staying = client.registry.writable_bookies() - extra_ids
             blocked: list[str] = []
             for node in extras:  # before anything changes: can the staying bookies hold every ledger?
@@ -296,17 +306,30 @@ class Standalone:
                     "drop the ledgers whose ensembles need them first",
                     exit_code=2,
                 )
+            # All of them read-only first: a ledger moved off one must land on a staying bookie, not on
+            # another that is about to go.
+            for node in extras:
+                await self._make_read_only(node)
+            try:
+                await client.registry.wait_for(
+                    lambda r: not (extra_ids & r.writable_bookies()), timeout_s=REGISTRY_WAIT_S
+                )
+            except TimeoutError:
+                raise CliError(
+                    f"bookies {', '.join(sorted(extra_ids & client.registry.writable_bookies()))} were asked "
+                    f"to turn read-only but are still writable after {REGISTRY_WAIT_S:.0f} s; nothing was "
+                    "moved",
+                    "run again; they come back writable",
+                ) from None
             for node in reversed(extras):
                 await self._decommission(client, node)
 
-    async def _decommission(self, client: Any, node: Any) -> None:
-        from quorumlog.replication import admin
+    async def _make_read_only(self, node: Any) -> None:
+        """Through the bookie's admin API (`state/readonly`), as an operator would."""
+        import aiohttp
 
         url = f"http://127.0.0.1:{node.settings['http_port']}/api/v1/bookie/state/readonly"
-
-        async def make_read_only() -> None:
-            import aiohttp
-
+        try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
                 http.put(url, json={"readOnly": True}) as answer,
@@ -314,11 +337,19 @@ class Standalone:
                 if answer.status != 200:
                     text = (await answer.text())[:300]
                     raise CliError(
-                        f"bookie {node.bookie_id} refused to turn read-only: {answer.status} {text}"
+                        f"bookie {node.bookie_id} refused to turn read-only: {answer.status} {text}",
+                        f"see {node.log_path}",
                     )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise CliError(
+                f"cannot reach bookie {node.bookie_id}'s admin API at {url}: {e!r}", f"see {node.log_path}"
+            ) from None
+
+    async def _decommission(self, client: Any, node: Any) -> None:
+        from quorumlog.replication import admin
 
         self.say(f"decommissioning bookie {node.bookie_id}: read-only, then its ledgers are re-replicated")
-        report = await admin.decommission(client, node.bookie_id, make_read_only=make_read_only)
+        report = await admin.decommission(client, node.bookie_id)
         if report.failed:
             lid, reason = next(iter(report.failed.items()))
             raise CliError(
