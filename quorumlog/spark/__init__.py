@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["register", "stream_lag"]
 
 
 def register(spark: Any) -> None:
@@ -43,3 +43,20 @@ def _default_parallelism(spark: Any) -> int | None:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:  # Spark Connect has no SparkContext: then only the size-based split applies
         return None
+
+
+def stream_lag(metadata: str, namespace: str, log: str, offset: Any) -> dict[str, int]:
+    """How far a streaming query is behind the log: estimated records and bytes readable at or after
+    `offset` -- a source offset as Spark reports it, e.g. `query.lastProgress["sources"][0]["endOffset"]`
+    (a dict or its JSON text). Spark 4.3 gives Python sources no way to put metrics into
+    StreamingQueryProgress (its PythonMicroBatchStream does not implement ReportsSourceMetrics), so the
+    lag Kafka's source reports there is computed here instead."""
+    import json
+
+    from quorumlog.spark.options import parse_options
+    from quorumlog.spark.scan import backlog, view
+
+    at = json.loads(offset) if isinstance(offset, str | bytes) else offset
+    opts = parse_options({"metadata": metadata, "namespace": namespace, "log": log})
+    records, size = backlog(view(opts, stats=True), (int(at["segment"]), int(at["entry"])))
+    return {"records": records, "bytes": size}

@@ -6,6 +6,7 @@ instead of failing."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -16,6 +17,7 @@ from pyspark.sql.types import StructType
 from quorumlog import Position
 from quorumlog.client.ledger_handle import LedgerHandle
 from quorumlog.errors import LogTruncatedError
+from quorumlog.spark import stream_lag
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import parse_options
 from quorumlog.spark.scan import BASE_COLUMNS, RowFilter, Span, read_span
@@ -154,6 +156,9 @@ def test_admission_control_bounds_each_batch_and_delivers_everything_once(quorum
         assert batches >= 6
         assert reader.lag == (0, 0)
         assert reader.reportLatestOffset() == start  # the tail, whatever the limits
+        assert stream_lag(quorumlog_uri, "controls", "admit", json.dumps(start)) == {"records": 0, "bytes": 0}
+    behind = stream_lag(quorumlog_uri, "controls", "admit", {"segment": 1, "entry": 0})
+    assert behind["records"] == total and total * RECORD < behind["bytes"] < total * (RECORD + 20)
 
     everything = stream_reader(quorumlog_uri, "admit", max_records_per_trigger="50")
     first = everything.initialOffset()
