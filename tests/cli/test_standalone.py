@@ -73,8 +73,11 @@ def test_restart_on_the_same_data_dir_keeps_every_ledger_and_entry(tmp_path: Any
     changed = ql("standalone", "--data-dir", data_dir, "--port-base", str(base + 10))
     assert_clean_error(changed, 2)
     assert "port_base" in changed.stderr and "omit --port-base" in changed.stderr
+    # Fewer bookies than its ledgers' ensembles (simpletest's default is 3): refused before anything changes
+    # (tests/cli/test_standalone_resize.py shrinks a cluster that can be shrunk).
     fewer = ql("standalone", "--data-dir", data_dir, "--bookies", "2")
     assert_clean_error(fewer, 2)
+    assert "cannot shrink from 3 to 2 bookies" in fewer.stderr
 
 
 def test_ports_in_use_are_reported_before_anything_starts(tmp_path: Any) -> None:
