@@ -153,10 +153,16 @@ class Peer:
     def __init__(self, bookies: int) -> None:
         self.bookies = bookies
         self.data_dir = tempfile.mkdtemp(prefix="ql-bench-bkpeer-")
-        self._peer = bkpeer.BookKeeperPeer(self.data_dir)
-        base = _free_run(bookies + 1)
-        self.zk = f"127.0.0.1:{base}"
-        self._peer.start_cluster(bookies, zk_port=base, bookie_base_port=base + 1)
+        try:
+            self._peer = bkpeer.BookKeeperPeer(self.data_dir)
+            base = _free_run(bookies + 1)
+            self.zk = f"127.0.0.1:{base}"
+            self._peer.start_cluster(
+                bookies, zk_port=base, bookie_base_port=base + 1
+            )  # stops what it started
+        except BaseException:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise
 
     def close(self) -> None:
         self._peer.stop_cluster()

@@ -114,14 +114,26 @@ class BookKeeperPeer:
             "BOOKIE_EXTRA_CONF": "\n".join(f"{k}={v}" for k, v in (extra_conf or {}).items()),
         }
         self.zk_port = zk_port
-        r = subprocess.run(
-            [f"{self.home}/start-cluster.sh", str(bookies)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=START_TIMEOUT_S,
-        )
-        self.running = True  # even on failure: the script may have left processes that stop() ends
+        # Before the script, and whatever becomes of it: it starts its Java processes with nohup and lists
+        # them in its pid file, so a script that failed -- or was killed by the timeout -- leaves processes
+        # that only stop_cluster() ends.
+        self.running = True
+        try:
+            r = subprocess.run(
+                [f"{self.home}/start-cluster.sh", str(bookies)],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=START_TIMEOUT_S,
+            )
+        except BaseException as e:
+            logs = self.logs()
+            self.stop_cluster()
+            if isinstance(e, subprocess.TimeoutExpired):
+                raise RuntimeError(
+                    f"BookKeeper cluster did not start within {START_TIMEOUT_S:g} s\n{logs}"
+                ) from None
+            raise
         if r.returncode != 0:
             logs = self.logs()
             self.stop_cluster()
