@@ -304,16 +304,18 @@ async def run_until_signalled(config: BookieConfig, *, ready: Any = None) -> Non
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     service = BookieService(config)
     await service.start()
-    # Like the switch interval, a process-wide choice: made here for the bookie process only, never in
-    # BookieService (an embedding application's GC is its own business). Why: quorumlog/gc_policy.py.
-    gc_policy.apply()
-    if ready is not None:
-        ready(service)
+    # Handlers before `ready`: a supervisor may stop the bookie as soon as it says so, and a SIGTERM before
+    # them would kill it with no clean shutdown.
     loop = asyncio.get_running_loop()
     stop = service.stop_requested
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        # Like the switch interval, a process-wide choice: made here for the bookie process only, never in
+        # BookieService (an embedding application's GC is its own business). Why: quorumlog/gc_policy.py.
+        gc_policy.apply()
+        if ready is not None:
+            ready(service)
         await stop.wait()
         log.info("bookie %s: shutting down", service.bookie_id)
     finally:
