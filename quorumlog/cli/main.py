@@ -24,6 +24,7 @@ from quorumlog.cli.bench import bench as _bench  # noqa: E402
 from quorumlog.cli.bookie import bookie as _bookie  # noqa: E402
 from quorumlog.cli.dashboard import dashboard as _dashboard  # noqa: E402
 from quorumlog.cli.demo import demo as _demo  # noqa: E402
+from quorumlog.cli.offload import offload as _offload  # noqa: E402
 from quorumlog.cli.pipeline import pipeline as _pipeline  # noqa: E402
 from quorumlog.cli.shell import shell as _shell  # noqa: E402
 from quorumlog.cli.standalone import standalone as _standalone  # noqa: E402
@@ -33,6 +34,7 @@ cli.add_command(_bench)
 cli.add_command(_bookie)
 cli.add_command(_dashboard)
 cli.add_command(_demo)
+cli.add_command(_offload)
 cli.add_command(_pipeline)
 cli.add_command(_shell)
 cli.add_command(_standalone)

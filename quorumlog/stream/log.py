@@ -7,7 +7,8 @@ subscriptions (a committed position per name).
 Truncation and retention delete whole segments, oldest first, and never the open one. Order: record the
 new truncation point in the log node first (so a reader asking for an older position gets a clear
 `LogTruncatedError`), then delete the segment's ledger, then its key -- a crash in between leaves a key whose
-ledger is gone, which the next truncation removes.
+ledger is gone, which the next truncation removes. An offloaded segment's Parquet file is deleted with its
+ledger (before its key, which is what names the file).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Namespace:
             return
         for seg in segments:
             await _delete_ledger(self.client, seg.value.ledger_id)
+            _remove_offloaded_file(seg.value)
         if md.open_segment is not None:
             await _delete_ledger(self.client, md.open_segment.ledger_id)
         if md.pending_link is not None:  # a linked commit whose keys were not all written
@@ -167,6 +169,7 @@ class Log:
         await self._update(lambda md: replace(md, truncated_before=max(md.truncated_before, point)))
         for seg in victims:
             await _delete_ledger(self.client, seg.ledger_id)
+            _remove_offloaded_file(seg)
             with contextlib.suppress(MetadataNotFoundError):
                 await self.log_store.delete_segment(self.namespace, self.name, seg.seq)
         log.info("log %s/%s: deleted segments %s", self.namespace, self.name, [s.seq for s in victims])
@@ -204,3 +207,10 @@ class Subscription:
 async def _delete_ledger(client: Any, ledger_id: int) -> None:
     with contextlib.suppress(NoSuchLedgerError):
         await client.delete_ledger(ledger_id)
+
+
+def _remove_offloaded_file(info: SegmentInfo) -> None:
+    if info.offload is not None:
+        from quorumlog.stream.offload import remove_offloaded_file
+
+        remove_offloaded_file(info)

@@ -20,6 +20,9 @@ The log node is the authority for who may write (DESIGN.md §2 "Streams"):
   sequence order, then `pending_link` is cleared. Whoever becomes the log's writer next completes a pending
   link first (`stream.writer.complete_pending_link`), so a crash in between never loses or half-shows it.
   `link_marks` records, per Spark streaming query, the last batch id linked: re-committing it is a no-op.
+- A closed segment offloaded to Parquet (`stream.offload`) gets an `offload` field by CAS on its own key,
+  only once its file is complete; the field is written only when set, so every other segment keeps its
+  exact bytes (docs/STREAMS.md "Offload to Parquet").
 Each JSON document carries `"format": 1`; readers refuse formats they do not know.
 """
 
@@ -194,6 +197,36 @@ class LogMetadata:
 
 
 @dataclass(frozen=True)
+class OffloadInfo:
+    """Where a closed segment's records live in Parquet, and whether its ledger was freed.
+
+    Recorded only after the file is complete at `uri` (written, synced, renamed into place), so a reader
+    that sees this field may read the file instead of the ledger, and the ledger may be deleted once
+    `free_after_ms` has passed (`ledger_freed` then says it was)."""
+
+    uri: str  # absolute path or URI of the Parquet file
+    rows: int  # records in the file (checked again before the ledger is freed)
+    file_bytes: int
+    offloaded_ms: int
+    free_after_ms: int  # wall time from which the ledger may be deleted (readers that had it open finish)
+    ledger_freed: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> OffloadInfo:
+        return cls(
+            uri=str(d["uri"]),
+            rows=int(d["rows"]),
+            file_bytes=int(d["file_bytes"]),
+            offloaded_ms=int(d["offloaded_ms"]),
+            free_after_ms=int(d["free_after_ms"]),
+            ledger_freed=bool(d.get("ledger_freed", False)),
+        )
+
+
+@dataclass(frozen=True)
 class SegmentInfo:
     seq: int
     ledger_id: int
@@ -207,6 +240,7 @@ class SegmentInfo:
     max_timestamp_ms: int | None = None
     end_of_stream: bool = False  # the segment ends with the log's END_OF_STREAM marker
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. the Spark commit that linked it
+    offload: OffloadInfo | None = None  # its records are (also) in a Parquet file
 
     @property
     def first_position(self) -> Position:
@@ -215,13 +249,19 @@ class SegmentInfo:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["state"] = self.state.value
+        # Absent unless set: segments never offloaded keep their exact bytes, and a build that predates
+        # offloading refuses an offloaded segment's key (a clear error) instead of reading a freed ledger.
+        d.pop("offload")
+        if self.offload is not None:
+            d["offload"] = self.offload.to_json()
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SegmentInfo:
         d = dict(d)
         d["state"] = SegmentState(d["state"])
-        return cls(**d)
+        offload = d.pop("offload", None)
+        return cls(**d, offload=None if offload is None else OffloadInfo.from_json(offload))
 
     def encode(self) -> builtins.bytes:
         return _dump(self.to_json())

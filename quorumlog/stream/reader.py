@@ -11,6 +11,9 @@ Rules it keeps:
   skip to the first available record. `Position.HEAD` always means "the oldest record still kept".
 - An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
 - `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
+- An offloaded segment (`stream.offload`) is read from its Parquet file, with the same positions. A ledger
+  found deleted is looked up again: if the segment was offloaded meanwhile, reading goes on from the file at
+  the position owed.
 """
 
 from __future__ import annotations
@@ -21,10 +24,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from quorumlog.errors import LogTruncatedError
+from quorumlog.errors import LogTruncatedError, NoSuchLedgerError
 from quorumlog.stream.metadata import SegmentInfo, SegmentState
 from quorumlog.stream.position import Position
-from quorumlog.stream.records import BatchKind, decode_batch
+from quorumlog.stream.records import BatchKind, RecordBatch, decode_batch
 from quorumlog.stream.writer import STREAM_PASSWORD
 
 if TYPE_CHECKING:
@@ -100,28 +103,44 @@ class LogReader:
                 if self._end is not None and pos >= self._end:
                     return
             ended = False
-            async for entry_id, batch in self._entries(seg, pos.entry):
-                if batch.kind == BatchKind.END_OF_STREAM:
-                    ended = True
+            while True:
+                try:
+                    async for entry_id, batch in self._entries(seg, pos.entry):
+                        if batch.kind == BatchKind.END_OF_STREAM:
+                            ended = True
+                            break
+                        for slot, (ts, payload) in enumerate(batch.records):
+                            if entry_id == pos.entry and slot < pos.slot:
+                                continue
+                            if seek_ts is not None:
+                                if ts < seek_ts:
+                                    continue
+                                seek_ts = None
+                            here = Position(seg.seq, entry_id, slot)
+                            if self._end is not None and here >= self._end:
+                                return
+                            self.position = here.next_slot()
+                            yield Record(here, payload, ts)
+                            pos = here.next_slot()
+                        pos = Position(seg.seq, entry_id + 1, 0)
                     break
-                for slot, (ts, payload) in enumerate(batch.records):
-                    if entry_id == pos.entry and slot < pos.slot:
-                        continue
-                    if seek_ts is not None:
-                        if ts < seek_ts:
-                            continue
-                        seek_ts = None
-                    here = Position(seg.seq, entry_id, slot)
-                    if self._end is not None and here >= self._end:
-                        return
-                    self.position = here.next_slot()
-                    yield Record(here, payload, ts)
-                pos = Position(seg.seq, entry_id + 1, 0)
+                except NoSuchLedgerError:
+                    # Offloaded and freed after this reader looked the segment up: on from the file.
+                    again = await self._log.log_store.read_segment(
+                        self._log.namespace, self._log.name, seg.seq
+                    )
+                    if again is None or again.value.offload is None:
+                        raise
+                    seg = again.value
             if ended or seg.end_of_stream:
                 return
             pos = Position(seg.seq + 1, 0, 0)
 
     async def _entries(self, seg: SegmentInfo, first: int) -> AsyncIterator[tuple[int, Any]]:
+        if seg.offload is not None:
+            async for item in _offloaded_entries(seg.offload.uri, first):
+                yield item
+            return
         client = self._log.client
         handle = await client.open_ledger(seg.ledger_id, password=STREAM_PASSWORD, recovery=False)
         try:
@@ -198,3 +217,20 @@ class LogReader:
         finally:
             seg_watch.close()
             log_watch.close()
+
+
+async def _offloaded_entries(uri: str, first: int) -> AsyncIterator[tuple[int, RecordBatch]]:
+    """The entries of an offloaded segment as record batches; the file is read off the event loop."""
+    from quorumlog.stream.offload import iter_offloaded_entries
+
+    entries = iter_offloaded_entries(uri, first)
+    try:
+        while True:
+            item: tuple[int, tuple[tuple[int, bytes], ...]] | None = await asyncio.to_thread(
+                next, entries, None
+            )
+            if item is None:
+                return
+            yield item[0], RecordBatch(BatchKind.DATA, 0, item[1])
+    finally:
+        entries.close()
