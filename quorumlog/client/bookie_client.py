@@ -868,6 +868,10 @@ def _to_callback(callback: AnswerCallback, context: Any, fut: asyncio.Future[Res
 
 def _chain(inner: asyncio.Future[Response], outer: asyncio.Future[Response]) -> None:
     if outer.done():
+        # The caller gave up (cancelled, timed out): the failure is nobody's news, but asyncio logs an
+        # exception that is never retrieved as an error.
+        if not inner.cancelled():
+            inner.exception()
         return
     if inner.cancelled():
         outer.cancel()
