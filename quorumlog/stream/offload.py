@@ -15,8 +15,9 @@ Rules it keeps, so a crash at any step leaves the segment readable and nothing h
   set after the delete, by CAS.
 - Every step is idempotent, so rerunning the job after a crash finishes it: a staged file is rewritten, a
   file in place but unrecorded is rewritten and recorded, a recorded segment is freed when due, a deleted
-  ledger whose flag was not set gets it. Concurrent runs on one log are safe (each CAS has one winner, the
-  loser finds the segment offloaded) though wasteful.
+  ledger whose flag was not set gets it, and files a killed run left staged are removed. Run one job per
+  log at a time: a concurrent run may fail (its staged file removed by the other), never half-show a file
+  or lose a record (each CAS has one winner; the loser finds the segment offloaded).
 
 `QUORUMLOG_OFFLOAD_CRASH_AT=<point>` kills the process with SIGKILL at that point (`CRASH_POINTS`): the
 fault hook the crash tests use, inactive unless the variable is set.
@@ -205,6 +206,7 @@ async def offload_segment(
     final = os.path.join(directory, name)
     staging = os.path.join(directory, STAGING_DIR)
     await asyncio.to_thread(os.makedirs, staging, exist_ok=True)
+    await asyncio.to_thread(_remove_staged, staging, name)
     temp = os.path.join(staging, f"{name}.{uuid.uuid4().hex}.tmp")
     try:
         rows = await _copy_segment(log_, info, temp)
@@ -408,6 +410,15 @@ def _check_file(path: str, info: SegmentInfo) -> int:
             f"{path} holds {meta.num_rows} records, segment {info.seq}'s metadata says {info.records}"
         )
     return os.path.getsize(path)
+
+
+def _remove_staged(staging: str, name: str) -> None:
+    """Remove what a killed run left staged for this segment (a concurrent run's file too: its rename then
+    fails and that run stops with an error, its segment still on the bookies)."""
+    for leftover in os.listdir(staging):
+        if leftover.startswith(name + ".") and leftover.endswith(".tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(staging, leftover))
 
 
 def _rename_durably(temp: str, final: str) -> None:
