@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -53,7 +54,7 @@ def visible_files(directory: str) -> list[str]:
     return sorted(n for n in os.listdir(directory) if not n.startswith(("_", ".")))
 
 
-async def test_kill_9_at_every_step_then_rerun_finishes(client: Client, cluster, tmp_path: str) -> None:  # type: ignore[no-untyped-def]
+async def test_kill_9_at_every_step_then_rerun_finishes(client: Client, cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     log = await client.namespace("tier").create_log("crashy", **SMALL)
     payloads = [b"r%04d-" % i + b"y" * 300 for i in range(90)]
     async with await log.open_writer() as writer:
@@ -91,7 +92,7 @@ async def test_kill_9_at_every_step_then_rerun_finishes(client: Client, cluster,
     assert Position(segs[-1].seq, 0, 0) <= positions[-1]
 
 
-async def test_errors_are_one_line(client: Client, cluster, tmp_path: str) -> None:  # type: ignore[no-untyped-def]
+async def test_errors_are_one_line(client: Client, cluster, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     open_only = await client.namespace("tier").create_log("open-only", **SMALL)
     writer = await open_only.open_writer()
     a_file = str(tmp_path / "a-file")
