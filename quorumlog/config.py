@@ -10,9 +10,14 @@ What it owns:
 - `all_tables()`: what `scripts/gen_config_docs.py` turns into docs/CONFIG.md, so the documentation is
   generated from these tables and cannot drift from them.
 
-The bookie's table lives with the bookie (`quorumlog.bookie.config`), auto-recovery's with auto-recovery
-(`quorumlog.replication.config`); the client, shell and standalone tables live here. The client table names
-the keyword arguments of `Client.connect` (`client_options` loads them for an application).
+One definition per component: a component with a config dataclass declares each field with `setting(...)`
+(default, help, range, choices) and its table is `table_of(ThatClass)`, so the dataclass, the table, the docs,
+the flags and the environment variables cannot disagree. The bookie's lives with the bookie
+(`quorumlog.bookie.config.BookieConfig`), auto-recovery's with auto-recovery
+(`quorumlog.replication.config.AutoRecoveryConfig`), the client's with the client
+(`quorumlog.client.client.ClientConfig`, whose fields are the keyword arguments of `Client.connect`;
+`client_options` loads them for an application). The shell, standalone and logging tables, which have no
+dataclass of their own, live here.
 
 A TOML file may hold one component's keys at top level, or several components as tables (`[bookie]`,
 `[client]`, `[shell]`, `[standalone]`, `[autorecovery]`); each component reads its own table.
@@ -20,12 +25,13 @@ A TOML file may hold one component's keys at top level, or several components as
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quorumlog.errors import ConfigError
 
@@ -37,11 +43,14 @@ __all__ = [
     "Setting",
     "SettingsTable",
     "all_tables",
+    "check_fields",
     "check_value",
     "client_connect_options",
     "client_options",
     "parse_text",
     "read_toml",
+    "setting",
+    "table_of",
 ]
 
 ENV_PREFIX = "QUORUMLOG_"
@@ -133,6 +142,65 @@ def parse_text(s: Setting, text: str, source: str) -> Any:
             f"{s.name}: cannot parse {text!r} as {s.kind.__name__}; allowed {s.allowed()} ({source})"
         ) from None
     return t
+
+
+# --- settings declared on a dataclass ----------------------------------------------------------------------------
+
+_SPEC = "quorumlog.setting"
+
+
+@dataclass(frozen=True)
+class _Spec:
+    help: str
+    low: float | None
+    high: float | None
+    choices: tuple[str, ...]
+    kind: type | None
+
+
+def setting(
+    default: Any,
+    help: str,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    choices: tuple[str, ...] = (),
+    kind: type | None = None,
+) -> Any:
+    """A dataclass field that is also a setting: `port: int = setting(3181, "port to listen on", 0, 65535)`.
+
+    The kind is the default's type unless given (write float defaults as floats: `0.0`, not `0`). A list
+    default becomes a default factory, so instances never share it. Returns `Any` so the annotation stays
+    the field's type for type checkers."""
+    meta = {_SPEC: _Spec(help, low, high, tuple(choices), kind)}
+    if isinstance(default, list):
+        frozen = tuple(default)
+        return dataclasses.field(default_factory=lambda: list(frozen), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def settings_of(cls: type) -> tuple[Setting, ...]:
+    """The `Setting` rows of a dataclass's `setting(...)` fields, in field order."""
+    out = []
+    for f in dataclasses.fields(cls):
+        spec = f.metadata.get(_SPEC)
+        if spec is None:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: a setting needs a default")
+        kind = spec.kind or type(default)
+        out.append(Setting(f.name, kind, default, spec.help, spec.low, spec.high, spec.choices))
+    return tuple(out)
+
+
+def check_fields(obj: Any, table: SettingsTable, source: str) -> None:
+    """`ConfigError` (an `InvalidArgumentError`) naming the first field of `obj` outside its table's range."""
+    for s in table.settings:
+        check_value(s, getattr(obj, s.name), source)
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -269,6 +337,11 @@ class SettingsTable:
         return decorate
 
 
+def table_of(cls: type, section: str, title: str, doc: str) -> SettingsTable:
+    """The settings table of a config dataclass declared with `setting(...)` fields."""
+    return SettingsTable(section, title, doc, settings_of(cls))
+
+
 def _show(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -279,129 +352,25 @@ def _show(value: Any) -> str:
 
 # --- the client ----------------------------------------------------------------------------------------------
 
-CLIENT = SettingsTable(
-    "client",
-    "Client",
-    "Keyword arguments of `Client.connect(uri, ...)` (API.md). The shell reads them from flags, "
-    "`QUORUMLOG_*` variables or the `[client]` table of its `--config` file; applications can do the same "
-    'with `Client.connect(uri, **quorumlog.config.client_options("app.toml"))`. 0 turns an interval or '
-    "timeout off.",
-    (
-        Setting(
-            "explicit_lac_interval_s",
-            float,
-            0.1,
-            "send the LAC to bookies this often while idle, so readers see the last entry",
-            0,
-            3600,
-        ),
-        Setting(
-            "add_timeout_s",
-            float,
-            5.0,
-            "a bookie silent this long on an add counts as failed (ensemble change)",
-            0,
-            3600,
-        ),
-        Setting(
-            "add_quorum_timeout_s",
-            float,
-            0.0,
-            "an entry without an ack quorum this long fails the writer (AddQuorumTimeoutError)",
-            0,
-            3600,
-        ),
-        Setting("read_timeout_s", float, 5.0, "timeout of each read, LAC read and recovery read", 0, 3600),
-        Setting(
-            "speculative_read_timeout_s",
-            float,
-            0.5,
-            "ask the next replica after this long without an answer",
-            0,
-            3600,
-        ),
-        Setting(
-            "ensemble_change",
-            str,
-            "immediate",
-            "what a writer does when a bookie fails",
-            choices=("immediate", "delayed", "disabled"),
-        ),
-        Setting(
-            "max_ensemble_changes",
-            int,
-            50,
-            "ensemble changes one write handle may make before it fails",
-            0,
-            1_000_000,
-        ),
-        Setting(
-            "placement",
-            str,
-            "random",
-            "how bookies are chosen for ensembles (rack/zone read the bookies' labels)",
-            choices=("random", "rack", "zone"),
-        ),
-        Setting(
-            "outstanding_adds_max",
-            int,
-            10_000,
-            "pending adds per write handle; append raises TooManyRequestsError beyond",
-            1,
-            10_000_000,
-        ),
-        Setting("protocol", str, "v3", "bookie wire protocol", choices=("v3", "v2")),
-        Setting(
-            "max_frame_bytes",
-            int,
-            5 << 20,
-            "largest frame sent or accepted; append refuses an entry whose ADD frame is larger "
-            "(InvalidArgumentError); keep it at or below the bookies' max_frame_bytes",
-            1024,
-            1 << 30,
-        ),
-        Setting(
-            "auth_plugin",
-            str,
-            "",
-            "authentication plugin run on every bookie connection (docs/SECURITY.md)",
-            choices=("", "quorumlog-token"),
-        ),
-        Setting(
-            "auth_token_file", str, "", "quorumlog-token: file holding this client's one 'name token' line"
-        ),
-        Setting(
-            "tls_enabled",
-            bool,
-            False,
-            "send START_TLS on every new bookie connection and talk TLS (docs/SECURITY.md)",
-        ),
-        Setting(
-            "tls_certificate_path",
-            str,
-            "",
-            "PEM certificate chain presented to bookies for mutual TLS (with tls_key_path; re-read on change)",
-        ),
-        Setting("tls_key_path", str, "", "PEM private key of tls_certificate_path (unencrypted)"),
-        Setting(
-            "tls_trust_store_path",
-            str,
-            "",
-            "PEM CA certificates that bookie certificates must chain to (empty: the system's CAs)",
-        ),
-        Setting(
-            "tls_hostname_verification",
-            bool,
-            False,
-            "also require the bookie certificate to name the address connected to (off, as in BookKeeper)",
-        ),
-    ),
-)
+if TYPE_CHECKING:
+    CLIENT: SettingsTable  # `quorumlog.client.client.CLIENT_TABLE`, through __getattr__ below
+
+
+def __getattr__(name: str) -> Any:
+    # The client's table is made from `ClientConfig` in the client package, which imports this module:
+    # resolved on first use so neither import needs the other to have finished.
+    if name == "CLIENT":
+        from quorumlog.client.client import CLIENT_TABLE
+
+        return CLIENT_TABLE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def client_connect_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """`Client.connect` keyword arguments from loaded client settings (only the client table's keys)."""
-    return {name: values[name] for name in CLIENT.names if name in values}
+    from quorumlog.client.client import CLIENT_TABLE
+
+    return {name: values[name] for name in CLIENT_TABLE.names if name in values}
 
 
 def client_options(
@@ -412,7 +381,9 @@ def client_options(
 
         client = await Client.connect(uri, **client_options("app.toml"))
     """
-    return client_connect_options(CLIENT.load(path, environ=environ, overrides=overrides))
+    from quorumlog.client.client import CLIENT_TABLE
+
+    return client_connect_options(CLIENT_TABLE.load(path, environ=environ, overrides=overrides))
 
 
 # --- the shell ------------------------------------------------------------------------------------------------
@@ -536,6 +507,7 @@ LOGGING = SettingsTable(
 def all_tables() -> list[SettingsTable]:
     """Every component's table, in the order docs/CONFIG.md lists them."""
     from quorumlog.bookie.config import TABLE as BOOKIE  # each area owns its table
+    from quorumlog.client.client import CLIENT_TABLE as CLIENT
     from quorumlog.replication.config import AUTORECOVERY
 
     return [BOOKIE, CLIENT, SHELL, STANDALONE, AUTORECOVERY, LOGGING]

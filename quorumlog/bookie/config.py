@@ -1,7 +1,8 @@
 """Bookie settings: one table of names, types, defaults and allowed ranges, read from a TOML file, environment
 variables and command-line flags (API.md, "Command line").
 
-What it owns: the bookie's table (`SETTINGS`), `BookieConfig` (frozen) and `load_config`. Loading, parsing
+What it owns: `BookieConfig` (frozen), the one definition of every bookie setting, the table made from it
+(`TABLE`, its rows `SETTINGS`) and `load_config`. Loading, parsing
 and the error messages are the shared ones of `quorumlog.config`: precedence flag > `QUORUMLOG_<NAME>` env
 var > TOML file > default, and every bad value raises `ConfigError` naming the key, the value and what is
 allowed.
@@ -12,263 +13,137 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from quorumlog.config import Setting, SettingsTable, check_value, parse_text
+from quorumlog.config import Setting, check_fields, parse_text, setting, table_of
 from quorumlog.errors import ConfigError
 
 __all__ = ["SETTINGS", "TABLE", "BookieConfig", "Setting", "load_config", "parse_text", "setting_parsers"]
 
 
-SETTINGS: tuple[Setting, ...] = (
-    Setting("host", str, "127.0.0.1", "address to listen on"),
-    Setting(
-        "port", int, 3181, "port to listen on (v2 and v3 on the same port); 0 picks a free one", 0, 65535
-    ),
-    Setting("data_dir", str, "./data/bookie", "base directory; journal and ledger dirs default under it"),
-    Setting("journal_dirs", list, [], "journal directory (one; default <data_dir>/journal)"),
-    Setting("ledger_dirs", list, [], "ledger directory (one; default <data_dir>/ledgers)"),
-    Setting("metadata", str, "", "metadata store URI (zk://, etcd://, file://); empty: run unregistered"),
-    Setting("bookie_id", str, "", "bookie id (default host:port)"),
-    Setting("journal_sync", bool, True, "fdatasync the journal before acknowledging (false loses data!)"),
-    Setting(
-        "journal_max_wait_ms", float, 1.0, "longest a journal batch waits to grow before its sync", 0, 1000
-    ),
-    Setting(
-        "journal_max_batch_bytes", int, 512 << 10, "journal batch size that triggers a sync", 4096, 64 << 20
-    ),
-    Setting("journal_file_size_bytes", int, 64 << 20, "journal file size (preallocated)", 1 << 20, 4 << 30),
-    Setting(
-        "journal_skip_corrupt_records",
-        bool,
+@dataclass(frozen=True)
+class BookieConfig:
+    """The bookie's settings: each field is declared once here with its default, help and range, and the
+    table (`TABLE`: flags, `QUORUMLOG_*` variables, TOML keys, docs/CONFIG.md) is made from these fields."""
+
+    host: str = setting("127.0.0.1", "address to listen on")
+    port: int = setting(3181, "port to listen on (v2 and v3 on the same port); 0 picks a free one", 0, 65_535)
+    data_dir: str = setting("./data/bookie", "base directory; journal and ledger dirs default under it")
+    # setting() makes a list default a default factory (instances never share it), which ruff cannot see.
+    journal_dirs: list[str] = setting(  # noqa: RUF009
+        [],
+        "journal directory (one; default <data_dir>/journal)",
+    )
+    ledger_dirs: list[str] = setting(  # noqa: RUF009
+        [],
+        "ledger directory (one; default <data_dir>/ledgers)",
+    )
+    metadata: str = setting("", "metadata store URI (zk://, etcd://, file://); empty: run unregistered")
+    bookie_id: str = setting("", "bookie id (default host:port)")
+    journal_sync: bool = setting(True, "fdatasync the journal before acknowledging (false loses data!)")
+    journal_max_wait_ms: float = setting(
+        1.0, "longest a journal batch waits to grow before its sync", 0, 1000
+    )
+    journal_max_batch_bytes: int = setting(
+        512 << 10, "journal batch size that triggers a sync", 4096, 64 << 20
+    )
+    journal_file_size_bytes: int = setting(64 << 20, "journal file size (preallocated)", 1 << 20, 4 << 30)
+    journal_skip_corrupt_records: bool = setting(
         False,
         "at start, skip journal data damaged in the middle (valid data after it) and replay the rest, "
         "instead of refusing to start; what the damaged data held is lost on this bookie",
-    ),
-    Setting("write_cache_bytes", int, 64 << 20, "write cache, both halves together", 1 << 20, 64 << 30),
-    Setting(
-        "read_ahead_bytes", int, 64 << 10, "bytes read ahead from an entry log on a cache miss", 0, 64 << 20
-    ),
-    Setting("read_cache_bytes", int, 16 << 20, "read-ahead cache size", 0, 64 << 30),
-    Setting("entry_log_size_bytes", int, 1 << 30, "entry log size before rolling", 1 << 20, 64 << 30),
-    Setting("checkpoint_interval_s", float, 10.0, "longest time between checkpoints", 0.01, 3600),
-    Setting("max_connections", int, 1000, "open client connections allowed", 1, 1_000_000),
-    Setting(
-        "max_pending_requests",
-        int,
-        10_000,
-        "in-flight requests per connection before ETOOMANYREQUESTS",
-        1,
-        10_000_000,
-    ),
-    Setting("max_frame_bytes", int, 5 << 20, "largest accepted frame", 1024, 1 << 30),
-    Setting(
-        "max_connections_per_address",
-        int,
-        200,
-        "open client connections allowed from one IP address",
-        1,
-        1_000_000,
-    ),
-    Setting(
-        "max_pending_bytes_per_connection",
-        int,
-        64 << 20,
-        "bytes of unanswered adds per connection before reading from it pauses",
-        1 << 20,
-        1 << 40,
-    ),
-    Setting(
-        "idle_connection_timeout_s",
-        float,
+    )
+    write_cache_bytes: int = setting(64 << 20, "write cache, both halves together", 1 << 20, 64 << 30)
+    read_ahead_bytes: int = setting(
+        64 << 10, "bytes read ahead from an entry log on a cache miss", 0, 64 << 20
+    )
+    read_cache_bytes: int = setting(16 << 20, "read-ahead cache size", 0, 64 << 30)
+    entry_log_size_bytes: int = setting(1 << 30, "entry log size before rolling", 1 << 20, 64 << 30)
+    checkpoint_interval_s: float = setting(10.0, "longest time between checkpoints", 0.01, 3600)
+    max_connections: int = setting(1000, "open client connections allowed", 1, 1_000_000)
+    max_pending_requests: int = setting(
+        10_000, "in-flight requests per connection before ETOOMANYREQUESTS", 1, 10_000_000
+    )
+    max_frame_bytes: int = setting(5 << 20, "largest accepted frame", 1 << 10, 1 << 30)
+    max_connections_per_address: int = setting(
+        200, "open client connections allowed from one IP address", 1, 1_000_000
+    )
+    max_pending_bytes_per_connection: int = setting(
+        64 << 20, "bytes of unanswered adds per connection before reading from it pauses", 1 << 20, 1 << 40
+    )
+    idle_connection_timeout_s: float = setting(
         600.0,
         "a connection with nothing in flight that sends nothing this long is closed (0 = never)",
         0,
         1e7,
-    ),
-    Setting(
-        "long_poll_timeout_ms_max",
-        int,
-        30_000,
-        "longest a long-poll read may wait, whatever the client asks",
-        0,
-        3_600_000,
-    ),
-    Setting(
-        "max_parked_long_polls",
-        int,
-        10_000,
-        "long-poll reads waiting at once (more are answered at once, as timed out)",
-        0,
-        10_000_000,
-    ),
-    Setting("disk_usage_threshold", float, 0.95, "disk usage fraction that turns the bookie read-only", 0, 1),
-    Setting("disk_usage_lwm", float, 0.90, "disk usage fraction below which it becomes writable again", 0, 1),
-    Setting("disk_check_interval_s", float, 10.0, "how often disk usage is checked", 0.01, 3600),
-    Setting("read_only_mode", bool, True, "go read-only on a full disk (false: shut down instead)"),
-    Setting(
-        "gc_interval_s",
-        float,
-        900.0,
-        "interval of garbage collection; compaction is checked after each round",
-        0,
-        1e7,
-    ),
-    Setting(
-        "minor_compaction_threshold",
-        float,
-        0.2,
-        "minor compaction rewrites sealed entry logs whose live ratio is below this (0 = off)",
-        0,
-        1,
-    ),
-    Setting(
-        "minor_compaction_interval_s",
-        float,
-        3600.0,
-        "interval of minor compaction, checked after each GC round (0 = off)",
-        0,
-        1e7,
-    ),
-    Setting(
-        "major_compaction_threshold",
-        float,
-        0.8,
-        "major compaction rewrites sealed entry logs whose live ratio is below this (0 = off)",
-        0,
-        1,
-    ),
-    Setting(
-        "major_compaction_interval_s",
-        float,
-        86400.0,
-        "interval of major compaction, checked after each GC round (0 = off)",
-        0,
-        1e7,
-    ),
-    Setting(
-        "compaction_rate_bytes_per_s",
-        int,
-        4 << 20,
-        "most entry bytes compaction copies per second (0 = unthrottled)",
-        0,
-        1 << 40,
-    ),
-    Setting(
-        "auth_plugin",
-        str,
+    )
+    long_poll_timeout_ms_max: int = setting(
+        30_000, "longest a long-poll read may wait, whatever the client asks", 0, 3_600_000
+    )
+    max_parked_long_polls: int = setting(
+        10_000, "long-poll reads waiting at once (more are answered at once, as timed out)", 0, 10_000_000
+    )
+    disk_usage_threshold: float = setting(0.95, "disk usage fraction that turns the bookie read-only", 0, 1)
+    disk_usage_lwm: float = setting(0.9, "disk usage fraction below which it becomes writable again", 0, 1)
+    disk_check_interval_s: float = setting(10.0, "how often disk usage is checked", 0.01, 3600)
+    read_only_mode: bool = setting(True, "go read-only on a full disk (false: shut down instead)")
+    gc_interval_s: float = setting(
+        900.0, "interval of garbage collection; compaction is checked after each round", 0, 1e7
+    )
+    minor_compaction_threshold: float = setting(
+        0.2, "minor compaction rewrites sealed entry logs whose live ratio is below this (0 = off)", 0, 1
+    )
+    minor_compaction_interval_s: float = setting(
+        3600.0, "interval of minor compaction, checked after each GC round (0 = off)", 0, 1e7
+    )
+    major_compaction_threshold: float = setting(
+        0.8, "major compaction rewrites sealed entry logs whose live ratio is below this (0 = off)", 0, 1
+    )
+    major_compaction_interval_s: float = setting(
+        86400.0, "interval of major compaction, checked after each GC round (0 = off)", 0, 1e7
+    )
+    compaction_rate_bytes_per_s: int = setting(
+        4 << 20, "most entry bytes compaction copies per second (0 = unthrottled)", 0, 1 << 40
+    )
+    auth_plugin: str = setting(
         "",
         "authentication plugin clients must pass before any request (empty: none; docs/SECURITY.md)",
         choices=("", "quorumlog-token"),
-    ),
-    Setting(
-        "auth_token_file", str, "", "quorumlog-token: file of accepted 'name token' lines (re-read on change)"
-    ),
-    Setting(
-        "tls_certificate_path",
-        str,
-        "",
-        "PEM certificate chain of this bookie; with tls_key_path, enables START_TLS (re-read on change)",
-    ),
-    Setting("tls_key_path", str, "", "PEM private key of tls_certificate_path (unencrypted)"),
-    Setting("tls_trust_store_path", str, "", "PEM CA certificates that client certificates must chain to"),
-    Setting(
-        "tls_client_auth",
-        str,
+    )
+    auth_token_file: str = setting(
+        "", "quorumlog-token: file of accepted 'name token' lines (re-read on change)"
+    )
+    tls_certificate_path: str = setting(
+        "", "PEM certificate chain of this bookie; with tls_key_path, enables START_TLS (re-read on change)"
+    )
+    tls_key_path: str = setting("", "PEM private key of tls_certificate_path (unencrypted)")
+    tls_trust_store_path: str = setting("", "PEM CA certificates that client certificates must chain to")
+    tls_client_auth: str = setting(
         "none",
         "client certificates: not asked for, verified when presented, or required (mutual TLS)",
         choices=("none", "optional", "required"),
-    ),
-    Setting(
-        "tls_required",
-        bool,
-        False,
-        "refuse clear-text clients: every request but START_TLS and AUTH before the upgrade gets EUA",
-    ),
-    Setting(
-        "tls_authorized_roles",
-        list,
+    )
+    tls_required: bool = setting(
+        False, "refuse clear-text clients: every request but START_TLS and AUTH before the upgrade gets EUA"
+    )
+    tls_authorized_roles: list[str] = setting(  # noqa: RUF009
         [],
         "roles a client certificate's first OU role (OU=0:role,...) must be one of; empty: any trusted "
         "certificate (needs tls_client_auth=required)",
-    ),
-    Setting("http_port", int, 0, "admin HTTP API and /metrics port (0 = off)", 0, 65535),
-    Setting(
-        "http_host",
-        str,
-        "127.0.0.1",
-        "address the admin HTTP API binds; off loopback, changes (PUT) need http_token_file",
-    ),
-    Setting(
-        "http_token_file",
-        str,
+    )
+    http_port: int = setting(0, "admin HTTP API and /metrics port (0 = off)", 0, 65_535)
+    http_host: str = setting(
+        "127.0.0.1", "address the admin HTTP API binds; off loopback, changes (PUT) need http_token_file"
+    )
+    http_token_file: str = setting(
         "",
         "file whose first line is the bearer token the admin API's changes (PUT) need; empty: changes are "
         "served on a loopback http_host only",
-    ),
-)
-_BY_NAME = {s.name: s for s in SETTINGS}
-TABLE = SettingsTable(
-    "bookie",
-    "Bookie",
-    "`quorumlog bookie` (API.md); the `[bookie]` table or the top level of `--config bookie.toml`.",
-    SETTINGS,
-)
-
-
-@dataclass(frozen=True)
-class BookieConfig:
-    host: str = "127.0.0.1"
-    port: int = 3181
-    data_dir: str = "./data/bookie"
-    journal_dirs: list[str] = field(default_factory=list)
-    ledger_dirs: list[str] = field(default_factory=list)
-    metadata: str = ""
-    bookie_id: str = ""
-    journal_sync: bool = True
-    journal_max_wait_ms: float = 1.0
-    journal_max_batch_bytes: int = 512 << 10
-    journal_file_size_bytes: int = 64 << 20
-    journal_skip_corrupt_records: bool = False
-    write_cache_bytes: int = 64 << 20
-    read_ahead_bytes: int = 64 << 10
-    read_cache_bytes: int = 16 << 20
-    entry_log_size_bytes: int = 1 << 30
-    checkpoint_interval_s: float = 10.0
-    max_connections: int = 1000
-    max_pending_requests: int = 10_000
-    max_frame_bytes: int = 5 << 20
-    max_connections_per_address: int = 200
-    max_pending_bytes_per_connection: int = 64 << 20
-    idle_connection_timeout_s: float = 600.0
-    long_poll_timeout_ms_max: int = 30_000
-    max_parked_long_polls: int = 10_000
-    disk_usage_threshold: float = 0.95
-    disk_usage_lwm: float = 0.90
-    disk_check_interval_s: float = 10.0
-    read_only_mode: bool = True
-    gc_interval_s: float = 900.0
-    minor_compaction_threshold: float = 0.2
-    minor_compaction_interval_s: float = 3600.0
-    major_compaction_threshold: float = 0.8
-    major_compaction_interval_s: float = 86400.0
-    compaction_rate_bytes_per_s: int = 4 << 20
-    auth_plugin: str = ""
-    auth_token_file: str = ""
-    tls_certificate_path: str = ""
-    tls_key_path: str = ""
-    tls_trust_store_path: str = ""
-    tls_client_auth: str = "none"
-    tls_required: bool = False
-    tls_authorized_roles: list[str] = field(default_factory=list)
-    http_port: int = 0
-    http_host: str = "127.0.0.1"
-    http_token_file: str = ""
+    )
 
     def __post_init__(self) -> None:
-        for s in SETTINGS:
-            _check(s, getattr(self, s.name), "value")
+        check_fields(self, TABLE, "value")
         if len(self.journal_dirs) > 1 or len(self.ledger_dirs) > 1:
             raise ConfigError("journal_dirs / ledger_dirs: one directory each is supported for now")
         if self.disk_usage_lwm > self.disk_usage_threshold:
@@ -330,8 +205,13 @@ class BookieConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _check(s: Setting, value: Any, source: str) -> None:
-    check_value(s, value, source)
+TABLE = table_of(
+    BookieConfig,
+    "bookie",
+    "Bookie",
+    "`quorumlog bookie` (API.md); the `[bookie]` table or the top level of `--config bookie.toml`.",
+)
+SETTINGS: tuple[Setting, ...] = TABLE.settings
 
 
 def load_config(

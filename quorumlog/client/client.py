@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from quorumlog.client.distribution import Quorum
 from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledger
 from quorumlog.client.placement import BookieInfo, PlacementPolicy, placement_by_name
 from quorumlog.client.ticker import Ticker
+from quorumlog.config import check_value, setting, table_of
 from quorumlog.env import Env, default_env
 from quorumlog.errors import (
     ClientClosedError,
@@ -49,7 +49,7 @@ from quorumlog.proto.messages import ProtocolVersion
 from quorumlog.security.auth import ClientAuth
 from quorumlog.security.tls import TLSContextSource
 
-__all__ = ["Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
+__all__ = ["CLIENT_TABLE", "Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
 
 log = logging.getLogger("quorumlog.client")
 
@@ -64,86 +64,110 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Client settings (API.md `Client.connect`). 0 turns an interval or timeout off."""
+    """Client settings: the one definition of the keyword arguments of `Client.connect` (API.md), of the
+    `[client]` table, its `QUORUMLOG_*` variables and shell flags, and of docs/CONFIG.md (all derived from
+    these fields). Every value is checked against its range here, whichever way it came
+    (`InvalidArgumentError`, as `ConfigError`, naming the key and the range). 0 turns an interval or timeout
+    off."""
 
-    explicit_lac_interval_s: float = 0.1
-    """Send WRITE_LAC this often while the LAC is ahead of what bookies saw (readers see the last entry)."""
-    add_timeout_s: float = 5.0
-    """A bookie that has not acknowledged an add for this long counts as failed (ensemble change)."""
-    add_quorum_timeout_s: float = 0.0
-    """An entry without an ack quorum after this long fails the writer (AddQuorumTimeoutError)."""
-    read_timeout_s: float = 5.0
-    """Per-request timeout of reads, LAC reads and recovery reads."""
-    speculative_read_timeout_s: float = 0.5
-    """Ask the next replica after this long without an answer (the first answer wins)."""
-    ensemble_change: EnsembleChangeMode = "immediate"
-    max_ensemble_changes: int = 50
-    """Ensemble changes one write handle may make; the next failure then fails the writer."""
-    outstanding_adds_max: int = OUTSTANDING_ADDS_MAX_DEFAULT
-    """Pending adds per write handle; `append` raises TooManyRequestsError past it."""
-    protocol: str = "v3"
-    auth_plugin: str = ""
-    """Authentication plugin run on every bookie connection (docs/SECURITY.md): "" or "quorumlog-token"."""
-    auth_token_file: str = ""
-    """quorumlog-token: a file holding this client's one `name token` line."""
-    tls_enabled: bool = False
-    """Send START_TLS on every new bookie connection and talk TLS (docs/SECURITY.md, "TLS")."""
-    tls_certificate_path: str = ""
-    """PEM certificate chain presented to bookies (mutual TLS); with `tls_key_path`."""
-    tls_key_path: str = ""
-    """PEM private key of `tls_certificate_path` (unencrypted)."""
-    tls_trust_store_path: str = ""
-    """PEM CA certificates that bookie certificates must chain to (empty: the system's CAs)."""
-    tls_hostname_verification: bool = False
-    """Also require the bookie's certificate to name the address connected to (off, as in BookKeeper)."""
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    """Largest frame sent or accepted (BookKeeper's nettyMaxFrameSizeBytes, 5 MiB): `append` refuses an
-    entry whose ADD frame would be larger (InvalidArgumentError) -- set it to the bookies' own limit."""
+    explicit_lac_interval_s: float = setting(
+        0.1, "send the LAC to bookies this often while idle, so readers see the last entry", 0, 3600
+    )
+    add_timeout_s: float = setting(
+        5.0, "a bookie silent this long on an add counts as failed (ensemble change)", 0, 3600
+    )
+    add_quorum_timeout_s: float = setting(
+        0.0, "an entry without an ack quorum this long fails the writer (AddQuorumTimeoutError)", 0, 3600
+    )
+    read_timeout_s: float = setting(5.0, "timeout of each read, LAC read and recovery read", 0, 3600)
+    speculative_read_timeout_s: float = setting(
+        0.5, "ask the next replica after this long without an answer (the first answer wins)", 0, 3600
+    )
+    # setting() is a dataclasses.field (its value is immutable), which ruff cannot see.
+    ensemble_change: EnsembleChangeMode = setting(  # noqa: RUF009
+        "immediate", "what a writer does when a bookie fails", choices=("immediate", "delayed", "disabled")
+    )
+    max_ensemble_changes: int = setting(
+        50, "ensemble changes one write handle may make before it fails", 0, 1_000_000
+    )
+    placement: str | PlacementPolicy = setting(  # noqa: RUF009
+        "random",
+        "how bookies are chosen for ensembles (rack/zone read the bookies' labels); Client.connect also "
+        "takes a PlacementPolicy object",
+        choices=("random", "rack", "zone"),
+    )
+    outstanding_adds_max: int = setting(
+        OUTSTANDING_ADDS_MAX_DEFAULT,
+        "pending adds per write handle; append raises TooManyRequestsError beyond",
+        1,
+        10_000_000,
+    )
+    protocol: str = setting("v3", "bookie wire protocol", choices=("v3", "v2"))
+    max_frame_bytes: int = setting(
+        DEFAULT_MAX_FRAME_BYTES,
+        "largest frame sent or accepted (BookKeeper's nettyMaxFrameSizeBytes); append refuses an entry whose "
+        "ADD frame is larger (InvalidArgumentError); keep it at or below the bookies' max_frame_bytes",
+        MAX_FRAME_BYTES_MIN,
+        MAX_FRAME_BYTES_MAX,
+    )
+    auth_plugin: str = setting(
+        "",
+        "authentication plugin run on every bookie connection (docs/SECURITY.md)",
+        choices=("", "quorumlog-token"),
+    )
+    auth_token_file: str = setting("", "quorumlog-token: file holding this client's one 'name token' line")
+    tls_enabled: bool = setting(
+        False, "send START_TLS on every new bookie connection and talk TLS (docs/SECURITY.md)"
+    )
+    tls_certificate_path: str = setting(
+        "",
+        "PEM certificate chain presented to bookies for mutual TLS (with tls_key_path; re-read on change)",
+    )
+    tls_key_path: str = setting("", "PEM private key of tls_certificate_path (unencrypted)")
+    tls_trust_store_path: str = setting(
+        "", "PEM CA certificates that bookie certificates must chain to (empty: the system's CAs)"
+    )
+    tls_hostname_verification: bool = setting(
+        False, "also require the bookie certificate to name the address connected to (off, as in BookKeeper)"
+    )
 
     def __post_init__(self) -> None:
+        for s in CLIENT_TABLE.settings:
+            value = getattr(self, s.name)
+            if s.name == "placement" and not isinstance(value, str):
+                if not callable(
+                    getattr(value, "new_ensemble", None)
+                ):  # the protocol is not runtime-checkable
+                    raise InvalidArgumentError(
+                        f"placement={value!r}: must be 'random', 'rack', 'zone' or a PlacementPolicy"
+                    )
+                continue
+            check_value(s, value, "from Client.connect")
         if not self.tls_enabled and (
             self.tls_certificate_path or self.tls_key_path or self.tls_trust_store_path
         ):
             raise InvalidArgumentError(
                 "tls_certificate_path, tls_key_path, tls_trust_store_path need tls_enabled=True"
             )
-        for name in (
-            "explicit_lac_interval_s",
-            "add_timeout_s",
-            "add_quorum_timeout_s",
-            "read_timeout_s",
-            "speculative_read_timeout_s",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise InvalidArgumentError(f"{name}={value!r}: must be a number >= 0 (0 turns it off)")
-        if self.ensemble_change not in ("immediate", "delayed", "disabled"):
-            raise InvalidArgumentError(
-                f"ensemble_change={self.ensemble_change!r}: must be 'immediate', 'delayed' or 'disabled'"
-            )
-        if not isinstance(self.max_ensemble_changes, int) or self.max_ensemble_changes < 0:
-            raise InvalidArgumentError(
-                f"max_ensemble_changes={self.max_ensemble_changes!r}: must be an int >= 0"
-            )
-        if not isinstance(self.outstanding_adds_max, int) or self.outstanding_adds_max < 1:
-            raise InvalidArgumentError(
-                f"outstanding_adds_max={self.outstanding_adds_max!r}: must be an int >= 1"
-            )
-        if (
-            not isinstance(self.max_frame_bytes, int)
-            or isinstance(self.max_frame_bytes, bool)
-            or not MAX_FRAME_BYTES_MIN <= self.max_frame_bytes <= MAX_FRAME_BYTES_MAX
-        ):
-            raise InvalidArgumentError(
-                f"max_frame_bytes={self.max_frame_bytes!r}: must be an int in "
-                f"[{MAX_FRAME_BYTES_MIN}, {MAX_FRAME_BYTES_MAX}]"
-            )
-        if self.protocol not in ("v2", "v3"):
-            raise InvalidArgumentError(f"protocol={self.protocol!r}: must be 'v3' (default) or 'v2'")
 
     @property
     def protocol_version(self) -> ProtocolVersion:
         return ProtocolVersion.V2 if self.protocol == "v2" else ProtocolVersion.V3
+
+    @property
+    def placement_policy(self) -> PlacementPolicy:
+        return placement_by_name(self.placement) if isinstance(self.placement, str) else self.placement
+
+
+CLIENT_TABLE = table_of(
+    ClientConfig,
+    "client",
+    "Client",
+    "Keyword arguments of `Client.connect(uri, ...)` (API.md), defined once by `ClientConfig`. The shell "
+    "reads them from flags, `QUORUMLOG_*` variables or the `[client]` table of its `--config` file; "
+    "applications can do the same with "
+    '`Client.connect(uri, **quorumlog.config.client_options("app.toml"))`. 0 turns an interval or timeout off.',
+)
 
 
 def _check_password(password: Any) -> bytes:
@@ -214,11 +238,11 @@ class Client:
         add_quorum_timeout_s: float = ClientConfig.add_quorum_timeout_s,
         read_timeout_s: float = ClientConfig.read_timeout_s,
         speculative_read_timeout_s: float = ClientConfig.speculative_read_timeout_s,
-        ensemble_change: EnsembleChangeMode = "immediate",
+        ensemble_change: EnsembleChangeMode = ClientConfig.ensemble_change,
         max_ensemble_changes: int = ClientConfig.max_ensemble_changes,
         outstanding_adds_max: int = ClientConfig.outstanding_adds_max,
-        placement: str | PlacementPolicy = "random",
-        protocol: str = "v3",
+        placement: str | PlacementPolicy = ClientConfig.placement,
+        protocol: str = ClientConfig.protocol,
         max_frame_bytes: int = ClientConfig.max_frame_bytes,
         auth_plugin: str = ClientConfig.auth_plugin,
         auth_token_file: str = ClientConfig.auth_token_file,
@@ -243,6 +267,7 @@ class Client:
             speculative_read_timeout_s=speculative_read_timeout_s,
             ensemble_change=ensemble_change,
             max_ensemble_changes=max_ensemble_changes,
+            placement=placement,
             outstanding_adds_max=outstanding_adds_max,
             protocol=protocol,
             max_frame_bytes=max_frame_bytes,
@@ -254,7 +279,7 @@ class Client:
             tls_trust_store_path=tls_trust_store_path,
             tls_hostname_verification=tls_hostname_verification,
         )
-        policy = placement_by_name(placement) if isinstance(placement, str) else placement
+        policy = config.placement_policy
         owns = store is None
         if store is None:
             store = await open_cluster_store(uri)

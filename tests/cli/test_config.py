@@ -4,6 +4,7 @@ generated text of the tables in the code."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import subprocess
@@ -111,15 +112,24 @@ def test_text_parsing() -> None:
     assert t.load(environ={"QUORUMLOG_N": "0x10"})["n"] == 16
 
 
-def test_client_table_matches_client_connect() -> None:
-    """The client table documents Client.connect: same names, same defaults."""
-    from quorumlog.client.client import Client
+# Client.connect parameters that are not settings: objects an application passes in.
+_CONNECT_NON_SETTINGS = {"uri", "env", "store", "metrics_registry"}
+
+
+def test_client_connect_the_dataclass_and_the_table_agree() -> None:
+    """One definition (ClientConfig): Client.connect's keywords, their defaults, the table and the dataclass
+    are the same names and values, so a setting added or changed in one place cannot drift."""
+    from quorumlog.client.client import Client, ClientConfig
 
     params = inspect.signature(Client.connect).parameters
+    keywords = {n: p for n, p in params.items() if n not in _CONNECT_NON_SETTINGS and n != "cls"}
+    fields = {f.name: f for f in dataclasses.fields(ClientConfig)}
+    assert set(keywords) == set(fields) == set(CLIENT.names)
+    defaults = ClientConfig()
     for s in CLIENT.settings:
-        assert s.name in params, f"{s.name} is not a Client.connect argument"
-        assert params[s.name].default == s.default, (s.name, params[s.name].default, s.default)
-    for name in (
+        assert keywords[s.name].kind is inspect.Parameter.KEYWORD_ONLY, s.name
+        assert keywords[s.name].default == s.default == getattr(defaults, s.name), s.name
+    for name in (  # API.md's names
         "explicit_lac_interval_s",
         "add_timeout_s",
         "add_quorum_timeout_s",
@@ -130,6 +140,49 @@ def test_client_table_matches_client_connect() -> None:
         "placement",
     ):
         assert name in CLIENT.names
+
+
+@pytest.mark.parametrize(
+    "setting", [s for s in CLIENT.settings if s.low is not None or s.choices], ids=lambda s: s.name
+)
+def test_client_connect_refuses_what_the_table_refuses(setting: Setting) -> None:
+    """The API checks the same ranges as flags, variables and files (they disagreed: the API took any
+    timeout >= 0, e.g. add_timeout_s=7200, which the table refuses)."""
+    from quorumlog.client.client import ClientConfig
+    from quorumlog.errors import InvalidArgumentError
+
+    bad: Any = setting.high * 2 + 1 if setting.high is not None else "not-a-choice"
+    if setting.kind is float:
+        bad = float(bad)
+    with pytest.raises(InvalidArgumentError) as err:
+        ClientConfig(**{setting.name: bad})
+    assert setting.name in str(err.value) and setting.allowed() in str(err.value)
+    with pytest.raises(ConfigError):
+        CLIENT.load(data={setting.name: bad}, environ={})
+
+
+async def test_client_connect_checks_before_touching_the_store(tmp_path: Any) -> None:
+    from quorumlog.client.client import Client
+    from quorumlog.errors import InvalidArgumentError
+
+    with pytest.raises(
+        InvalidArgumentError, match=r"read_timeout_s=7200.0 is out of range: allowed 0 \.\. 3600"
+    ):
+        await Client.connect(f"file://{tmp_path}/none", read_timeout_s=7200.0)
+
+
+@pytest.mark.parametrize("component", ["bookie", "autorecovery"])
+def test_component_tables_are_made_from_their_dataclass(component: str) -> None:
+    from quorumlog.bookie.config import BookieConfig
+    from quorumlog.replication.config import AutoRecoveryConfig
+
+    cls: Any = {"bookie": BookieConfig, "autorecovery": AutoRecoveryConfig}[component]
+    table = next(t for t in all_tables() if t.section == component)
+    assert table.names == tuple(f.name for f in dataclasses.fields(cls))
+    assert table.defaults() == dataclasses.asdict(cls())
+    worst = next(s for s in table.settings if s.high is not None)
+    with pytest.raises(ConfigError, match=worst.name):
+        cls(**{worst.name: type(worst.default)(worst.high * 2 + 1)})
 
 
 def test_bookie_table_is_documented_whole() -> None:
