@@ -249,6 +249,7 @@ class Simulation:
     async def append_burst(self, handle: Any, rec: LedgerRecord, count: int) -> bool:
         """Append `count` entries pipelined; record the acknowledged ones. False once the handle failed."""
         futures = []
+        ok = True
         for _ in range(count):
             eid = handle.last_add_pushed + 1
             payload = b"L%d-E%d-%d" % (rec.ledger_id, eid, self.rng.getrandbits(32))
@@ -256,9 +257,11 @@ class Simulation:
                 fut = handle.append(payload)
             except QuorumLogError as e:
                 self.count_error(e)
-                return False
+                ok = False
+                break
             futures.append((payload, fut))
-        ok = True
+        # Every future is awaited, also after a refused append: the ones already pushed may still be
+        # acknowledged (the checkers must know), and a failed one nobody awaits is logged as an error.
         for payload, fut in futures:
             try:
                 eid = await fut
