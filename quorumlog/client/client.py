@@ -22,12 +22,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import CollectorRegistry
+
 from quorumlog.client.add_tracker import OUTSTANDING_ADDS_MAX_DEFAULT, EnsembleChangeMode
 from quorumlog.client.bookie_client import BookieClient
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledger
+from quorumlog.client.metrics import ClientCollector, ClientStats, timed
 from quorumlog.client.placement import BookieInfo, PlacementPolicy, placement_by_name
-from quorumlog.client.ticker import Ticker
+from quorumlog.client.ticker import EXPLICIT_LAC_VISITS_PER_S_MAX, Ticker
 from quorumlog.config import check_value, setting, table_of
 from quorumlog.env import Env, default_env
 from quorumlog.errors import (
@@ -190,6 +193,7 @@ class Client:
         env: Env,
         *,
         owns_store: bool = True,
+        metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -220,13 +224,23 @@ class Client:
         # ahead of what its bookies saw, and one for add timeouts, armed only while some handle has adds in
         # flight (ticker.py): the periodic cost follows the traffic, not the number of open ledgers.
         self._lac_flusher: Ticker[WriteHandle] = Ticker(
-            config.explicit_lac_interval_s, lambda h: h._flush_explicit_lac()
+            config.explicit_lac_interval_s,
+            lambda h: h._flush_explicit_lac(),
+            visits_per_s_max=EXPLICIT_LAC_VISITS_PER_S_MAX,
         )
         timeouts = [t / 4 for t in (config.add_timeout_s, config.add_quorum_timeout_s) if t > 0]
         self._add_timeouts: Ticker[WriteHandle] = Ticker(
             max(0.005, min(timeouts)) if timeouts else 0.0, lambda h: h._check_timeouts()
         )
         self._closed = False
+        # Counted on the client's paths (metrics.py); read only when `metrics_registry` is scraped.
+        self.stats = ClientStats()
+        self._own_registry = metrics_registry is None
+        self.metrics_registry: CollectorRegistry = (
+            CollectorRegistry(auto_describe=False) if metrics_registry is None else metrics_registry
+        )
+        self._collector = ClientCollector(self)
+        self.metrics_registry.register(self._collector)  # type: ignore[arg-type]
 
     @classmethod
     async def connect(
@@ -253,10 +267,14 @@ class Client:
         tls_hostname_verification: bool = ClientConfig.tls_hostname_verification,
         env: Env | None = None,
         store: MetadataStore | None = None,
+        metrics_registry: CollectorRegistry | None = None,
     ) -> Client:
         """Connect to the metadata store at `uri` (zk://, etcd://, file://) and follow bookie membership.
 
         `store`: use an already open store instead of opening `uri` (it is then not closed by `close()`).
+        `metrics_registry`: register this client's metrics there (e.g. prometheus_client's `REGISTRY`, to
+        serve them with the application's own); by default the client has a registry of its own,
+        `client.metrics_registry` (docs/CLIENT.md "Metrics").
         A `file://` directory holding no initialised cluster is refused (`MetadataNotFoundError`), not created.
         """
         config = ClientConfig(
@@ -291,7 +309,15 @@ class Client:
             if owns:
                 await store.close()
             raise
-        return cls(store, registry, config, policy, env or default_env(), owns_store=owns)
+        return cls(
+            store,
+            registry,
+            config,
+            policy,
+            env or default_env(),
+            owns_store=owns,
+            metrics_registry=metrics_registry,
+        )
 
     # --- shared resources --------------------------------------------------------------------------------
 
@@ -379,6 +405,35 @@ class Client:
             raise InvalidArgumentError(f"ledger_id={ledger_id!r}: must be an int in [0, 2^63-1]")
         if recovery_key is not None and (store_password or not isinstance(recovery_key, RecoveryKey)):
             raise InvalidArgumentError("recovery_key: a RecoveryKey, and only with store_password=False")
+        with timed(self.stats.create_ms, self.env.clock):
+            return await self._create_ledger(
+                ensemble_size,
+                write_quorum,
+                ack_quorum,
+                digest,
+                pw,
+                custom,
+                ledger_id,
+                adv,
+                deferred_sync,
+                store_password,
+                recovery_key,
+            )
+
+    async def _create_ledger(
+        self,
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        digest: DigestType,
+        pw: bytes,
+        custom_metadata: Mapping[str, Any],
+        ledger_id: int | None,
+        adv: bool,
+        deferred_sync: bool,
+        store_password: bool,
+        recovery_key: RecoveryKey | None,
+    ) -> WriteHandle:
         ensemble = self.placement.new_ensemble(ensemble_size, write_quorum, self.bookie_infos(), self.env.rng)
         fields: dict[str, Any] = dict(
             ensemble=ensemble,
@@ -387,7 +442,7 @@ class Client:
             digest=digest,
             store_ctime=True,
         )
-        custom = {k: bytes(v) for k, v in custom.items()}
+        custom = {k: bytes(v) for k, v in custom_metadata.items()}
         if store_password:
             md = await self.ledger_manager.create_ledger(
                 password=pw, custom_metadata=custom, ledger_id=ledger_id, **fields
@@ -416,6 +471,12 @@ class Client:
         """Open a ledger for reading. `recovery=True` fences it and closes it (the old writer stops)."""
         self._check_open()
         pw = _check_password(password)
+        with timed(self.stats.open_ms, self.env.clock):
+            return await self._open_ledger(ledger_id, pw, recovery, digest)
+
+    async def _open_ledger(
+        self, ledger_id: int, pw: bytes, recovery: bool, digest: DigestType | None
+    ) -> ReadHandle:
         md = await self.ledger_manager.read(ledger_id)
         meta = md.value
         if digest is not None and DigestType(digest) != meta.digest:
@@ -442,7 +503,7 @@ class Client:
         already -- say by a retry whose first attempt succeeded but whose answer was lost) is not an error.
         """
         self._check_open()
-        with contextlib.suppress(NoSuchLedgerError):
+        with timed(self.stats.delete_ms, self.env.clock), contextlib.suppress(NoSuchLedgerError):
             await self.ledger_manager.delete(ledger_id)
 
     async def list_ledgers(self) -> AsyncIterator[int]:
@@ -487,6 +548,10 @@ class Client:
         await self.registry.close()
         if self._owns_store:
             await self.store.close()
+        if not self._own_registry:
+            # An application's registry outlives the client: stop reporting (and holding) a closed client.
+            with contextlib.suppress(KeyError):
+                self.metrics_registry.unregister(self._collector)  # type: ignore[arg-type]
 
     async def __aenter__(self) -> Client:
         return self

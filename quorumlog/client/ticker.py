@@ -21,10 +21,19 @@ only 100-200 ms after its acknowledgement (one interval, plus the reader's round
 (`idle_push_due`) -- asks for `soon(handle)`: a visit at the end of the current event-loop iteration, once
 the application's callbacks for that acknowledgement have run (one that appends at once piggybacks the LAC
 on that add, and the visit then finds nothing to send). While adds keep flowing a writer never goes idle,
-so a busy writer sends no WRITE_LAC at all: its LAC travels on its adds as before. Many ledgers each
-written now and then (10,000 round-robin) do go idle after almost every add, so early visits are rationed
-(`SOON_VISITS_PER_S_MAX` across the client); past the ration a handle waits for the tick as before, and
-the WRITE_LACs cost at most that many fan-outs a second.
+so a busy writer sends no WRITE_LAC at all: its LAC travels on its adds as before.
+
+**The visit budget.** Many ledgers each written now and then (10,000 round-robin) go idle after almost every
+add, and each visit then sends one WRITE_LAC to every bookie of the ensemble: a fan-out that costs the client
+and the bookies about as much CPU as the add itself, which halved throughput at 10,000 ledgers. So a ticker
+given `visits_per_s_max` (the explicit-LAC one) spends visits from one token bucket shared by early visits
+and ticks: it refills at that rate up to one interval's worth, an early visit takes a token or is refused
+(the handle stays a member and waits for the tick), and a tick visits its members oldest first while
+tokens last, keeping the rest, in order, for the next tick. Past the budget a ledger's LAC waits for its
+next add (which carries it, and then its visit sends nothing) or for its turn: the WRITE_LACs cost at most
+`visits_per_s_max` fan-outs a second however many ledgers are open, while a lone idle writer, far under the
+budget, still gets its last entry pushed at once. Without a budget (the add-timeout ticker) every member is
+visited at every tick: a timeout must not wait its turn.
 """
 
 from __future__ import annotations
@@ -35,10 +44,11 @@ from typing import Generic, TypeVar
 
 H = TypeVar("H")
 
-# Early (idle) visits per second across all handles of one client; each may send one WRITE_LAC to each
-# bookie of a ledger's ensemble. 500/s with E=3 is 1,500 small requests/s at most: under a tenth of what
-# the bookies of a 2-core machine take in adds, and far more idle moments than one tailing reader needs.
-SOON_VISITS_PER_S_MAX = 500.0
+# Explicit-LAC visits per second across all handles of one client (early pushes and ticks together); each may
+# send one WRITE_LAC to each bookie of a ledger's ensemble. 500/s with E=3 is 1,500 small requests/s at most:
+# a few percent of what the bookies of a 2-core machine take in adds, and far more idle moments than one
+# tailing reader needs.
+EXPLICIT_LAC_VISITS_PER_S_MAX = 500.0
 
 
 def idle_push_due(adds_in_flight: int, lac: int, lac_bookies_saw: int) -> bool:
@@ -53,23 +63,26 @@ class Ticker(Generic[H]):
         interval_s: float,
         visit: Callable[[H], bool],
         *,
-        soon_visits_per_s_max: float = SOON_VISITS_PER_S_MAX,
+        visits_per_s_max: float | None = None,
     ) -> None:
         self.interval_s = interval_s
         self._visit = visit
-        # Insertion-ordered set of handles to visit at the next tick.
+        # Insertion-ordered set of handles to visit at the next tick: the oldest first.
         self._members: dict[H, None] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        # Handles to visit at the end of this loop iteration (`soon`), and the ration of such visits: at most
-        # `_soon_per_window` per `interval_s` window (the tick's own period, so no second clock is needed).
+        # Handles to visit at the end of this loop iteration (`soon`).
         self._soon: dict[H, None] = {}
         self._soon_scheduled = False
-        self._soon_per_window = max(1, int(soon_visits_per_s_max * interval_s))
-        self._soon_left = self._soon_per_window
-        self._window_end = 0.0
+        # The visit budget (module docstring): a token bucket refilled at `visits_per_s_max` up to one
+        # interval's worth (at least one visit), so a burst is never more than a tick would have made.
+        self._rate_per_s = visits_per_s_max
+        self._tokens_max = max(1.0, (visits_per_s_max or 0.0) * interval_s)
+        self._tokens = self._tokens_max
+        self._refilled_s: float | None = None
         self.soon_visits = 0  # early visits made (observability, tests)
-        self.soon_refused = 0  # early visits refused by the ration (the handle waited for the tick)
+        self.soon_refused = 0  # early visits refused by the budget (the handle waited for the tick)
+        self.tick_deferred = 0  # tick visits put off to a later tick by the budget
 
     @property
     def enabled(self) -> bool:
@@ -86,7 +99,8 @@ class Ticker(Generic[H]):
         return handle in self._members
 
     def add(self, handle: H, loop: asyncio.AbstractEventLoop) -> None:
-        """Visit `handle` at the next tick (and at later ones while its visit returns True)."""
+        """Visit `handle` at the next tick (and at later ones while its visit returns True). A handle that is
+        a member already keeps its place in the queue."""
         if self.interval_s <= 0:
             return
         self._members[handle] = None
@@ -94,22 +108,29 @@ class Ticker(Generic[H]):
             self._loop = loop
             self._timer = loop.call_later(self.interval_s, self._tick)
 
+    def _take_tokens(self, now: float, wanted: int) -> int:
+        """Up to `wanted` visits the budget allows now (all of them without a budget)."""
+        rate = self._rate_per_s
+        if rate is None:
+            return wanted
+        if self._refilled_s is not None:
+            self._tokens = min(self._tokens_max, self._tokens + (now - self._refilled_s) * rate)
+        self._refilled_s = now
+        granted = min(wanted, int(self._tokens))
+        self._tokens -= granted
+        return granted
+
     def soon(self, handle: H, loop: asyncio.AbstractEventLoop) -> bool:
         """Visit `handle` at the end of this event-loop iteration rather than at the next tick (a writer
-        that went idle: `idle_push_due`). False when the ration of early visits is spent: the handle is
-        then visited at the next tick, if it was `add`ed. Idempotent within one iteration."""
+        that went idle: `idle_push_due`). False when the visit budget is spent: the handle is then visited
+        at a later tick, if it was `add`ed. Idempotent within one iteration."""
         if self.interval_s <= 0:
             return False
         if handle in self._soon:
             return True
-        now = loop.time()
-        if now >= self._window_end:
-            self._window_end = now + self.interval_s
-            self._soon_left = self._soon_per_window
-        if self._soon_left <= 0:
+        if self._take_tokens(loop.time(), 1) == 0:
             self.soon_refused += 1
             return False
-        self._soon_left -= 1
         self._soon[handle] = None
         if not self._soon_scheduled:
             self._soon_scheduled = True
@@ -143,14 +164,29 @@ class Ticker(Generic[H]):
     def _tick(self) -> None:
         self._timer = None
         members, self._members = self._members, {}
+        loop = self._loop
         visit = self._visit
-        for handle in members:
-            if visit(handle):
-                self._members[handle] = None
+        granted = len(members) if loop is None else self._take_tokens(loop.time(), len(members))
+        if granted < len(members):
+            # Over budget: the oldest are visited, the rest stay queued in order ahead of anything added
+            # during the visits (which are newer).
+            self.tick_deferred += len(members) - granted
+            queue = iter(members)
+            for _ in range(granted):
+                handle = next(queue)
+                if visit(handle):
+                    self._members[handle] = None
+            kept = dict.fromkeys(queue)
+            kept.update(self._members)
+            self._members = kept
+        else:
+            for handle in members:
+                if visit(handle):
+                    self._members[handle] = None
         # A visit may have re-added a handle through `add`, which armed the timer already: never a second one
         # (two chains of ticks would each re-arm, and `close` could cancel only one).
-        if self._members and self._timer is None and self._loop is not None and not self._loop.is_closed():
-            self._timer = self._loop.call_later(self.interval_s, self._tick)
+        if self._members and self._timer is None and loop is not None and not loop.is_closed():
+            self._timer = loop.call_later(self.interval_s, self._tick)
 
     def close(self) -> None:
         if self._timer is not None:

@@ -143,8 +143,8 @@ async def test_early_visits_are_rationed_and_the_rest_wait_for_the_tick() -> Non
         visited.append(m)
         return False
 
-    ticker: Ticker[Member] = Ticker(60.0, visit, soon_visits_per_s_max=0.05)
-    assert ticker._soon_per_window == 3  # 0.05/s over a 60 s window
+    ticker: Ticker[Member] = Ticker(60.0, visit, visits_per_s_max=0.05)
+    assert ticker._tokens_max == 3  # 0.05/s over a 60 s interval
     members = [Member(1) for _ in range(5)]
     for m in members:
         ticker.add(m, loop)
@@ -156,6 +156,71 @@ async def test_early_visits_are_rationed_and_the_rest_wait_for_the_tick() -> Non
     assert visited == members[:3]
     # The two refused stay members for the tick, which stays armed for them.
     assert len(ticker) == 2 and members[3] in ticker and ticker.armed
+    ticker.close()
+
+
+async def test_ticks_and_early_visits_share_the_budget_oldest_first() -> None:
+    """At 10,000 ledgers written round-robin nearly every handle has a LAC to push at every tick: a tick
+    visits only what the budget allows, the longest-waiting first, and keeps the rest in order."""
+    loop = asyncio.get_running_loop()
+    visited: list[int] = []
+    ticked = asyncio.Event()
+
+    def visit(m: Member) -> bool:
+        visited.append(m.stay_for)
+        return False
+
+    # 100 visits/s over a 50 ms interval: at most 5 visits in a burst.
+    ticker: Ticker[Member] = Ticker(0.05, visit, visits_per_s_max=100.0)
+    orig_tick = ticker._tick
+
+    def tick() -> None:
+        orig_tick()
+        ticked.set()
+
+    ticker._tick = tick  # type: ignore[method-assign]
+    members = [Member(i) for i in range(12)]
+    for m in members:
+        ticker.add(m, loop)
+    # An early visit spends a token from the same bucket: 4 left for the tick.
+    assert ticker.soon(members[11], loop)
+    await asyncio.wait_for(ticked.wait(), 5)
+    ticked.clear()
+    assert visited[0] == 11
+    first_tick = visited[1:]
+    assert 4 <= len(first_tick) <= 5 and first_tick == list(range(len(first_tick)))  # oldest first
+    assert len(ticker) == 11 - len(first_tick) and ticker.armed and ticker.tick_deferred > 0
+    # A member that re-joins keeps its place; a new one queues behind those already waiting.
+    late = Member(99)
+    ticker.add(late, loop)
+    ticker.add(members[10], loop)
+    # The rest drain at the budget's rate, one tick after another, in the order they joined.
+    deadline = loop.time() + 5
+    while len(ticker) and loop.time() < deadline:
+        await asyncio.wait_for(ticked.wait(), 5)
+        ticked.clear()
+    assert len(ticker) == 0 and not ticker.armed
+    assert visited[1:] == [*range(11), 99]
+    ticker.close()
+
+
+async def test_without_a_budget_every_member_is_visited_at_every_tick() -> None:
+    """The add-timeout ticker has no budget: a timeout must not wait its turn."""
+    loop = asyncio.get_running_loop()
+    visited: list[Member] = []
+    ticked = asyncio.Event()
+
+    def visit(m: Member) -> bool:
+        visited.append(m)
+        ticked.set()
+        return False
+
+    ticker: Ticker[Member] = Ticker(0.01, visit)
+    members = [Member(1) for _ in range(1000)]
+    for m in members:
+        ticker.add(m, loop)
+    await asyncio.wait_for(ticked.wait(), 5)
+    assert visited == members and len(ticker) == 0
     ticker.close()
 
 
