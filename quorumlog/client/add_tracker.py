@@ -100,10 +100,12 @@ class EnsembleChangeNeeded:
 @dataclass(frozen=True, slots=True)
 class AddCompleted:
     """`entry_id` is acknowledged; it is the new LAC unless the ledger is deferred-sync (then only a force
-    moves the LAC). `length` is the ledger length through this entry."""
+    moves the LAC). `length` is the ledger length through this entry; `appended_s` when it was appended (the
+    client's add latency, client/metrics.py)."""
 
     entry_id: int
     length: int
+    appended_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -509,7 +511,7 @@ class AddTracker:
             if not self.deferred_sync:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
-            done.append(AddCompleted(entry_id, pending.length))
+            done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s))
         return done
 
     def _bookie_failed(self, bookie_id: str) -> list[AddAction]:

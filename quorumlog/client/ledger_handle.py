@@ -68,6 +68,7 @@ from quorumlog.client.ensemble_change import (
     merge_on_conflict,
     plan_ensemble_change,
 )
+from quorumlog.client.metrics import ADD_SAMPLE_MASK, timed
 from quorumlog.client.read_logic import (
     EntryRead,
     LacFailed,
@@ -175,6 +176,7 @@ class LedgerHandle:
     def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
         self._client = client
         self._monotonic_s = client.env.clock.monotonic_s  # read on every add and ack
+        self._stats = client.stats
         self._md = md
         meta = md.value
         self.ledger_id = meta.ledger_id
@@ -261,9 +263,10 @@ class LedgerHandle:
 
     async def _read_range(self, first: int, last: int) -> list[Entry]:
         out: list[Entry] = []
-        for start in range(first, last + 1, READ_WINDOW_ENTRIES):
-            stop = min(last, start + READ_WINDOW_ENTRIES - 1)
-            out.extend(await self._read_window(start, stop))
+        with timed(self._stats.read_ms, self._client.env.clock):
+            for start in range(first, last + 1, READ_WINDOW_ENTRIES):
+                stop = min(last, start + READ_WINDOW_ENTRIES - 1)
+                out.extend(await self._read_window(start, stop))
         return out
 
     async def _read_window(self, first: int, last: int) -> list[Entry]:
@@ -287,12 +290,20 @@ class LedgerHandle:
         all_done: asyncio.Future[None] = loop.create_future()
         remaining = count
         timer: asyncio.TimerHandle | None = None
-        ledger_id, digest, lac, client = self.ledger_id, self._digest, self._lac, self._client
+        ledger_id, digest, lac, client, stats = (
+            self.ledger_id,
+            self._digest,
+            self._lac,
+            self._client,
+            self._stats,
+        )
 
         def apply(index: int, actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
             nonlocal remaining
             for action in actions:
                 if isinstance(action, SendRead):
+                    if action.speculative:
+                        stats.speculative_reads += 1
                     send(index, action.bookie_id)
                     continue
                 if isinstance(action, ReadDone):
@@ -338,6 +349,7 @@ class LedgerHandle:
                 log.error(
                     "ledger %d entry %d from bookie %s is corrupt: %s", ledger_id, entry_id, bookie_id, e
                 )
+                stats.read_corrupt += 1
                 on_error(index, bookie_id, DigestMismatchError(str(e)))
                 return
             self._failures.record_success(bookie_id)
@@ -420,6 +432,8 @@ class LedgerHandle:
             nonlocal timer
             for action in actions:
                 if isinstance(action, SendRead):
+                    if action.speculative:
+                        self._stats.speculative_reads += 1
                     send(action.bookie_id)
                 elif isinstance(action, ReadDone):
                     if not result.done():
@@ -467,6 +481,7 @@ class LedgerHandle:
                 log.error(
                     "ledger %d entry %d from bookie %s is corrupt: %s", self.ledger_id, entry_id, bookie_id, e
                 )
+                self._stats.read_corrupt += 1
                 on_error(bookie_id, DigestMismatchError(str(e)))
                 return
             self._failures.record_success(bookie_id)
@@ -543,8 +558,9 @@ class LedgerHandle:
                 return
             apply(op.on_empty(bookie_id) if lac is None else op.on_answer(bookie_id, lac))
 
-        apply(op.start())
-        lac = await result
+        with timed(self._stats.read_lac_ms, self._client.env.clock):
+            apply(op.start())
+            lac = await result
         self._lac.observe(lac)
         return self._lac.lac
 
@@ -581,6 +597,10 @@ class LedgerHandle:
             return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
         if self.is_closed:
             return self._lac.lac, None
+        with timed(self._stats.long_poll_ms, self._client.env.clock):
+            return await self._long_poll(entry_id, timeout_s)
+
+    async def _long_poll(self, entry_id: int, timeout_s: float) -> tuple[int, Entry | None]:
         _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
         replicas = self.quorum.write_set_bookies(entry_id, ensemble)
         counts = self._failures.counts(self._now())
@@ -1045,13 +1065,15 @@ class WriteHandle(LedgerHandle):
 
     def _apply(self, actions: Sequence[AddAction]) -> None:
         sends: list[SendAdd] = []
-        completed = False
+        completed = 0
         resends = self._resends
         for action in actions:
             if resends and isinstance(action, AddCompleted | AddFailed):
                 resends.pop(action.entry_id, None)
             if isinstance(action, AddCompleted):
-                completed = True
+                completed += 1
+                if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
+                    self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
                 self._bodies.pop(action.entry_id, None)
                 fut = self._futures.pop(action.entry_id, None)
                 if not self.deferred_sync:  # deferred sync: the LAC moves in force()
@@ -1061,14 +1083,17 @@ class WriteHandle(LedgerHandle):
             elif isinstance(action, SendAdd):
                 sends.append(action)
             elif isinstance(action, AddFailed):
+                self._stats.adds_failed += 1
                 self._bodies.pop(action.entry_id, None)
                 fut = self._futures.pop(action.entry_id, None)
                 if fut is not None and not fut.done():
                     fut.set_exception(action.error)
             elif isinstance(action, EnsembleChangeNeeded):
                 self._start_ensemble_change(action)
-        if completed and not self.deferred_sync:
-            self._lac_moved()
+        if completed:
+            self._stats.adds_ok += completed
+            if not self.deferred_sync:
+                self._lac_moved()
         if sends:
             self._send_adds(sends)
         if self._tracker.error is not None:
@@ -1209,6 +1234,7 @@ class WriteHandle(LedgerHandle):
                 self._tracker.ensemble_change_failed(LedgerRecoveryError(f"ensemble change crashed: {e!r}"))
             )
             return
+        self._stats.ensemble_changes += 1
         log.info(
             "ledger %d: new ensemble from entry %d: %s (replaced %s)",
             self.ledger_id,
@@ -1473,7 +1499,12 @@ async def recover_ledger(client: Client, ledger_id: int, password: bytes) -> Ver
             md = await lm.read(ledger_id)
     else:
         raise LedgerRecoveryError(f"ledger {ledger_id}: could not mark IN_RECOVERY (metadata kept changing)")
-    return await _Recoverer(client, md, password).run()
+    recoverer = _Recoverer(client, md, password)
+    with timed(client.stats.recover_ms, client.env.clock):
+        closed = await recoverer.run()
+    client.stats.recover_read_entries.record(recoverer.entries_read)
+    client.stats.recover_add_entries.record(recoverer.entries_added)
+    return closed
 
 
 class _Recoverer:
@@ -1489,6 +1520,8 @@ class _Recoverer:
         self.recovery = Recovery(self.quorum, meta.ensembles)
         self.events: asyncio.Queue[Callable[[], list[Any]]] = asyncio.Queue()
         self.writer: WriteHandle | None = None
+        self.entries_read = 0  # recovery reads sent, and entries re-added (client/metrics.py)
+        self.entries_added = 0
 
     async def run(self) -> Versioned[LedgerMetadata]:
         try:
@@ -1514,11 +1547,13 @@ class _Recoverer:
             req = ReadRequest(lid, LAST_ENTRY_ID, fence=True, master_key=key)
             self._send(action.bookie_id, req, functools.partial(self._fence_event, action.bookie_id))
         elif isinstance(action, SendRecoveryRead):
+            self.entries_read += 1
             req = ReadRequest(lid, action.entry_id, fence=True, master_key=key)
             self._send(
                 action.bookie_id, req, functools.partial(self._read_event, action.bookie_id, action.entry_id)
             )
         elif isinstance(action, RecoveryAdd):
+            self.entries_added += 1
             writer = self._writer()
             try:
                 fut = writer._append_recovery(action.entry_id, action.length, bytes(action.data))
