@@ -1,14 +1,23 @@
-"""Connections for the Spark data source: one blocking client per task or per driver call, always closed.
+"""Connections for the Spark data source: a blocking client per task or driver call (`connect`, always
+closed), or one kept for the next read in the same process (`shared`).
 
 Spark may run the driver inside a notebook whose thread already runs an event loop, and runs `read()` /
 `write()` in plain Python worker processes; the blocking facade (`quorumlog.sync`) works in both because it
 owns its loop thread. Metadata work (logs, segments, the linked commit) is asyncio code of `quorumlog.stream`,
 so it is run on that same loop thread: one client, one loop, no second connection.
+
+Reads use `shared`: Spark reuses its Python workers (spark.python.worker.reuse, on by default) for many
+tasks and planning calls, and a stream's planner calls the source every trigger, so opening the metadata
+store and the bookie connections again each time was a fixed cost of every task and every micro-batch.
+A shared client serves one caller at a time (it is taken out of the pool while used), at most
+`SHARED_CLIENTS_MAX` are kept per process, and any error on one closes it instead of returning it.
+Writes and commits keep `connect`: they are rarer, and a failed job must leave nothing behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -19,6 +28,10 @@ T = TypeVar("T")
 
 # Readers of an open segment need the writer's LAC; explicit LAC makes an idle writer's last entries visible.
 EXPLICIT_LAC_INTERVAL_S = 0.1
+SHARED_CLIENTS_MAX = 4  # idle clients kept per process (one per metadata URI in practice)
+
+_shared: dict[str, list[SyncClient]] = {}
+_shared_lock = threading.Lock()
 
 
 class Connection:
@@ -43,3 +56,24 @@ def connect(uri: str) -> Iterator[Connection]:
         yield Connection(client)
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def shared(uri: str) -> Iterator[Connection]:
+    """A connection taken from this process's pool (or opened), put back when the block ends normally."""
+    with _shared_lock:
+        idle = _shared.get(uri)
+        client = idle.pop() if idle else None
+    if client is None:
+        client = _client(uri)
+    try:
+        yield Connection(client)
+    except BaseException:
+        client.close()  # it may be what failed: never hand it to the next caller
+        raise
+    with _shared_lock:
+        kept = sum(len(v) for v in _shared.values())
+        if kept < SHARED_CLIENTS_MAX:
+            _shared.setdefault(uri, []).append(client)
+            return
+    client.close()

@@ -26,7 +26,7 @@ from pyspark.sql.datasource import InputPartition
 
 from quorumlog.errors import InvalidArgumentError, LogTruncatedError, NoSuchLedgerError
 from quorumlog.spark.columns import base_arrays, entry_columns, json_decoder, keep_mask
-from quorumlog.spark.connection import connect
+from quorumlog.spark.connection import shared
 from quorumlog.spark.options import (
     BASE_NAMES,
     OPEN_SEGMENT_PARTITION_ENTRIES,
@@ -90,7 +90,7 @@ def view(opts: SourceOptions, lac_floor: dict[int, int] | None = None, *, stats:
     so one read can return less than an earlier one while the writer's explicit LAC is still on its way
     to some bookies. A stream reader keeps one floor for its life, so its offsets never move back.
     `stats`: also count the open segment's records and bytes up to its LAC (one more entry read)."""
-    with connect(opts.metadata) as conn:
+    with shared(opts.metadata) as conn:
         if opts.log is None:
             return conn.run(lambda c: _ledgers_view(c, opts))
         return conn.run(lambda c: _log_view(c, opts, {} if lac_floor is None else lac_floor, stats))
@@ -389,7 +389,7 @@ def read_span(
                 if i >= len(BASE_NAMES)
             ]
         )
-    with connect(uri) as conn, ThreadPoolExecutor(1, thread_name_prefix="quorumlog-read") as ahead:
+    with shared(uri) as conn, ThreadPoolExecutor(1, thread_name_prefix="quorumlog-read") as ahead:
         handle = conn.client.open_ledger(span.ledger_id, password=password, recovery=False)
         # Entries of an open segment up to the planned LAC are acknowledged but this handle's own LAC may
         # lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
