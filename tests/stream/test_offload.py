@@ -182,3 +182,30 @@ def test_segment_metadata_stays_compatible() -> None:
 def test_staging_dir_is_hidden_from_parquet_readers() -> None:
     # Spark and Arrow datasets skip names starting with '_' or '.': a staged file is never half visible.
     assert STAGING_DIR.startswith("_")
+
+
+async def test_sealed_log_offloaded_then_truncated(client: Client, tmp_path: str) -> None:
+    log = await client.namespace("tier").create_log("sealed", **SMALL)
+    payloads = [b"s%03d-" % i + b"z" * 150 for i in range(50)]
+    async with await log.open_writer() as writer:
+        positions = await writer.write_many(payloads)
+        await writer.mark_end_of_stream()
+    await offload_log(log, str(tmp_path), free_after_s=0)
+    segs = await log.segments()
+    assert segs[-1].end_of_stream and all(s.offload is not None for s in segs)
+    # No end position: the end-of-stream flag of the offloaded segment ends the iteration.
+    async with asyncio.timeout(20):
+        reader = await log.open_reader(start=Position.HEAD)
+        got = [r async for r in reader]
+    assert [r.payload for r in got] == payloads and [r.position for r in got] == positions
+    since = got[20].timestamp_ms
+    async with asyncio.timeout(20):
+        reader = await log.open_reader(start_timestamp_ms=since)
+        first = next(i for i, r in enumerate(got) if r.timestamp_ms >= since)
+        assert [r.payload async for r in reader] == payloads[first:]
+
+    files = {s.seq: s.offload.uri.removeprefix("file://") for s in segs if s.offload}
+    deleted = await log.truncate(Position(segs[-1].seq, 0, 0))
+    assert deleted == [s.seq for s in segs[:-1]]
+    exists = await asyncio.to_thread(lambda: [os.path.exists(files[s.seq]) for s in segs])
+    assert exists == [False] * len(deleted) + [True]
