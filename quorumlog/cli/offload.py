@@ -52,17 +52,23 @@ def offload(
     log_name: str, to: str, older_than: str, free_after: str, metadata: str | None, as_json: bool
 ) -> None:
     """Offload a log's closed segments to Parquet files and free their ledgers after a delay."""
-    from quorumlog.cli.common import config_errors
+    from quorumlog.errors import InvalidArgumentError
     from quorumlog.stream.offload import local_directory, parse_duration
 
     if not metadata:
         usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")
     ns, sep, name = log_name.partition("/")
     if not sep or not ns or not name:
-        usage(f"--log {log_name!r}: expected NAMESPACE/NAME")
-    older_than_s = config_errors(lambda: parse_duration(older_than))
-    free_after_s = config_errors(lambda: parse_duration(free_after))
-    config_errors(lambda: local_directory(to))
+        usage(f"--log {log_name!r}: expected NAMESPACE/NAME", "e.g. --log analytics/clicks")
+    try:
+        older_than_s = parse_duration(older_than)
+        free_after_s = parse_duration(free_after)
+    except InvalidArgumentError as exc:
+        usage(str(exc), "durations look like 250ms, 90s, 15m, 2h or 7d")
+    try:
+        local_directory(to)
+    except InvalidArgumentError as exc:
+        usage(str(exc), "--to takes a local directory or a file:///abs/dir URI")
     report = run_async(_main(metadata, ns, name, to, older_than_s, free_after_s))
     if as_json:
         print_json(report.to_json())
@@ -80,16 +86,19 @@ def _seqs(seqs: list[int]) -> str:
 async def _main(
     metadata: str, ns: str, name: str, to: str, older_than_s: float, free_after_s: float
 ) -> OffloadReport:
-    from quorumlog.cli.common import open_cluster_store
+    from quorumlog.cli.common import fail, open_cluster_store
     from quorumlog.client.client import Client
-    from quorumlog.stream.offload import offload_log
+    from quorumlog.stream.offload import NothingToOffloadError, offload_log
 
     store = await open_cluster_store(metadata)  # a wrong URI or root fails here, with its hint
     try:
         client = await Client.connect(metadata, store=store)
         try:
             log_ = await client.namespace(ns).open_log(name)
-            return await offload_log(log_, to, older_than_s=older_than_s, free_after_s=free_after_s)
+            try:
+                return await offload_log(log_, to, older_than_s=older_than_s, free_after_s=free_after_s)
+            except NothingToOffloadError as exc:
+                fail(str(exc), "a segment closes when its writer rolls it (roll_bytes, roll_age_s) or closes")
         finally:
             await client.close()
     finally:

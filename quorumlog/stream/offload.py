@@ -70,6 +70,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
+class NothingToOffloadError(InvalidArgumentError):
+    """The log has no closed segment (only an open one, or none): there is nothing an offload could copy."""
+
+
 def _crash_point(point: str) -> None:
     if os.environ.get(CRASH_ENV) == point:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -163,7 +167,7 @@ async def offload_log(
     """Offload every closed segment of `log_` whose newest record is older than `older_than_s` to Parquet
     files under the directory `to`, and free the ledgers of offloaded segments whose delay has passed.
 
-    Raises `InvalidArgumentError` when the log has no closed segment at all (only an open one, or none)."""
+    Raises `NothingToOffloadError` when the log has no closed segment at all (only an open one, or none)."""
     if older_than_s < 0 or free_after_s < 0:
         raise InvalidArgumentError("durations must be >= 0")
     root = local_directory(to)
@@ -173,10 +177,7 @@ async def offload_log(
     closed = [s for s in segments if s.value.state == SegmentState.CLOSED and s.value.seq < md.next_seq]
     if not closed:
         what = "only an open segment" if segments or md.open_segment else "no segments"
-        raise InvalidArgumentError(
-            f"log {log_.namespace}/{log_.name} has {what}: nothing closed to offload "
-            "(a segment closes when the writer rolls or closes it)"
-        )
+        raise NothingToOffloadError(f"log {log_.namespace}/{log_.name} has {what}: nothing closed to offload")
     report = OffloadReport()
     now_ms = log_.client.env.clock.wall_ms()
     for seg in closed:

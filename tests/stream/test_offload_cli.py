@@ -99,20 +99,21 @@ async def test_errors_are_one_line(client: Client, cluster, tmp_path: Path) -> N
     os.close(os.open(a_file, os.O_CREAT | os.O_WRONLY))
     base = ("--metadata", cluster.uri, "--to", str(tmp_path / "lake"))
     cases = [
-        (("--log", "tier/nope", *base), "no log 'nope' in namespace 'tier'"),
-        (("--log", "tier/open-only", *base), "only an open segment"),
-        (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", a_file), "is not a directory"),
-        (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", "s3://b/x"), "not supported"),
-        (("--log", "tier/open-only", *base, "--older-than", "3 weeks"), "not a duration"),
-        (("--log", "tier-no-slash", *base), "expected NAMESPACE/NAME"),
+        (("--log", "tier/nope", *base), 1, "no log 'nope' in namespace 'tier'"),
+        (("--log", "tier/open-only", *base), 1, "has only an open segment: nothing closed to offload"),
+        (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", a_file), 2, "is not a directory"),
+        (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", "s3://b/x"), 2, "not supported"),
+        (("--log", "tier/open-only", *base, "--older-than", "3 weeks"), 2, "not a duration"),
+        (("--log", "tier/open-only", *base, "--free-after", "-1h"), 2, "not a duration"),
+        (("--log", "tier-no-slash", *base), 2, "expected NAMESPACE/NAME"),
     ]
     try:
         await writer.write(b"one")
-        results = await asyncio.gather(*(offload_cli(*args) for args, _ in cases))
+        results = await asyncio.gather(*(offload_cli(*args) for args, _, _ in cases))
     finally:
         await writer.close()
-    for (args, expected), (code, out) in zip(cases, results, strict=True):
+    for (args, exit_code, expected), (code, out) in zip(cases, results, strict=True):
         lines = [line for line in out.splitlines() if line.strip()]
-        assert code != 0 and "Traceback" not in out, (args, out)
+        assert code == exit_code and "Traceback" not in out, (args, code, out)
         assert lines[0].startswith("error: ") and expected in lines[0], (args, out)
-        assert all(line.startswith(("error: ", "hint: ")) for line in lines), (args, out)
+        assert len(lines) <= 2 and all(line.startswith("hint: ") for line in lines[1:]), (args, out)
