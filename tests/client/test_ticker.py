@@ -204,6 +204,35 @@ async def test_ticks_and_early_visits_share_the_budget_oldest_first() -> None:
     ticker.close()
 
 
+async def test_a_refused_early_visit_brings_the_tick_forward_to_the_next_token() -> None:
+    """A writer refused an early visit (the budget spent by others) is pushed when the budget has a visit
+    again, 1 / visits_per_s_max later, not one interval later: the idle writer's tail stays short."""
+    loop = asyncio.get_running_loop()
+    visited: list[int] = []
+    all_visited = asyncio.Event()
+    n = 25
+
+    def visit(m: Member) -> bool:
+        visited.append(m.stay_for)
+        if len(visited) == n:
+            all_visited.set()
+        return False
+
+    # 20 visits/s over a 60 s interval would allow a burst of 1200: spend the bucket first.
+    ticker: Ticker[Member] = Ticker(60.0, visit, visits_per_s_max=20.0)
+    ticker._tokens = 20.0
+    members = [Member(i) for i in range(n)]
+    for m in members:
+        ticker.add(m, loop)
+    accepted = [ticker.soon(m, loop) for m in members]
+    assert accepted == [True] * 20 + [False] * 5
+    assert ticker._timer is not None and ticker._timer.when() - loop.time() <= 1 / 20.0 + 0.01
+    await asyncio.wait_for(all_visited.wait(), 5)  # the 60 s tick could not have done it
+    assert visited == list(range(n))
+    assert len(ticker) == 0 and not ticker.armed
+    ticker.close()
+
+
 async def test_without_a_budget_every_member_is_visited_at_every_tick() -> None:
     """The add-timeout ticker has no budget: a timeout must not wait its turn."""
     loop = asyncio.get_running_loop()
