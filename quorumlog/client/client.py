@@ -240,7 +240,12 @@ class Client:
             CollectorRegistry(auto_describe=False) if metrics_registry is None else metrics_registry
         )
         self._collector = ClientCollector(self)
-        self.metrics_registry.register(self._collector)  # type: ignore[arg-type]
+        try:
+            self.metrics_registry.register(self._collector)  # type: ignore[arg-type]
+        except ValueError as e:  # prometheus-client refuses names a registry already has
+            raise InvalidArgumentError(
+                f"metrics_registry already holds a client's metrics ({e}): give each client its own registry"
+            ) from None
 
     @classmethod
     async def connect(
@@ -309,15 +314,21 @@ class Client:
             if owns:
                 await store.close()
             raise
-        return cls(
-            store,
-            registry,
-            config,
-            policy,
-            env or default_env(),
-            owns_store=owns,
-            metrics_registry=metrics_registry,
-        )
+        try:
+            return cls(
+                store,
+                registry,
+                config,
+                policy,
+                env or default_env(),
+                owns_store=owns,
+                metrics_registry=metrics_registry,
+            )
+        except BaseException:
+            await registry.close()
+            if owns:
+                await store.close()
+            raise
 
     # --- shared resources --------------------------------------------------------------------------------
 

@@ -181,6 +181,7 @@ def test_component_tables_are_made_from_their_dataclass(component: str) -> None:
     assert table.names == tuple(f.name for f in dataclasses.fields(cls))
     assert table.defaults() == dataclasses.asdict(cls())
     worst = next(s for s in table.settings if s.high is not None)
+    assert worst.high is not None
     with pytest.raises(ConfigError, match=worst.name):
         cls(**{worst.name: type(worst.default)(worst.high * 2 + 1)})
 
@@ -220,9 +221,9 @@ def test_cli_bad_values_exit_2_naming_the_key() -> None:
         r = runner.invoke(cli, args, env={k: None for k in os.environ if k.startswith("QUORUMLOG_")})
         assert r.exit_code == 2, (args, r.exit_code, r.output)
         assert key in r.stderr, (args, r.stderr)
-    r = ql("standalone", "--bookies", "0")  # and once as a real process
-    assert_clean_error(r, 2)
-    assert "bookies" in r.stderr and "allowed 1 .. 64" in r.stderr
+    proc = ql("standalone", "--bookies", "0")  # and once as a real process
+    assert_clean_error(proc, 2)
+    assert "bookies" in proc.stderr and "allowed 1 .. 64" in proc.stderr
 
 
 def test_client_options_feed_client_connect(tmp_path: Any) -> None:

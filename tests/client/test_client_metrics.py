@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from quorumlog import Client, DigestType
-from quorumlog.errors import DigestMismatchError
+from quorumlog.errors import DigestMismatchError, InvalidArgumentError
 from quorumlog.testing.cluster import LocalCluster
 
 
@@ -111,3 +111,15 @@ async def test_a_client_has_a_registry_of_its_own_by_default() -> None:
             count = "bookkeeper_client_LEDGER_CREATE_count"
             assert a.metrics_registry.get_sample_value(count, {"success": "true"}) == 1
             assert b.metrics_registry.get_sample_value(count, {"success": "true"}) == 0
+
+
+async def test_a_registry_holding_a_client_refuses_a_second_one() -> None:
+    """prometheus_client's own REGISTRY checks names at registration: a second client there is a clear
+    error at connect (and connect leaves nothing open), not a crash of every scrape."""
+    async with LocalCluster(1) as cluster:
+        registry = CollectorRegistry(auto_describe=True)
+        async with await Client.connect(cluster.uri, metrics_registry=registry):
+            with pytest.raises(InvalidArgumentError, match="metrics_registry"):
+                await Client.connect(cluster.uri, metrics_registry=registry)
+        async with await Client.connect(cluster.uri, metrics_registry=registry):
+            pass  # the first client's close() gave the names back
