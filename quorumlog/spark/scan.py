@@ -15,6 +15,7 @@ Rules it keeps:
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 from collections.abc import Iterator
@@ -52,6 +53,7 @@ class SegmentView:
     min_timestamp_ms: int | None = None
     max_timestamp_ms: int | None = None
     records: int = 0  # in entries 0..last_entry (as `bytes`)
+    offload_uri: str | None = None  # offloaded to Parquet: read from this file (quorumlog.stream.offload)
 
     def per_entry(self) -> tuple[float, float]:
         """Average (records, bytes) per entry: what admission control and lag estimate with."""
@@ -70,12 +72,21 @@ class LogView:
 class Span(InputPartition):
     """One task's work: entries [first_entry, last_entry] of one segment's ledger (picklable, plain data)."""
 
-    def __init__(self, seq: int, ledger_id: int, first_entry: int, last_entry: int, open_: bool) -> None:
+    def __init__(
+        self,
+        seq: int,
+        ledger_id: int,
+        first_entry: int,
+        last_entry: int,
+        open_: bool,
+        offload_uri: str | None = None,
+    ) -> None:
         self.seq = seq
         self.ledger_id = ledger_id
         self.first_entry = first_entry
         self.last_entry = last_entry
         self.open = open_
+        self.offload_uri = offload_uri
 
     def __repr__(self) -> str:
         return f"Span(seq={self.seq}, ledger={self.ledger_id}, entries={self.first_entry}..{self.last_entry})"
@@ -126,6 +137,7 @@ async def _log_view(client: Any, opts: SourceOptions, lac_floor: dict[int, int],
                     info.min_timestamp_ms,
                     info.max_timestamp_ms,
                     info.records,
+                    None if info.offload is None else info.offload.uri,
                 )
             )
         else:
@@ -300,7 +312,7 @@ def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> 
         entry_bytes = seg.bytes / (seg.last_entry + 1)
         step = max(1, int(partition_bytes_max // max(1.0, entry_bytes)))
     return [
-        Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open)
+        Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open, seg.offload_uri)
         for lo in range(first, last + 1, step)
     ]
 
@@ -318,7 +330,10 @@ def spread(spans: list[Span], min_partitions: int) -> list[Span]:
         entries = s.last_entry - s.first_entry + 1
         pieces = max(1, -(-entries // step))
         bounds = [s.first_entry + entries * i // pieces for i in range(pieces + 1)]
-        out.extend(Span(s.seq, s.ledger_id, lo, hi - 1, s.open) for lo, hi in itertools.pairwise(bounds))
+        out.extend(
+            Span(s.seq, s.ledger_id, lo, hi - 1, s.open, s.offload_uri)
+            for lo, hi in itertools.pairwise(bounds)
+        )
     return out
 
 
@@ -390,10 +405,17 @@ def read_span(
             ]
         )
     with shared(uri) as conn, ThreadPoolExecutor(1, thread_name_prefix="quorumlog-read") as ahead:
-        handle = conn.client.open_ledger(span.ledger_id, password=password, recovery=False)
-        # Entries of an open segment up to the planned LAC are acknowledged but this handle's own LAC may
-        # lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
-        read = handle.read_unconfirmed if span.open else handle.read
+        handle = None
+        read: Any
+        if span.offload_uri is not None:  # its ledger may be freed: the Parquet file has the same entries
+            from quorumlog.stream.offload import read_offloaded_entries
+
+            read = functools.partial(read_offloaded_entries, span.offload_uri)
+        else:
+            handle = conn.client.open_ledger(span.ledger_id, password=password, recovery=False)
+            # Entries of an open segment up to the planned LAC are acknowledged but this handle's own LAC
+            # may lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
+            read = handle.read_unconfirmed if span.open else handle.read
         try:
             chunks = [
                 (lo, min(span.last_entry, lo + READ_CHUNK_ENTRIES - 1))
@@ -426,4 +448,5 @@ def read_span(
             if pending is not None and not pending.cancel():
                 with contextlib.suppress(Exception):  # the task is failing or was stopped early
                     pending.result()
-            handle.close()
+            if handle is not None:
+                handle.close()

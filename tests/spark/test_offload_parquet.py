@@ -3,14 +3,12 @@ offload directory gives the records the streams API gives, with the source's col
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any
 
 import pytest
 
 from quorumlog.spark.connection import connect
-from quorumlog.spark.scan import Span
 from quorumlog.stream.offload import offload_log
 from tests.spark.test_spark_source import SMALL, client_records, reader, spark_records
 
@@ -56,14 +54,6 @@ def test_spark_source_reads_offloaded_segments_while_their_ledgers_are_kept(
     assert spark_records(reader(spark, quorumlog_uri, "kept")) == expected
 
 
-# The source reads an offloaded segment from its file once quorumlog/spark/scan.py passes the segment's
-# offload uri to its read tasks (the change is described with the offload commit, issue 18).
-SOURCE_READS_OFFLOADED = "offload_uri" in inspect.signature(Span.__init__).parameters
-
-
-@pytest.mark.xfail(
-    not SOURCE_READS_OFFLOADED, reason="quorumlog.spark does not read offloaded files yet", strict=True
-)
 def test_spark_source_reads_offloaded_segments_after_their_ledgers_are_freed(
     spark: Any, quorumlog_uri: str, tmp_path: Any
 ) -> None:
