@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.client.client import Client
-from quorumlog.errors import QuorumLogError
+from quorumlog.errors import NotEnoughBookiesError, QuorumLogError
 from quorumlog.meta.cluster import init_cluster
 from quorumlog.meta.ledger_metadata import LedgerState, decode
 from quorumlog.sim.loop import run_simulation
@@ -284,7 +284,15 @@ class Simulation:
     async def writer_session(self, node: str, reader: Client) -> None:
         """One writer's life: a ledger, bursts of appends with faults in between, then a crash or a close."""
         client = await self.new_client(node)
-        handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
+        for _attempt in range(20):
+            try:
+                handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
+                break
+            except NotEnoughBookiesError as e:  # crashed bookies (a crash point can add one) restart soon
+                self.count_error(e)
+                await asyncio.sleep(1.0)
+        else:
+            self.fail(f"writer {node} could not create a ledger in 20 attempts")
         rec = LedgerRecord(handle.ledger_id)
         self.ledgers[rec.ledger_id] = rec
         tail = self.world.spawn("reader", self.tail_reader(reader, rec))
