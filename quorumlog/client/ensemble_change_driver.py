@@ -1,0 +1,90 @@
+"""The ensemble-change driver: plans a change with `ensemble_change` and commits it to the metadata by CAS.
+
+Owns the I/O of one ensemble change of a writer: asks the client for the registered bookies, lets
+`plan_ensemble_change` choose the replacements, writes the new ensemble by compare-and-set and, after a lost
+race, lets `merge_on_conflict` say whether to retry on the stored metadata or accept what is there. What to
+replace and whether to change at all are decided by the writer's `AddTracker` and `ensemble_change`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.client.add_tracker import EnsembleChangeNeeded
+from quorumlog.client.distribution import Quorum
+from quorumlog.client.driver_common import METADATA_CAS_ATTEMPTS_MAX
+from quorumlog.client.ensemble_change import AlreadyApplied, Retry, merge_on_conflict, plan_ensemble_change
+from quorumlog.errors import MetadataVersionError, NotEnoughBookiesError
+from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.store import Versioned
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from quorumlog.client.client import Client
+
+
+async def commit_ensemble_change(
+    client: Client,
+    md: Versioned[LedgerMetadata],
+    quorum: Quorum,
+    ensembles: Mapping[int, Sequence[str]],
+    change: EnsembleChangeNeeded,
+    *,
+    excluded: set[str],
+    recovery: bool,
+) -> tuple[int, tuple[str, ...], Versioned[LedgerMetadata]]:
+    """Replace `change.failed` from `change.first_entry_id` on; returns (first entry, new ensemble, metadata).
+
+    `excluded` is the writer's set of bookies that failed it: the failed ones join it, and it is narrowed to
+    them when nothing else is left. `recovery`: the writer is a recovery's, so IN_RECOVERY is its own state.
+    """
+    ledger_id = md.value.ledger_id
+    excluded.update(change.failed.values())
+    bookies = client.bookie_infos()
+    try:
+        plan = plan_ensemble_change(
+            quorum,
+            ensembles,
+            change.first_entry_id,
+            change.failed,
+            client.placement,
+            bookies,
+            client.env.rng,
+            exclude=excluded,
+        )
+    except NotEnoughBookiesError:
+        # Every other bookie failed this writer at some point. Those that are registered again (restarted)
+        # are fair game once more; only the bookies being replaced now stay out.
+        excluded.clear()
+        excluded.update(change.failed.values())
+        plan = plan_ensemble_change(
+            quorum,
+            ensembles,
+            change.first_entry_id,
+            change.failed,
+            client.placement,
+            bookies,
+            client.env.rng,
+        )
+    base = md
+    candidate = base.value.with_ensemble(plan.first_entry_id, plan.new_ensemble)
+    for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+        try:
+            written = await client.ledger_manager.write(candidate, version=base.version)
+        except MetadataVersionError:
+            stored = await client.ledger_manager.read(ledger_id)
+            state: Any = stored.value.state
+            if recovery and state == LedgerState.IN_RECOVERY:
+                state = LedgerState.OPEN  # our own recovery's state, not a fence by someone else
+            decision = merge_on_conflict(plan, base.value.ensembles, state, stored.value.ensembles)
+            if isinstance(decision, AlreadyApplied):
+                return plan.first_entry_id, plan.new_ensemble, stored
+            assert isinstance(decision, Retry)
+            base = stored
+            candidate = stored.value.replace(ensembles=decision.ensembles, ctoken=0)
+            continue
+        return plan.first_entry_id, plan.new_ensemble, written
+    raise MetadataVersionError(
+        f"ledger {ledger_id}: ensemble change lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
+    )

@@ -1,0 +1,668 @@
+"""The read side of a ledger handle: `LedgerHandle` (what readers and writers share) and `ReadHandle`.
+
+Drives `EntryRead` and `LacRead` (read_logic): sends what they are told, verifies digests, feeds answers back.
+
+Rules the readers keep:
+- Every entry read is digest-verified; a mismatch is corruption (`DigestMismatchError`), never "no such
+  entry". Reads go to one replica at a time in recent-failure order, with a speculative read after
+  `speculative_read_timeout_s`.
+- A reader never reads past its LAC unless asked (`read_unconfirmed`), and `read` does not refresh the LAC
+  first; its LAC only grows. A read handle of an open ledger watches its metadata until the ledger closes.
+- Long polls are READs of entry -1 with previousLAC = the entry before the one wanted, as BookKeeper's
+  client sends them (a BookKeeper bookie refuses any other entry id with EBADREQ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from quorumlog.client.distribution import Quorum, ensemble_for, order_read_replicas
+from quorumlog.client.driver_common import (
+    EMPTY_ERRORS,
+    NOT_BOOKIE_FAULTS,
+    as_quorumlog_error,
+)
+from quorumlog.client.metrics import timed
+from quorumlog.client.read_logic import (
+    EntryRead,
+    LacFailed,
+    LacKnown,
+    LacRead,
+    LacView,
+    ReadDone,
+    ReadFailed,
+    RecentFailures,
+    SendRead,
+    check_read_range,
+)
+from quorumlog.errors import (
+    BookieUnavailableError,
+    ClientClosedError,
+    DigestMismatchError,
+    InvalidArgumentError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    OperationTimeoutError,
+    ProtocolError,
+    QuorumLogError,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata
+from quorumlog.meta.store import Versioned
+from quorumlog.proto.entry import DigestManager, Entry
+from quorumlog.proto.messages import (
+    LAST_ENTRY_ID,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Response,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.client.client import Client
+
+log = logging.getLogger("quorumlog.client")
+
+# Entries of one `read` call in flight at once (bounds memory and bookie queues per call).
+READ_WINDOW_ENTRIES = 256
+# Entries `tail` reads per batch once it knows they are confirmed.
+TAIL_BATCH_ENTRIES = 256
+# Longest single long-poll `tail` asks a bookie for (it also wakes on metadata changes).
+TAIL_POLL_S = 5.0
+# How often `wait_for_entry` asks again while no bookie of the write set knows the ledger yet (a bookie can
+# only hold a long poll for a ledger it has).
+UNKNOWN_LEDGER_POLL_S = 0.05
+
+
+class LedgerHandle:
+    """What readers and writers share: metadata, digests, and every read operation."""
+
+    def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
+        self._client = client
+        self._monotonic_s = client.env.clock.monotonic_s  # read on every add and ack
+        self._stats = client.stats
+        self._md = md
+        meta = md.value
+        self.ledger_id = meta.ledger_id
+        self.quorum = Quorum(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+        self._digest = DigestManager(meta.ledger_id, meta.digest, password)
+        self._master_key = self._digest.master_key
+        self._lac = LacView(meta.last_entry_id if meta.is_closed else -1)
+        self._failures = RecentFailures()
+        self._closed = False
+        self._md_changed: asyncio.Event | None = None  # made by the first tail() that waits for metadata
+        self._watch_task: asyncio.Task[None] | None = None  # a read handle's metadata watch (watch_metadata)
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._md.value
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the *ledger* is closed in metadata (as this handle last saw it)."""
+        return self._md.value.is_closed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac.lac
+
+    @property
+    def length(self) -> int:
+        return self._md.value.length
+
+    def _now(self) -> float:
+        return self._monotonic_s()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError(f"handle of ledger {self.ledger_id} is closed")
+
+    def _set_metadata(self, md: Versioned[LedgerMetadata]) -> None:
+        self._md = md
+        if md.value.is_closed:
+            self._lac.observe(md.value.last_entry_id)
+        if self._md_changed is not None:
+            self._md_changed.set()
+
+    async def _refresh_metadata(self) -> bool:
+        """Re-read the metadata; returns whether it changed (ensembles or state)."""
+        fresh = await self._client.ledger_manager.read(self.ledger_id)
+        changed = fresh.version != self._md.version
+        if changed:
+            self._set_metadata(fresh)
+        return changed
+
+    # --- reading entries ---------------------------------------------------------------------------------
+
+    async def read(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last (inclusive), all at or below the LAC this handle knows.
+
+        Past it: `ReadBeyondLastAddConfirmedError` at once, without asking the bookies for a newer LAC, as
+        BookKeeper's read does -- a reader decides when to pay for a LAC read (`read_last_add_confirmed`,
+        `wait_for_entry`), and `read_unconfirmed` reads past the LAC.
+        """
+        self._check_open()
+        closed_last = self._md.value.last_entry_id if self.is_closed else None
+        check_read_range(first, last, self._lac.lac, closed_last_entry_id=closed_last)
+        return await self._read_range(first, last)
+
+    async def read_unconfirmed(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last, possibly past the LAC (they may not be durable; see docs/CLIENT.md)."""
+        self._check_open()
+        closed_last = self._md.value.last_entry_id if self.is_closed else None
+        check_read_range(first, last, self._lac.lac, unconfirmed=True, closed_last_entry_id=closed_last)
+        entries = await self._read_range(first, last)
+        for e in entries:
+            self._lac.observe(e.lac)
+        return entries
+
+    async def read_last_entry(self) -> Entry | None:
+        """The last confirmed entry (None if the ledger has none)."""
+        lac = self.last_add_confirmed if self.is_closed else await self.read_last_add_confirmed()
+        if lac < 0:
+            return None
+        return (await self._read_range(lac, lac))[0]
+
+    async def _read_range(self, first: int, last: int) -> list[Entry]:
+        out: list[Entry] = []
+        with timed(self._stats.read_ms, self._client.env.clock):
+            for start in range(first, last + 1, READ_WINDOW_ENTRIES):
+                stop = min(last, start + READ_WINDOW_ENTRIES - 1)
+                out.extend(await self._read_window(start, stop))
+        return out
+
+    async def _read_window(self, first: int, last: int) -> list[Entry]:
+        """Entries first..last, read by one driver: no task, future or timer per entry.
+
+        Each entry keeps its own `EntryRead` (replica order, speculative reads, errors); what is shared is
+        the plumbing -- answers come straight from the connection's read (`send_with_callback`), one future
+        resolves when every entry is done, and one timer checks the speculative deadlines of all of them
+        (they are sent together, so their deadlines are close). Entries that failed with an error a
+        metadata refresh can fix are retried one by one, as a single-entry read would be.
+        """
+        loop = asyncio.get_running_loop()
+        now = self._now()
+        ensembles = self._md.value.ensembles
+        failures = self._failures.counts(now)
+        speculative_s = self._client.config.speculative_read_timeout_s
+        count = last - first + 1
+        readers: list[EntryRead] = []
+        results: list[Entry | None] = [None] * count
+        errors: list[QuorumLogError | None] = [None] * count
+        all_done: asyncio.Future[None] = loop.create_future()
+        remaining = count
+        timer: asyncio.TimerHandle | None = None
+        ledger_id, digest, lac, client, stats = (
+            self.ledger_id,
+            self._digest,
+            self._lac,
+            self._client,
+            self._stats,
+        )
+
+        def apply(index: int, actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+            nonlocal remaining
+            for action in actions:
+                if isinstance(action, SendRead):
+                    if action.speculative:
+                        stats.speculative_reads += 1
+                    send(index, action.bookie_id)
+                    continue
+                if isinstance(action, ReadDone):
+                    results[index] = action.data
+                else:
+                    errors[index] = action.error
+                remaining -= 1
+                if remaining == 0 and not all_done.done():
+                    all_done.set_result(None)
+
+        def send(index: int, bookie_id: str) -> None:
+            try:
+                client.bookie(bookie_id).send_with_callback(
+                    ReadRequest(ledger_id, first + index), on_answer, (index, bookie_id)
+                )
+            except QuorumLogError as e:
+                on_error(index, bookie_id, e)
+
+        def on_error(index: int, bookie_id: str, error: QuorumLogError) -> None:
+            if not isinstance(error, NOT_BOOKIE_FAULTS):
+                self._failures.record_failure(bookie_id, self._now())
+            apply(index, readers[index].on_error(bookie_id, error, self._now()))
+            if timer is None:
+                arm()  # an error may give the reader a deadline again (stop waiting for slow replicas)
+
+        def on_answer(context: tuple[int, str], resp: Response | None, exc: QuorumLogError | None) -> None:
+            index, bookie_id = context
+            if exc is not None:
+                on_error(index, bookie_id, exc)
+                return
+            assert isinstance(resp, ReadResponse)
+            entry_id = first + index
+            if resp.body is None:
+                on_error(
+                    index,
+                    bookie_id,
+                    NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}"),
+                )
+                return
+            try:
+                entry = digest.decode_entry(resp.body, entry_id)
+            except (DigestMismatchError, ProtocolError) as e:
+                log.error(
+                    "ledger %d entry %d from bookie %s is corrupt: %s", ledger_id, entry_id, bookie_id, e
+                )
+                stats.read_corrupt += 1
+                on_error(index, bookie_id, DigestMismatchError(str(e)))
+                return
+            self._failures.record_success(bookie_id)
+            if resp.max_lac is not None:
+                lac.observe(resp.max_lac)
+            lac.observe(entry.lac)
+            apply(index, readers[index].on_success(bookie_id, entry))
+
+        def arm() -> None:
+            nonlocal timer
+            deadlines = [d for r in readers if not r.done and (d := r.next_deadline_s()) is not None]
+            if deadlines and not all_done.done():
+                timer = loop.call_later(max(0.0, min(deadlines) - self._now()), on_timer)
+
+        def on_timer() -> None:
+            nonlocal timer
+            timer = None
+            t = self._now()
+            for index, reader in enumerate(readers):
+                if not reader.done:
+                    apply(index, reader.check_timeouts(t))
+            arm()
+
+        # Replica order depends only on the ensemble and entry_id % E: computed once per rotation while the
+        # window stays in one ensemble (the common case), not per entry.
+        quorum = self.quorum
+        orders: dict[int, Sequence[str]] = {}
+        ensemble_start, ensemble = ensemble_for(ensembles, first)
+        ensemble_end = min((s for s in ensembles if s > ensemble_start), default=last + 1)
+        for entry_id in range(first, last + 1):
+            if entry_id >= ensemble_end:
+                ensemble_start, ensemble = ensemble_for(ensembles, entry_id)
+                ensemble_end = min((s for s in ensembles if s > ensemble_start), default=last + 1)
+                orders.clear()
+            rotation = entry_id % quorum.ensemble_size
+            replicas = orders.get(rotation)
+            if replicas is None:
+                replicas = orders[rotation] = order_read_replicas(quorum, entry_id, ensemble, failures)
+            readers.append(
+                EntryRead(quorum, entry_id, ensemble, speculative_timeout_s=speculative_s, replicas=replicas)
+            )
+        for index, reader in enumerate(readers):
+            apply(index, reader.start(now))
+        if timer is None:  # an immediate send error may have armed it already
+            arm()
+        try:
+            await all_done
+        finally:
+            if timer is not None:
+                timer.cancel()
+        out: list[Entry] = []
+        for index, entry in enumerate(results):
+            if entry is None:
+                error = errors[index]
+                assert error is not None
+                if not isinstance(error, NoSuchEntryError | BookieUnavailableError | OperationTimeoutError):
+                    raise error
+                # A writer may have moved this entry to a new ensemble we have not seen: look once more.
+                if self.is_closed or not await self._refresh_metadata():
+                    raise error
+                entry = await self._read_entry(first + index)
+            out.append(entry)
+        return out
+
+    async def _read_entry(self, entry_id: int) -> Entry:
+        _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
+        now = self._now()
+        reader = EntryRead(
+            self.quorum,
+            entry_id,
+            ensemble,
+            failures=self._failures.counts(now),
+            speculative_timeout_s=self._client.config.speculative_read_timeout_s,
+        )
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[Entry] = loop.create_future()
+        timer: asyncio.TimerHandle | None = None
+
+        def apply(actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+            nonlocal timer
+            for action in actions:
+                if isinstance(action, SendRead):
+                    if action.speculative:
+                        self._stats.speculative_reads += 1
+                    send(action.bookie_id)
+                elif isinstance(action, ReadDone):
+                    if not result.done():
+                        result.set_result(action.data)
+                elif not result.done():
+                    result.set_exception(action.error)
+            if timer is not None:
+                timer.cancel()
+                timer = None
+            deadline = reader.next_deadline_s()
+            if deadline is not None and not result.done():
+                timer = loop.call_later(max(0.0, deadline - self._now()), on_timer)
+
+        def on_timer() -> None:
+            apply(reader.check_timeouts(self._now()))
+
+        def send(bookie_id: str) -> None:
+            try:
+                fut = self._client.bookie(bookie_id).send(ReadRequest(self.ledger_id, entry_id))
+            except QuorumLogError as e:
+                on_error(bookie_id, e)
+                return
+            fut.add_done_callback(functools.partial(on_answer, bookie_id))
+
+        def on_error(bookie_id: str, error: QuorumLogError) -> None:
+            if not isinstance(error, NOT_BOOKIE_FAULTS):
+                self._failures.record_failure(bookie_id, self._now())
+            apply(reader.on_error(bookie_id, error, self._now()))
+
+        def on_answer(bookie_id: str, fut: asyncio.Future[Response]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                on_error(bookie_id, as_quorumlog_error(exc))
+                return
+            resp = fut.result()
+            assert isinstance(resp, ReadResponse)
+            if resp.body is None:
+                on_error(bookie_id, NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}"))
+                return
+            try:
+                entry = self._digest.decode_entry(resp.body, entry_id)
+            except (DigestMismatchError, ProtocolError) as e:
+                log.error(
+                    "ledger %d entry %d from bookie %s is corrupt: %s", self.ledger_id, entry_id, bookie_id, e
+                )
+                self._stats.read_corrupt += 1
+                on_error(bookie_id, DigestMismatchError(str(e)))
+                return
+            self._failures.record_success(bookie_id)
+            if resp.max_lac is not None:
+                self._lac.observe(resp.max_lac)
+            self._lac.observe(entry.lac)
+            apply(reader.on_success(bookie_id, entry))
+
+        apply(reader.start(now))
+        try:
+            return await result
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    # --- LAC ---------------------------------------------------------------------------------------------
+
+    async def read_last_add_confirmed(self) -> int:
+        """The LAC as the bookies know it: max over a covering set of the last ensemble (quorum read)."""
+        return await self._read_lac(first_answer_wins=False, explicit=False)
+
+    async def try_read_last_add_confirmed(self) -> int:
+        """Like read_last_add_confirmed, but the first bookie to answer wins (faster, may lag)."""
+        return await self._read_lac(first_answer_wins=True, explicit=False)
+
+    async def read_explicit_last_add_confirmed(self) -> int:
+        """The LAC from READ_LAC (explicit LAC written by the writer, or the last entry's piggyback)."""
+        return await self._read_lac(first_answer_wins=False, explicit=True)
+
+    async def _read_lac(self, *, first_answer_wins: bool, explicit: bool) -> int:
+        self._check_open()
+        if self.is_closed:
+            return self._lac.lac
+        ensemble = self._md.value.last_ensemble
+        op = LacRead(self.quorum, ensemble, first_answer_wins=first_answer_wins)
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future[int] = loop.create_future()
+
+        def apply(actions: Sequence[Any]) -> None:
+            for action in actions:
+                if isinstance(action, LacKnown):
+                    if not result.done():
+                        result.set_result(action.lac)
+                elif isinstance(action, LacFailed):
+                    if not result.done():
+                        result.set_exception(action.error)
+                else:
+                    send(action.bookie_id)
+
+        def send(bookie_id: str) -> None:
+            req: ReadLacRequest | ReadRequest
+            req = ReadLacRequest(self.ledger_id) if explicit else ReadRequest(self.ledger_id, LAST_ENTRY_ID)
+            try:
+                fut = self._client.bookie(bookie_id).send(req)
+            except QuorumLogError as e:
+                apply(op.on_error(bookie_id, e))
+                return
+            fut.add_done_callback(functools.partial(on_answer, bookie_id))
+
+        def on_answer(bookie_id: str, fut: asyncio.Future[Response]) -> None:
+            if fut.cancelled():
+                return
+            exc = fut.exception()
+            if exc is not None:
+                err = as_quorumlog_error(exc)
+                apply(
+                    op.on_empty(bookie_id) if isinstance(err, EMPTY_ERRORS) else op.on_error(bookie_id, err)
+                )
+                return
+            try:
+                lac = self._lac_from(fut.result())
+            except (DigestMismatchError, ProtocolError) as e:
+                apply(op.on_error(bookie_id, DigestMismatchError(str(e))))
+                return
+            apply(op.on_empty(bookie_id) if lac is None else op.on_answer(bookie_id, lac))
+
+        with timed(self._stats.read_lac_ms, self._client.env.clock):
+            apply(op.start())
+            lac = await result
+        self._lac.observe(lac)
+        return self._lac.lac
+
+    def _lac_from(self, resp: Response) -> int | None:
+        """A bookie's LAC from a READ_LAC or last-entry READ answer (None: it has nothing)."""
+        lacs: list[int] = []
+        if isinstance(resp, ReadLacResponse):
+            if resp.lac_body:
+                lacs.append(self._digest.decode_lac(resp.lac_body))
+            if resp.last_entry_body:
+                lacs.append(self._digest.decode_entry(resp.last_entry_body).lac)
+        elif isinstance(resp, ReadResponse):
+            if resp.body:
+                lacs.append(self._digest.decode_entry(resp.body).lac)
+            if resp.max_lac is not None:
+                lacs.append(resp.max_lac)
+        return max(lacs) if lacs else None
+
+    # --- long poll and tailing ---------------------------------------------------------------------------
+
+    async def wait_for_entry(self, entry_id: int, timeout_s: float = 1.0) -> tuple[int, Entry | None]:
+        """Wait up to `timeout_s` until `entry_id` is confirmed; returns (LAC, the entry or None).
+
+        A long-poll READ (entry -1, previousLAC = entry_id - 1, the piggyback flag): the bookie answers as
+        soon as its LAC passes previousLAC, with entry previousLAC + 1, or with no entry once the timeout
+        expires.
+        """
+        self._check_open()
+        if entry_id < 0:
+            raise InvalidArgumentError(f"entry_id={entry_id}: must be >= 0")
+        if timeout_s < 0:
+            raise InvalidArgumentError(f"timeout_s={timeout_s}: must be >= 0")
+        if entry_id <= self._lac.lac:
+            return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
+        if self.is_closed:
+            return self._lac.lac, None
+        with timed(self._stats.long_poll_ms, self._client.env.clock):
+            return await self._long_poll(entry_id, timeout_s)
+
+    async def _long_poll(self, entry_id: int, timeout_s: float) -> tuple[int, Entry | None]:
+        _, ensemble = ensemble_for(self._md.value.ensembles, entry_id)
+        replicas = self.quorum.write_set_bookies(entry_id, ensemble)
+        counts = self._failures.counts(self._now())
+        replicas.sort(key=lambda b: counts.get(b, 0))
+        deadline = self._now() + timeout_s
+        while True:
+            remaining_s = max(0.0, deadline - self._now())
+            last_error: QuorumLogError | None = None
+            unaware = 0
+            for bookie_id in replicas:
+                # The entry id is -1 and previousLAC says which entry is wanted (previousLAC + 1), as
+                # BookKeeper's ReadLastConfirmedAndEntryOp sends it: a BookKeeper bookie refuses a piggyback
+                # read of any other entry id with EBADREQ ("entry piggyback requested incorrectly").
+                req = ReadRequest(
+                    self.ledger_id,
+                    LAST_ENTRY_ID,
+                    piggyback=True,
+                    previous_lac=entry_id - 1,
+                    timeout_ms=int(remaining_s * 1000),
+                )
+                try:
+                    resp = await self._client.bookie(bookie_id).send(
+                        req, timeout_s=remaining_s + self._client.config.read_timeout_s
+                    )
+                except NoSuchLedgerError:
+                    unaware += 1  # no entry of the ledger reached this bookie yet: ask the next one
+                    continue
+                except QuorumLogError as e:
+                    self._failures.record_failure(bookie_id, self._now())
+                    last_error = e
+                    continue
+                assert isinstance(resp, ReadResponse)
+                if resp.max_lac is not None:
+                    self._lac.observe(resp.max_lac)
+                if resp.body:
+                    try:
+                        polled = self._digest.decode_entry(resp.body, entry_id)
+                    except (DigestMismatchError, ProtocolError) as e:
+                        self._failures.record_failure(bookie_id, self._now())
+                        last_error = DigestMismatchError(str(e))
+                        continue
+                    self._lac.observe(polled.lac)
+                    self._lac.observe(entry_id)  # a bookie answers with the entry only once it is confirmed
+                    return self._lac.lac, polled
+                if entry_id <= self._lac.lac:
+                    return self._lac.lac, (await self._read_range(entry_id, entry_id))[0]
+                return self._lac.lac, None
+            if not unaware:
+                assert last_error is not None
+                raise last_error
+            remaining_s = deadline - self._now()
+            if remaining_s <= 0:
+                return self._lac.lac, None
+            # No replica knows the ledger yet, so none can hold a long poll: look again shortly.
+            await asyncio.sleep(min(UNKNOWN_LEDGER_POLL_S, remaining_s))
+
+    async def tail(self, start: int = 0, *, poll_s: float = TAIL_POLL_S) -> AsyncIterator[Entry]:
+        """Every entry from `start` on, once each and in order, following the ledger until it is closed.
+
+        Confirmed entries are read in batches; at the end it long-polls the bookies, and a metadata watch
+        wakes it when the ledger is closed or its ensemble changes.
+        """
+        self._check_open()
+        if start < 0:
+            raise InvalidArgumentError(f"start={start}: must be >= 0")
+        # A read handle already follows its metadata (watch_metadata); anything else watches while it tails.
+        watch_task = (
+            asyncio.get_running_loop().create_task(self._follow_metadata())
+            if self._watch_task is None
+            else None
+        )
+        try:
+            next_id = start
+            while True:
+                lac = self._lac.lac
+                if next_id <= lac:
+                    last = min(lac, next_id + TAIL_BATCH_ENTRIES - 1)
+                    for entry in await self._read_range(next_id, last):
+                        yield entry
+                    next_id = last + 1
+                    continue
+                if self.is_closed:
+                    return
+                if self._md_changed is None:
+                    self._md_changed = asyncio.Event()
+                self._md_changed.clear()
+                poll = asyncio.ensure_future(self.wait_for_entry(next_id, poll_s))
+                changed = asyncio.ensure_future(self._md_changed.wait())
+                try:
+                    await asyncio.wait({poll, changed}, return_when=asyncio.FIRST_COMPLETED)
+                except BaseException:
+                    poll.cancel()  # the tail itself is cancelled or closed: its poll goes with it
+                    raise
+                finally:
+                    changed.cancel()
+                if not poll.done():
+                    # The metadata changed (closed, new ensemble): stop this poll and look again.
+                    poll.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, QuorumLogError):
+                        await poll
+                    continue
+                try:
+                    _, polled = poll.result()
+                except QuorumLogError as e:
+                    if self.is_closed:
+                        continue
+                    log.warning("tail of ledger %d: long poll failed (%s); retrying", self.ledger_id, e)
+                    await asyncio.sleep(min(poll_s, 0.2))  # back off from a failing bookie
+                    continue
+                if polled is not None:
+                    yield polled
+                    next_id += 1
+        finally:
+            if watch_task is not None:
+                watch_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch_task
+
+    def watch_metadata(self) -> None:
+        """Follow this ledger's metadata until it is closed (BookKeeper's ReadOnlyLedgerHandle registers a
+        metadata listener): the handle learns a close -- and with it the final LAC -- and new ensembles as
+        they happen, not at its next read. Stops with the handle, or once the ledger is closed or deleted."""
+        if self._watch_task is None and not self._closed and not self.is_closed:
+            self._watch_task = asyncio.get_running_loop().create_task(self._follow_metadata())
+            self._client._track(self._watch_task)
+
+    async def _follow_metadata(self) -> None:
+        try:
+            async with await self._client.ledger_manager.watch(self.ledger_id) as watch:
+                # Changes between our read and the watch's arming would be missed: read once now.
+                await self._refresh_metadata()
+                async for md in watch:
+                    if md is None:
+                        return
+                    if md.version != self._md.version:
+                        self._set_metadata(md)
+                    if self.is_closed:
+                        return  # a closed ledger's metadata says nothing more a reader needs
+        except QuorumLogError as e:
+            log.warning("metadata watch of ledger %d failed: %s", self.ledger_id, e)
+
+    async def close(self) -> None:
+        """Release the handle (a read handle holds no ledger state; its metadata watch stops)."""
+        self._closed = True
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
+    async def __aenter__(self) -> LedgerHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ReadHandle(LedgerHandle):
+    """A ledger opened for reading (API.md). Made by `Client.open_ledger`."""

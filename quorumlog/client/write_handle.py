@@ -1,0 +1,769 @@
+"""The write handle: the asyncio driver of `AddTracker` (add_tracker) for the single writer of a ledger.
+
+Ensemble changes run through `ensemble_change_driver`; recovery adds through this handle too (`recovery=True`).
+
+Rules the writer keeps:
+- Entry ids are assigned at `append` call time; adds are pipelined and their futures resolve strictly in
+  entry-id order (the tracker's completions). Back-pressure: at most `outstanding_adds_max` adds are pending
+  per handle; past that `append` raises `TooManyRequestsError` at once (nothing is queued without bound) and
+  `await handle.wait_for_capacity()` waits until an append would be accepted.
+- One add-timeout mechanism: `add_timeout_s` / `add_quorum_timeout_s`, checked by one periodic timer per
+  handle -- the tracker's check for pending entries, plus the handle's own for adds a bookie left unanswered
+  after their entry completed without it (A < W). Adds are sent with no per-request timeout at the
+  connection (it would double-count).
+- An ensemble change is one task at a time: placement -> plan -> CAS -> merge on conflict -> committed; no
+  add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
+  Bookies that failed this writer are avoided as replacements while other bookies are available.
+- A fatal error (fenced, unauthorized, add-quorum timeout, failed ensemble change, a bookie refusing an add
+  as a bad request) fails every pending add with that error, and the handle then closes the ledger at its
+  LAC by itself (BookKeeper's handleUnrecoverableErrorDuringAdd); later appends fail with
+  `LedgerClosedError` (a fenced writer's with `LedgerFencedError`). A recovery's adds never close.
+- `close()` fails the adds still in flight with `LedgerClosedError` at once and closes at the LAC: it never
+  waits for a bookie that may not answer.
+- A timeout verdict waits one loop pass, so the answers already on the sockets are read first (a process
+  resumed from a pause must not blame its bookies for its own pause).
+- An entry whose ADD frame would exceed the client's `max_frame_bytes` is refused by `append` with
+  `InvalidArgumentError` before it gets an id: no bookie would take it, and the ledger stays usable.
+- A request-level answer (EBADREQ) is not a bookie failure: it never excludes the bookie or starts an
+  ensemble change. An add caught in a connection drop blamed on another request
+  (`ConnectionDroppedError.retry_same_bookie`) is resent to the same bookie, at most
+  `SAME_BOOKIE_RESENDS_MAX` times per entry and bookie, instead of counting as a bookie failure: one
+  writer's refused entry must not consume the ensemble changes of every writer sharing the connection.
+- Deferred sync: a write handle's LAC moves only when `force()` completed on every bookie of the ensemble,
+  and a bookie failure fails the writer instead of changing ensemble (add_tracker); close forces first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from quorumlog.client.add_tracker import (
+    AddAction,
+    AddCompleted,
+    AddFailed,
+    AddTracker,
+    EnsembleChangeNeeded,
+    SendAdd,
+)
+from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes
+from quorumlog.client.driver_common import (
+    METADATA_CAS_ATTEMPTS_MAX,
+)
+from quorumlog.client.ensemble_change_driver import commit_ensemble_change
+from quorumlog.client.metrics import ADD_SAMPLE_MASK
+from quorumlog.client.read_handle import LedgerHandle
+from quorumlog.client.ticker import idle_push_due
+from quorumlog.errors import (
+    BadRequestError,
+    IllegalOperationError,
+    InvalidArgumentError,
+    LedgerClosedError,
+    LedgerFencedError,
+    LedgerRecoveryError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+    QuorumLogError,
+    UnauthorizedError,
+)
+from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.store import Versioned
+from quorumlog.proto.entry import ENTRY_HEADER_BYTES
+from quorumlog.proto.messages import (
+    WRITE_FLAG_DEFERRED_SYNC,
+    AddRequest,
+    ForceLedgerRequest,
+    Response,
+    WriteLacRequest,
+)
+
+if TYPE_CHECKING:
+    from quorumlog.client.client import Client
+
+log = logging.getLogger("quorumlog.client")
+
+# Resends of one entry to one bookie after connection drops blamed on other requests (bookie_client); past it
+# the bookie counts as failed.
+SAME_BOOKIE_RESENDS_MAX = 3
+
+
+class WriteHandle(LedgerHandle):
+    """The single writer of an open ledger (API.md). Made by `Client.create_ledger`.
+
+    Also drives recovery adds (`recovery=True`): then appends carry the bytes recovery read, with the
+    RECOVERY_ADD flag, and the metadata it changes is IN_RECOVERY.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        md: Versioned[LedgerMetadata],
+        password: bytes,
+        *,
+        adv: bool = False,
+        deferred_sync: bool = False,
+        recovery: bool = False,
+        last_add_confirmed: int = -1,
+        length: int = 0,
+    ) -> None:
+        super().__init__(client, md, password)
+        cfg = client.config
+        self.adv = adv
+        self.deferred_sync = deferred_sync
+        self._recovery = recovery
+        self._tracker = AddTracker(
+            self.quorum,
+            md.value.ensembles,
+            last_add_confirmed=last_add_confirmed,
+            length=length,
+            outstanding_adds_max=cfg.outstanding_adds_max,
+            add_timeout_s=cfg.add_timeout_s,
+            add_quorum_timeout_s=cfg.add_quorum_timeout_s,
+            ensemble_change=cfg.ensemble_change,
+            deferred_sync=deferred_sync,
+        )
+        self._lac.observe(last_add_confirmed)
+        self._bodies: dict[int, bytes] = {}
+        self._futures: dict[int, asyncio.Future[int]] = {}
+        self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
+        self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
+        self._ensemble_changes = 0
+        self._change_task: asyncio.Task[None] | None = None
+        # Bookies that failed this writer: not chosen as replacements while others are available.
+        self._excluded: set[str] = set()
+        # Made by the first wait_for_capacity (few handles ever wait): at 10,000 open ledgers every object a
+        # handle holds is one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
+        self._capacity: asyncio.Event | None = None
+        self._loop = asyncio.get_running_loop()
+        # The client's add-timeout ticker (ticker.py) visits this handle while it has adds in flight.
+        self._timeouts = client._add_timeouts
+        # In the client's explicit-LAC dirty set (ticker.py): an ack moved the LAC past what bookies saw.
+        self._lac_dirty = False
+        self._lac_flusher = client._lac_flusher
+        self._closing = False
+        self._abandoned: QuorumLogError | None = None
+        # The one close of this handle: asked by `close()`, or started by an unrecoverable add error.
+        self._close_task: asyncio.Task[None] | None = None
+        self._close_error: QuorumLogError | None = None
+        # A timeout verdict is waiting for one loop pass (`_check_timeouts`).
+        self._timeout_check_queued = False
+        # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
+        # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
+        self._unanswered: dict[str, dict[int, float]] = {}
+        self._add_answered = self._on_add_answer  # one bound method, not one per add sent
+        # entry id -> bookie -> resends after drops blamed on another request (usually empty).
+        self._resends: dict[int, dict[str, int]] = {}
+        # The largest payload an entry of this ledger may carry: its ADD frame (entry header, digest, master
+        # key, protocol header, ids at their widest) must fit in the client's max_frame_bytes.
+        self.max_payload_bytes = (
+            largest_add_entry_bytes(
+                cfg.protocol_version,
+                self.ledger_id,
+                len(self._master_key),
+                cfg.max_frame_bytes,
+                recovery=recovery,
+                write_flags=self._write_flags,
+            )
+            - ENTRY_HEADER_BYTES
+            - self._digest.digest_bytes
+        )
+
+    # --- state -------------------------------------------------------------------------------------------
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._tracker.last_add_pushed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._tracker.last_add_confirmed
+
+    @property
+    def length(self) -> int:
+        return self._tracker.length_confirmed
+
+    @property
+    def pending_adds(self) -> int:
+        return self._tracker.pending_count
+
+    # --- appending ---------------------------------------------------------------------------------------
+
+    def append(self, payload: bytes, entry_id: int | None = None) -> asyncio.Future[int]:
+        """Add `payload` as the next entry; the future resolves to its id once A bookies stored it.
+
+        The id is fixed now, so appends issued in a row are pipelined and complete in order. Raises
+        `TooManyRequestsError` when `outstanding_adds_max` adds are pending (see `wait_for_capacity`), and
+        `InvalidArgumentError` for a payload larger than `max_payload_bytes` (its frame would exceed the
+        client's max_frame_bytes; nothing is assigned, the next append gets the next id).
+        On an adv ledger pass `entry_id` (see docs/CLIENT.md for how out-of-order ids are handled).
+        """
+        self._check_writable()
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
+        self.check_payload_size(len(payload) if not isinstance(payload, memoryview) else payload.nbytes)
+        if self.adv:
+            if entry_id is None:
+                raise IllegalOperationError("this ledger was created with adv=True: append needs an entry_id")
+            return self._append_adv(bytes(payload), entry_id)
+        if entry_id is not None:
+            raise IllegalOperationError(
+                "append(entry_id=...) needs a ledger created with adv=True; this one assigns ids itself"
+            )
+        return self._push(payload)
+
+    def check_payload_size(self, payload_bytes: int) -> None:
+        """Raise `InvalidArgumentError` if a payload of `payload_bytes` cannot fit in one ADD frame.
+
+        Reads only immutable state: the sync facade calls it from the caller's thread."""
+        if payload_bytes > self.max_payload_bytes:
+            raise InvalidArgumentError(
+                f"ledger {self.ledger_id}: a payload of {payload_bytes} bytes is too large: its ADD frame "
+                f"would exceed max_frame_bytes={self._client.config.max_frame_bytes} (the largest payload "
+                f"this ledger takes is {max(self.max_payload_bytes, 0)} bytes); split it into smaller entries"
+            )
+
+    async def append_wait(self, payload: bytes, entry_id: int | None = None) -> int:
+        """Append, waiting for capacity first if the pipeline is full; returns the entry id when acknowledged."""
+        await self.wait_for_capacity()
+        return await self.append(payload, entry_id)
+
+    async def wait_for_capacity(self) -> None:
+        """Wait until `append` would not raise TooManyRequestsError (or the writer failed)."""
+        while not self._tracker.has_capacity and self._tracker.error is None and not self._closed:
+            if self._capacity is None:
+                self._capacity = asyncio.Event()
+            self._capacity.clear()
+            await self._capacity.wait()
+
+    def _check_writable(self) -> None:
+        if self._abandoned is not None:
+            raise self._abandoned
+        error = self._tracker.error
+        if isinstance(error, LedgerFencedError):
+            raise error  # says more than "closed": another client recovered the ledger
+        if self._closed or self._closing:
+            raise LedgerClosedError(
+                f"ledger {self.ledger_id}: the write handle is closed"
+                + (f" (after {error})" if error is not None else "")
+            )
+        if error is not None:
+            raise error
+
+    def _push(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
+        now = self._now()
+        appended = self._tracker.append(len(payload), now)
+        eid = appended.entry_id
+        body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._bodies[eid] = body
+        self._futures[eid] = fut
+        self._send_adds(appended.actions, now)
+        self._schedule_timeouts()
+        return fut
+
+    def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
+        # Adv ids are the caller's, but entries still complete (and the LAC moves) in id order: an id
+        # ahead of the next one waits here, bounded by outstanding_adds_max, until the gap is filled.
+        nxt = self._tracker.last_add_pushed + 1
+        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or entry_id < 0:
+            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int >= 0")
+        if entry_id < nxt or entry_id in self._adv_waiting:
+            raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
+        if entry_id != nxt:
+            if len(self._adv_waiting) + self._tracker.pending_count >= self._tracker.outstanding_adds_max:
+                from quorumlog.errors import TooManyRequestsError
+
+                raise TooManyRequestsError(
+                    f"{len(self._adv_waiting)} adv entries wait for earlier ids; append entry {nxt} first"
+                )
+            fut: asyncio.Future[int] = self._loop.create_future()
+            self._adv_waiting[entry_id] = (payload, fut)
+            return fut
+        first = self._push(payload)
+        self._push_adv_waiting()
+        return first
+
+    def _push_adv_waiting(self) -> None:
+        """Send held adv entries whose turn has come, as far as capacity allows (again as adds complete)."""
+        nxt = self._tracker.last_add_pushed + 1
+        while nxt in self._adv_waiting and self._tracker.has_capacity and self._tracker.error is None:
+            data, waiting_fut = self._adv_waiting.pop(nxt)
+            _chain_future(self._push(data), waiting_fut)
+            nxt += 1
+
+    def _append_recovery(self, entry_id: int, length: int, body: bytes) -> asyncio.Future[int]:
+        self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
+        appended = self._tracker.append_recovery(entry_id, length, self._now())
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._bodies[entry_id] = body
+        self._futures[entry_id] = fut
+        self._send_adds(appended.actions)
+        self._schedule_timeouts()
+        return fut
+
+    def _send_adds(self, actions: Sequence[SendAdd], now: float | None = None) -> None:
+        req: AddRequest | None = None
+        if now is None:
+            now = self._now()
+        for action in actions:
+            body = self._bodies.get(action.entry_id)
+            if body is None:
+                continue  # completed or failed meanwhile
+            if req is None or req.entry_id != action.entry_id or req.recovery != action.recovery:
+                # One request object per entry, sent to each bookie of its write set (the connection sets
+                # its txn id just before encoding).
+                req = AddRequest(
+                    self.ledger_id,
+                    action.entry_id,
+                    self._master_key,
+                    body,
+                    action.recovery,
+                    self._write_flags,
+                )
+            # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
+            unanswered = self._unanswered.get(action.bookie_id)
+            if unanswered is None:
+                unanswered = self._unanswered[action.bookie_id] = {}
+            unanswered[action.entry_id] = now
+            try:
+                # The answer comes straight from the connection's read, not through a future and a loop
+                # turn (see bookie_client._CallbackWaiter): this runs for every replica of every entry.
+                # The action is the callback's context: no closure per request.
+                self._client.bookie(action.bookie_id).send_with_callback(
+                    req, self._add_answered, action, timeout_s=0
+                )
+            except QuorumLogError as e:
+                unanswered.pop(action.entry_id, None)
+                self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
+                continue
+
+    def _on_add_answer(self, action: SendAdd, response: Response | None, exc: QuorumLogError | None) -> None:
+        if self._abandoned is not None:
+            return
+        entry_id, bookie_id = action.entry_id, action.bookie_id
+        unanswered = self._unanswered.get(bookie_id)
+        if unanswered is not None:
+            unanswered.pop(entry_id, None)
+        if exc is None:
+            actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
+        else:
+            error = exc
+            if (
+                isinstance(error, ConnectionDroppedError)
+                and error.retry_same_bookie
+                and self._resend_same_bookie(action)
+            ):
+                return
+            if isinstance(error, BadRequestError):
+                # About this request, not the bookie: the entry can never be written, so the writer stops
+                # (the tracker fails every pending add), and the bookie stays a good one for everyone.
+                error = BadRequestError(
+                    f"ledger {self.ledger_id}: bookie {bookie_id} refused the add of entry {entry_id} "
+                    f"({error}); the entry can never be written, so the writer stops"
+                )
+                if self._tracker.error is None:
+                    log.warning("%s", error)
+            elif (
+                not isinstance(error, LedgerFencedError | UnauthorizedError)
+                and bookie_id not in self._excluded
+            ):
+                # Once per bookie: a dead connection fails every outstanding add with the same story.
+                log.warning(
+                    "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
+                )
+                self._excluded.add(bookie_id)
+            actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
+        if actions:
+            self._apply(actions)
+
+    def _resend_same_bookie(self, action: SendAdd) -> bool:
+        """Send `action` again to its bookie after a drop blamed on another request; False if it is not
+        pending any more or has been resent too often (then the drop counts against the bookie)."""
+        if action.entry_id not in self._bodies or self._tracker.error is not None:
+            return True  # completed or failed meanwhile: nothing to do, and nothing to blame
+        counts = self._resends.get(action.entry_id)
+        if counts is None:
+            counts = self._resends[action.entry_id] = {}
+        done = counts.get(action.bookie_id, 0)
+        if done >= SAME_BOOKIE_RESENDS_MAX:
+            return False
+        counts[action.bookie_id] = done + 1
+        self._send_adds([action])
+        return True
+
+    def _apply(self, actions: Sequence[AddAction]) -> None:
+        sends: list[SendAdd] = []
+        completed = 0
+        resends = self._resends
+        for action in actions:
+            if resends and isinstance(action, AddCompleted | AddFailed):
+                resends.pop(action.entry_id, None)
+            if isinstance(action, AddCompleted):
+                completed += 1
+                if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
+                    self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
+                self._bodies.pop(action.entry_id, None)
+                fut = self._futures.pop(action.entry_id, None)
+                if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+                    self._lac.observe(action.entry_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(action.entry_id)
+            elif isinstance(action, SendAdd):
+                sends.append(action)
+            elif isinstance(action, AddFailed):
+                self._stats.adds_failed += 1
+                self._bodies.pop(action.entry_id, None)
+                fut = self._futures.pop(action.entry_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_exception(action.error)
+            elif isinstance(action, EnsembleChangeNeeded):
+                self._start_ensemble_change(action)
+        if completed:
+            self._stats.adds_ok += completed
+            if not self.deferred_sync:
+                self._lac_moved()
+        if sends:
+            self._send_adds(sends)
+        if self._tracker.error is not None:
+            self._fail_waiting(self._tracker.error)
+            if not self._recovery:
+                # BookKeeper's handleUnrecoverableErrorDuringAdd: the writer closes the ledger at its LAC, so
+                # readers see its end without recovering it. A recovery's adds never close: the recovery
+                # decides where the ledger ends.
+                self._begin_close()
+        elif self._adv_waiting and self._tracker.has_capacity:
+            self._push_adv_waiting()
+        if self._capacity is not None and self._tracker.has_capacity:
+            self._capacity.set()
+
+    def _lac_moved(self) -> None:
+        """The LAC moved past what bookies saw: queue this handle for the client's next explicit LAC."""
+        if not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
+            self._lac_dirty = True
+            self._lac_flusher.add(self, self._loop)
+        t = self._tracker  # gone idle: the LAC goes out at the end of this loop iteration (ticker.py)
+        if self._lac_dirty and idle_push_due(t.pending_count, t.last_add_confirmed, t.lac_sent_to_bookies):
+            self._lac_flusher.soon(self, self._loop)
+
+    def _fail_waiting(self, error: QuorumLogError) -> None:
+        for _, fut in self._adv_waiting.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._adv_waiting.clear()
+        if self._capacity is not None:
+            self._capacity.set()
+
+    # --- timers ------------------------------------------------------------------------------------------
+
+    def _schedule_timeouts(self) -> None:
+        self._timeouts.add(self, self._loop)
+
+    def _check_timeouts(self) -> bool:
+        """Called by the client's add-timeout tick (a coarse periodic check, not a timer per add: a timeout
+        fires at most one tick, a quarter of the timeout, late). True keeps this handle visited.
+
+        A verdict that is due is given one loop pass later, after the answers already waiting on the
+        sockets are read. A process paused longer than the timeout (SIGSTOP, a long GC) wakes with its
+        timer overdue and its bookies' answers unread -- the loop runs overdue timers before it reads
+        sockets (asyncio when the pause hit its select, uvloop always) -- and would otherwise blame every
+        bookie, fail its adds with NotEnoughBookiesError, and miss the answers that say the adds succeeded
+        or were fenced.
+        """
+        if self._closed:
+            return False
+        if not self._timeout_check_queued and self._timeout_due(self._now()):
+            self._timeout_check_queued = True
+            # Two hops: a callback queued now runs before the next select's readers; the one it queues runs
+            # after them.
+            self._loop.call_soon(self._loop.call_soon, self._check_timeouts_now)
+        return self._tracker.pending_count > 0 or any(self._unanswered.values())
+
+    def _timeout_due(self, now: float) -> bool:
+        deadline = self._tracker.next_deadline_s()
+        if deadline is not None and deadline <= now:
+            return True
+        add_timeout_s = self._client.config.add_timeout_s
+        return add_timeout_s > 0 and any(
+            unanswered and now - next(iter(unanswered.values())) >= add_timeout_s
+            for unanswered in self._unanswered.values()
+        )
+
+    def _check_timeouts_now(self) -> None:
+        self._timeout_check_queued = False
+        if self._closed or self._abandoned is not None:
+            return
+        now = self._now()
+        actions = self._tracker.check_timeouts(now)
+        if actions:
+            self._apply(actions)
+        add_timeout_s = self._client.config.add_timeout_s
+        if add_timeout_s > 0:
+            for bookie_id, unanswered in self._unanswered.items():
+                if not unanswered or now - next(iter(unanswered.values())) < add_timeout_s:
+                    continue
+                # The tracker only watches pending entries; this bookie is late on entries that completed
+                # without it. Same timeout, same verdict: it counts as failed.
+                unanswered.clear()
+                if bookie_id in self._tracker.current_ensemble and self._tracker.error is None:
+                    log.warning(
+                        "ledger %d: bookie %s did not answer adds within add_timeout_s=%s",
+                        self.ledger_id,
+                        bookie_id,
+                        add_timeout_s,
+                    )
+                    self._excluded.add(bookie_id)
+                    self._apply(self._tracker.on_bookie_lost(bookie_id))
+
+    def _flush_explicit_lac(self) -> bool:
+        """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
+        if self._closed or self._tracker.error is not None:
+            self._lac_dirty = False
+            return False
+        if self._tracker.changing_ensemble:
+            return True  # the new ensemble gets it once the change is committed
+        # The tick (one per interval) bounds the rate, so only "is the LAC ahead" is checked here.
+        lac = self._tracker.explicit_lac_due()
+        if lac is not None and lac >= 0:
+            self._send_explicit_lac(lac)
+            self._tracker.explicit_lac_sent(lac)
+        self._lac_dirty = False
+        return False
+
+    def _send_explicit_lac(self, lac: int) -> None:
+        # To the whole current ensemble, not only the LAC entry's write set: with striping (E > W) a reader
+        # waiting for an earlier entry long-polls *that* entry's write set, and a bookie holding it but not
+        # the last entry would otherwise never learn it is confirmed until the writer writes again.
+        # One request object for all of them: encoded once (bookie_client._FrameCache), and answered by a
+        # callback rather than a future per bookie -- at 10,000 open ledgers this runs thousands of times a tick.
+        req = WriteLacRequest(self.ledger_id, lac, self._master_key, self._digest.encode_lac(lac))
+        for bookie_id in self._tracker.current_ensemble:
+            try:
+                # Best effort: a missed explicit LAC only delays readers until the next one.
+                self._client.bookie(bookie_id).send_with_callback(req, _ignore_answer, None)
+            except QuorumLogError:
+                continue
+
+    # --- ensemble change ---------------------------------------------------------------------------------
+
+    def _start_ensemble_change(self, change: EnsembleChangeNeeded) -> None:
+        self._change_task = self._loop.create_task(self._change_ensemble(change))
+        self._client._track(self._change_task)
+
+    async def _change_ensemble(self, change: EnsembleChangeNeeded) -> None:
+        try:
+            first, new_ensemble = await self._commit_ensemble_change(change)
+        except QuorumLogError as e:
+            log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, e)
+            self._apply(self._tracker.ensemble_change_failed(e))
+            return
+        except Exception as e:  # a bug must not leave the writer hanging: fail it loudly
+            log.exception("ledger %d: ensemble change crashed", self.ledger_id)
+            self._apply(
+                self._tracker.ensemble_change_failed(LedgerRecoveryError(f"ensemble change crashed: {e!r}"))
+            )
+            return
+        self._stats.ensemble_changes += 1
+        log.info(
+            "ledger %d: new ensemble from entry %d: %s (replaced %s)",
+            self.ledger_id,
+            first,
+            list(new_ensemble),
+            dict(change.failed),
+        )
+        self._apply(self._tracker.ensemble_change_committed(first, new_ensemble, self._now()))
+
+    async def _commit_ensemble_change(self, change: EnsembleChangeNeeded) -> tuple[int, tuple[str, ...]]:
+        cfg = self._client.config
+        if self._ensemble_changes >= cfg.max_ensemble_changes:
+            raise NotEnoughBookiesError(
+                f"ledger {self.ledger_id}: max_ensemble_changes={cfg.max_ensemble_changes} reached; "
+                f"bookies {sorted(change.failed.values())} failed"
+            )
+        self._ensemble_changes += 1
+        first, new_ensemble, self._md = await commit_ensemble_change(
+            self._client,
+            self._md,
+            self.quorum,
+            self._tracker.ensembles,
+            change,
+            excluded=self._excluded,
+            recovery=self._recovery,
+        )
+        return first, new_ensemble
+
+    # --- force, close ------------------------------------------------------------------------------------
+
+    async def force(self) -> int:
+        """Make every entry appended so far durable on its bookies (FORCE_LEDGER); returns the new LAC.
+
+        Waits for the adds pending at call time, then (deferred_sync=True) sends FORCE_LEDGER to every bookie
+        of the ensemble; once all confirmed, the LAC becomes the last entry acknowledged when the force was
+        sent (BookKeeper's ForceLedgerOp), so readers only ever see durable entries. Any bookie failing the
+        force fails it and leaves the LAC where it was. On a ledger without deferred sync adds are durable
+        when acknowledged: this only waits for them.
+        """
+        self._check_writable()
+        target = self._tracker.last_add_pushed
+        waiting = [f for e, f in self._futures.items() if e <= target]
+        if waiting:
+            await asyncio.gather(*waiting)
+        if not self.deferred_sync:
+            return target
+        return await self._force_ensemble()
+
+    async def _force_ensemble(self) -> int:
+        last, length = self._tracker.force_point()
+        if last < 0 or last <= self._tracker.last_add_confirmed:
+            return self._tracker.last_add_confirmed  # nothing acknowledged since the last force
+        # A deferred-sync ledger never changes ensemble, so the current one holds every entry.
+        ensemble = self._tracker.current_ensemble
+        await asyncio.gather(
+            *(
+                self._client.bookie(b).send(ForceLedgerRequest(self.ledger_id))
+                for b in dict.fromkeys(ensemble)
+            )
+        )
+        if self._tracker.forced(last, length):
+            self._lac.observe(last)
+            self._lac_moved()  # readers learn the new LAC by explicit LAC (or the next entry's piggyback)
+        return self._tracker.last_add_confirmed
+
+    async def close(self) -> None:
+        """Close the ledger in metadata at its LAC, with its length; adds still in flight fail at once.
+
+        As BookKeeper's close: pending adds are not waited for -- a bookie that never answers must not hold
+        the close -- they fail with `LedgerClosedError`, and the ledger ends at the last acknowledged entry.
+        Await the appends first to have them in the ledger. A deferred-sync ledger is forced first, so an
+        orderly close keeps every acknowledged entry (BookKeeper's close does not force; docs/CLIENT.md
+        "Differences from BookKeeper"). If that force fails, the ledger closes at its LAC, the last entry
+        known durable.
+
+        After an unrecoverable add error the handle closed the ledger itself; this waits for that close.
+        If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
+        last entry is accepted; anything else raises `LedgerFencedError`.
+        """
+        if self._abandoned is not None or (self._closed and self._close_task is None):
+            return
+        task = self._begin_close()
+        # Not `await task`: cancelling this caller must not cancel a close others may wait for too.
+        await asyncio.wait({task})
+        if self._close_error is not None:
+            raise self._close_error
+
+    def _begin_close(self) -> asyncio.Task[None]:
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = self._loop.create_task(self._close_ledger())
+            self._client._track(self._close_task)
+        return self._close_task
+
+    async def _close_ledger(self) -> None:
+        try:
+            closed = LedgerClosedError(f"ledger {self.ledger_id} was closed with this add in flight")
+            if self._adv_waiting:
+                self._fail_waiting(closed)
+            if self._tracker.error is None and self._tracker.pending_count:
+                self._apply(self._tracker.fail_pending(closed))
+            if self._change_task is not None and not self._change_task.done():
+                # Metadata only (no bookie is waited for): its CAS and ours must not race.
+                with contextlib.suppress(Exception):
+                    await self._change_task
+            if self.deferred_sync and self._tracker.error is None:
+                try:
+                    await self._force_ensemble()
+                except QuorumLogError as e:
+                    log.warning(
+                        "ledger %d: force before close failed (%s); closing at the last forced entry %d",
+                        self.ledger_id,
+                        e,
+                        self._tracker.last_add_confirmed,
+                    )
+            error = self._tracker.error
+            if error is not None and not isinstance(error, LedgerFencedError):
+                log.warning(
+                    "ledger %d: closing at entry %d after an unrecoverable add error: %s",
+                    self.ledger_id,
+                    self._tracker.last_add_confirmed,
+                    error,
+                )
+            last, length = self._tracker.close()
+            await self._close_metadata(last, length, error)
+        except QuorumLogError as e:
+            # Kept for `close()` to raise; a handle closed after a failure may never be closed by its user.
+            self._close_error = e
+        finally:
+            self._closed = True
+            self._cancel_timers()
+
+    def _abandon(self, error: QuorumLogError) -> None:
+        """Stop without closing the ledger (the client is going away): pending adds fail with `error`.
+
+        The ledger stays open in metadata; whoever opens it with recovery closes it.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._abandoned = error
+        self._cancel_timers()
+        self._fail_waiting(error)
+        for fut in self._futures.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._futures.clear()
+        self._bodies.clear()
+
+    def _cancel_timers(self) -> None:
+        self._timeouts.discard(self)
+        if self._lac_dirty:
+            self._lac_flusher.discard(self)
+            self._lac_dirty = False
+
+    async def _close_metadata(self, last: int, length: int, error: QuorumLogError | None) -> None:
+        md = self._md
+        for _ in range(METADATA_CAS_ATTEMPTS_MAX):
+            if md.value.is_closed:
+                break
+            if md.value.state == LedgerState.IN_RECOVERY:
+                raise (
+                    error
+                    if error is not None
+                    else LedgerFencedError(
+                        f"ledger {self.ledger_id} is being recovered by another client: this writer is fenced"
+                    )
+                )
+            try:
+                self._set_metadata(
+                    await self._client.ledger_manager.write(md.value.closed(last, length), version=md.version)
+                )
+                return
+            except MetadataVersionError:
+                md = await self._client.ledger_manager.read(self.ledger_id)
+        stored = md.value
+        self._set_metadata(md)
+        if stored.is_closed and stored.last_entry_id == last and stored.length == length:
+            return  # someone (a recoverer) closed it exactly where we would have
+        raise LedgerFencedError(
+            f"ledger {self.ledger_id} was closed by another client at entry {stored.last_entry_id} "
+            f"(this writer's last confirmed entry is {last})"
+        )
+
+
+def _chain_future(src: asyncio.Future[int], dst: asyncio.Future[int]) -> None:
+    def done(f: asyncio.Future[int]) -> None:
+        if dst.done():
+            return
+        if f.cancelled():
+            dst.cancel()
+        elif (exc := f.exception()) is not None:
+            dst.set_exception(exc)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(done)
+
+
+def _ignore_answer(context: object, response: Response | None, error: QuorumLogError | None) -> None:
+    """The answer to an explicit LAC: nothing to do either way (a failed one is not worth a warning)."""
