@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from quorumlog.errors import InvalidArgumentError
+from quorumlog.spark.orphans import ORPHAN_MIN_AGE_S_DEFAULT
 from quorumlog.stream.position import Position
 from quorumlog.stream.writer import STREAM_PASSWORD
 
@@ -40,6 +41,7 @@ KNOWN = {
     "create",
     "query_id",
     "checkpointlocation",
+    "orphan_min_age",
     "path",
 }
 
@@ -64,6 +66,8 @@ class SourceOptions:
     create: bool
     query_id: str | None  # option query_id, as given
     checkpoint_location: str | None  # option checkpointLocation, as given (resolved by the stream writer)
+    # A write's commit deletes other jobs' OPEN task ledgers of its log once they are this old (orphans.py).
+    orphan_min_age_s: float = ORPHAN_MIN_AGE_S_DEFAULT
 
     @property
     def target(self) -> str:
@@ -147,6 +151,7 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
         create=_boolean(opts, "create", False),
         query_id=opts.get("query_id") or None,
         checkpoint_location=opts.get("checkpointlocation") or None,
+        orphan_min_age_s=_duration(opts, "orphan_min_age", ORPHAN_MIN_AGE_S_DEFAULT),
     )
 
 
@@ -188,6 +193,18 @@ def _positive(opts: dict[str, str], key: str) -> int | None:
     if value < 1:
         raise InvalidArgumentError(f"quorumlog: option {key!r} must be positive, got {value}")
     return value
+
+
+def _duration(opts: dict[str, str], key: str, default: float) -> float:
+    from quorumlog.stream.offload import parse_duration
+
+    text = opts.get(key)
+    if text is None:
+        return default
+    try:
+        return parse_duration(text.strip())
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"quorumlog: option {key!r}: {exc}") from None
 
 
 def _boolean(opts: dict[str, str], key: str, default: bool) -> bool:

@@ -17,8 +17,10 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import time
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,7 @@ from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncate
 from quorumlog.spark.commit import TaskLedger, delete_unlinked, link_ledgers
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import BASE_NAMES, SourceOptions, ddl_names, parse_options
+from quorumlog.spark.orphans import JOB_KEY, PARTITION_KEY, delete_orphans, find_orphans
 from quorumlog.spark.scan import (
     BASE_COLUMNS,
     LogView,
@@ -389,6 +392,7 @@ class WritePlan:
     payload_index: int | None  # the `payload` column; None: each row is written as a JSON object
     timestamp_index: int | None  # a `timestamp` column of timestamp type sets the record's timestamp
     column_names: tuple[str, ...]
+    job_id: str  # tags every task ledger of this job (orphans.py): one per batch write or streaming query run
 
 
 def _write_plan(opts: SourceOptions, schema: StructType, overwrite: bool) -> WritePlan:
@@ -414,6 +418,7 @@ def _write_plan(opts: SourceOptions, schema: StructType, overwrite: bool) -> Wri
         payload_index,
         timestamp_index,
         names,
+        uuid.uuid4().hex,
     )
 
 
@@ -468,10 +473,14 @@ def write_task(plan: WritePlan, rows: Iterator[Any]) -> LedgerWritten:
             password=STREAM_PASSWORD,
             custom_metadata={
                 "quorumlog.log": f"{opts.namespace}/{opts.log}".encode(),
-                "quorumlog.spark.partition": b"%d" % partition,
+                PARTITION_KEY: b"%d" % partition,
+                JOB_KEY: plan.job_id.encode(),
             },
         )
         try:
+            if _test_kill_requested(opts, partition):
+                handle.append(encode_batch([(0, b"")], 0)).result()
+                os.kill(os.getpid(), signal.SIGKILL)  # as a lost executor would: no except clause runs
             stats = _append_rows(plan, handle, _chain(first_row, rows))
             handle.close()
             task = TaskLedger(
@@ -495,6 +504,30 @@ def write_task(plan: WritePlan, rows: Iterator[Any]) -> LedgerWritten:
                 pass
             raise
     return LedgerWritten(task)
+
+
+# Test-only fault hook (tests/spark/conftest.py sets the variable before the session starts, so workers
+# inherit it): a file named "<namespace>.<log>.<partition>" in that directory makes the task SIGKILL itself
+# after its ledger holds an entry; the file's content "once" makes only the first attempt die.
+TEST_KILL_DIR_ENV = "QUORUMLOG_SPARK_TEST_KILL_DIR"
+
+
+def _test_kill_requested(opts: SourceOptions, partition: int) -> bool:
+    directory = os.environ.get(TEST_KILL_DIR_ENV)
+    if not directory:
+        return False
+    path = os.path.join(directory, f"{opts.namespace}.{opts.log}.{partition}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            once = f.read().strip() == "once"
+    except OSError:
+        return False
+    if once:
+        try:
+            os.unlink(path)
+        except OSError:
+            return False  # another attempt took it
+    return True
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
@@ -580,7 +613,9 @@ def _tasks(messages: list[Any]) -> list[TaskLedger]:
     return [m.task for m in messages if isinstance(m, LedgerWritten) and m.task is not None]
 
 
-def _commit(plan: WritePlan, messages: list[Any], mark: tuple[str, int] | None) -> None:
+def _commit(
+    plan: WritePlan, messages: list[Any], mark: tuple[str, int] | None, *, sweep: bool = True
+) -> None:
     opts = plan.opts
     tasks = _tasks(messages)
 
@@ -590,12 +625,35 @@ def _commit(plan: WritePlan, messages: list[Any], mark: tuple[str, int] | None) 
         if result.already_committed:
             # A replay of a batch linked before a restart: these are its second copies.
             await delete_unlinked(log, [t.ledger_id for t in tasks])
+        if sweep:
+            await _sweep_orphans(client, plan)
 
     try:
         with connect(opts.metadata) as conn:
             conn.run(commit)
     except QuorumLogError as exc:
         raise _explain(opts, exc) from exc
+
+
+async def _sweep_orphans(client: Any, plan: WritePlan) -> None:
+    """After the commit: delete this job's unlinked task ledgers (attempts killed before they could clean
+    up) and other jobs' OPEN task ledgers of this log older than option orphan_min_age (orphans.py). The
+    commit has succeeded by now, so a failure here is only logged: the next commit or the shell retries."""
+    opts = plan.opts
+    try:
+        found = await find_orphans(
+            client,
+            now_ms=int(time.time() * 1000),
+            min_age_s=opts.orphan_min_age_s,
+            log=f"{opts.namespace}/{opts.log}",
+            own_job=plan.job_id,
+        )
+        deleted = await delete_orphans(client, found)
+    except QuorumLogError as exc:
+        log.warning("quorumlog %s: orphan sweep after the commit failed: %s", opts.target, exc)
+        return
+    if deleted:
+        log.info("quorumlog %s: deleted orphaned task ledgers %s", opts.target, deleted)
 
 
 def _abort(plan: WritePlan, messages: list[Any]) -> None:
@@ -662,6 +720,23 @@ def spark_query_key(checkpoint: str) -> str:
     return f"spark:{query_id}@{checkpoint}"
 
 
+# A sweep lists every ledger of the cluster; a stream commits every trigger, so it sweeps at most this often
+# (per driver process). Its own job's leftovers wait for the next sweep: nothing else can link them.
+STREAM_SWEEP_INTERVAL_S = 60.0
+_last_stream_sweep: dict[str, float] = {}
+
+
+def _stream_sweep_due(plan: WritePlan) -> bool:
+    now = time.monotonic()
+    last = _last_stream_sweep.get(plan.job_id)
+    if last is not None and now - last < STREAM_SWEEP_INTERVAL_S:
+        return False
+    if len(_last_stream_sweep) > 1000:
+        _last_stream_sweep.clear()  # bounded: forgetting only means one early sweep
+    _last_stream_sweep[plan.job_id] = now
+    return True
+
+
 class StreamWriter(DataSourceStreamWriter):
     def __init__(self, plan: WritePlan, query_id: str | None, checkpoint: str | None) -> None:
         self.plan = plan
@@ -676,7 +751,7 @@ class StreamWriter(DataSourceStreamWriter):
         if self.query_id is None:
             assert self.checkpoint is not None
             self.query_id = spark_query_key(self.checkpoint)
-        _commit(self.plan, list(messages), (self.query_id, int(batchId)))
+        _commit(self.plan, list(messages), (self.query_id, int(batchId)), sweep=_stream_sweep_due(self.plan))
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _abort(self.plan, list(messages))

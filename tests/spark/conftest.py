@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from quorumlog.spark.local import LocalQuorumlog
+from quorumlog.spark.source import TEST_KILL_DIR_ENV
 
 
 def spark_env() -> None:
@@ -19,6 +21,9 @@ def spark_env() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # The write task's test-only kill hook (source.py) reads this in the workers, which inherit it from the
+    # JVM: it must be set before the session starts. Only files a test puts there ever trigger it.
+    os.environ.setdefault(TEST_KILL_DIR_ENV, tempfile.mkdtemp(prefix="ql-spark-kill-"))
 
 
 @pytest.fixture(scope="session")

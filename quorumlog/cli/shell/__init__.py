@@ -6,6 +6,7 @@
 - `cluster`: initnewcluster, metaformat, whatisinstanceid.
 - `autorecovery`: autorecovery (on/off), lostbookierecoverydelay, listunderreplicated, whoisauditor.
 - `recovery`: recover, decommission, triggeraudit, autorecoverystatus.
+- `orphans`: orphans (ledgers of killed Spark write tasks).
 - `offline`: commands on a stopped bookie's own directories: readjournal, readlog (readentrylogfile),
   localconsistencycheck, updatecookie.
 
@@ -16,7 +17,7 @@ imports what it needs (client, metadata drivers, bookie storage) when it runs, s
 from __future__ import annotations
 
 # Each module attaches its commands to `shell` when imported; the imports are for that effect.
-from quorumlog.cli.shell import autorecovery, bookies, cluster, ledgers, offline, recovery  # noqa: F401
+from quorumlog.cli.shell import autorecovery, bookies, cluster, ledgers, offline, orphans, recovery  # noqa: F401
 from quorumlog.cli.shell.group import shell
 
 __all__ = ["shell"]
