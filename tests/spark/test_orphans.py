@@ -4,7 +4,10 @@ the next commit of the log removes other jobs' old ones, and a write still in pr
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -60,6 +63,18 @@ def linked(uri: str, log: str) -> set[int]:
     return run(uri, ids)
 
 
+def shell_orphans(uri: str, *args: str) -> Any:
+    r = subprocess.run(
+        [sys.executable, "-m", "quorumlog", "shell", "--metadata", uri, "orphans", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
 def in_progress_ledger(uri: str, log: str) -> int:
     """An OPEN task ledger of another job, as a write task still running holds it (tagged the same way)."""
 
@@ -112,6 +127,10 @@ def test_next_commit_removes_another_jobs_old_orphans(spark: Any, quorumlog_uri:
     orphans = {i for i, md in task_ledgers(quorumlog_uri, "orphan2").items() if md.state == LedgerState.OPEN}
     assert orphans, "a killed task leaves its OPEN ledger behind"
     assert not linked(quorumlog_uri, "orphan2")
+    # the operator's view of the same ledgers
+    listed = shell_orphans(quorumlog_uri, "--older-than", "0s", "--log", "t/orphan2")
+    assert {o["ledger_id"] for o in listed["orphans"]} == orphans and listed["deleted"] is None
+    assert shell_orphans(quorumlog_uri, "--log", "t/orphan2")["orphans"] == []  # younger than the default
 
     # younger than the default age: a write that may still be running; the next commit keeps them
     write(spark, quorumlog_uri, "orphan2", 10)
@@ -121,6 +140,7 @@ def test_next_commit_removes_another_jobs_old_orphans(spark: Any, quorumlog_uri:
     left = task_ledgers(quorumlog_uri, "orphan2")
     assert not orphans & set(left)
     assert set(left) == linked(quorumlog_uri, "orphan2")
+    assert shell_orphans(quorumlog_uri, "--older-than", "0s", "--log", "t/orphan2")["orphans"] == []
 
 
 def test_a_ledger_closed_by_its_task_after_being_judged_is_not_deleted(quorumlog_uri: str) -> None:
