@@ -35,7 +35,27 @@ from quorumlog.errors import (
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
+    NotEnoughBookiesError,
 )
+
+
+def change_budget_refusal(
+    ledger_id: int, changes_made: int, changes_max: int, failed: Mapping[int, str]
+) -> NotEnoughBookiesError | None:
+    """Whether a writer that made `changes_made` ensemble changes may make one more to replace `failed`.
+
+    None: go ahead (the driver counts it). Otherwise the error that fails the writer: past
+    `max_ensemble_changes` (BookKeeper's maxAllowedEnsembleChanges) a ledger whose bookies keep failing is
+    better closed than spread over ever more ensembles, each one metadata every reader carries. A plain
+    function over the driver's counter, not an object: at 10,000 open ledgers every object a handle holds is
+    one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
+    """
+    if changes_made >= changes_max:
+        return NotEnoughBookiesError(
+            f"ledger {ledger_id}: max_ensemble_changes={changes_max} reached; "
+            f"bookies {sorted(failed.values())} failed"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)

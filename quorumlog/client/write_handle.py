@@ -53,6 +53,7 @@ from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_e
 from quorumlog.client.driver_common import (
     METADATA_CAS_ATTEMPTS_MAX,
 )
+from quorumlog.client.ensemble_change import change_budget_refusal
 from quorumlog.client.ensemble_change_driver import commit_ensemble_change
 from quorumlog.client.metrics import ADD_SAMPLE_MASK
 from quorumlog.client.read_handle import LedgerHandle
@@ -65,7 +66,6 @@ from quorumlog.errors import (
     LedgerFencedError,
     LedgerRecoveryError,
     MetadataVersionError,
-    NotEnoughBookiesError,
     QuorumLogError,
     UnauthorizedError,
 )
@@ -576,12 +576,11 @@ class WriteHandle(LedgerHandle):
         self._apply(self._tracker.ensemble_change_committed(first, new_ensemble, self._now()))
 
     async def _commit_ensemble_change(self, change: EnsembleChangeNeeded) -> tuple[int, tuple[str, ...]]:
-        cfg = self._client.config
-        if self._ensemble_changes >= cfg.max_ensemble_changes:
-            raise NotEnoughBookiesError(
-                f"ledger {self.ledger_id}: max_ensemble_changes={cfg.max_ensemble_changes} reached; "
-                f"bookies {sorted(change.failed.values())} failed"
-            )
+        refused = change_budget_refusal(
+            self.ledger_id, self._ensemble_changes, self._client.config.max_ensemble_changes, change.failed
+        )
+        if refused is not None:
+            raise refused
         self._ensemble_changes += 1
         first, new_ensemble, self._md = await commit_ensemble_change(
             self._client,
