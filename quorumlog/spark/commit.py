@@ -16,7 +16,8 @@ acts as the log's writer for one moment:
    completed by the next writer or commit (`stream.writer.complete_pending_link`); it never shows a part.
 
 Failure before step 3 leaves the task ledgers unreferenced; `abort` deletes them (and never a ledger that is
-already linked into the log). A streaming batch whose (query id, batch id) is already marked is a replay
+already linked into the log). Ledgers of task attempts killed outright are in no commit message, so neither
+step sees them: `orphans.py` finds them by their custom metadata after a commit. A streaming batch whose (query id, batch id) is already marked is a replay
 after a restart: its new ledgers are deleted and nothing is linked twice.
 """
 
