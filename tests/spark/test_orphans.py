@@ -203,3 +203,20 @@ def test_closed_unlinked_ledgers_of_other_jobs_and_young_open_ones_are_kept(quor
         return sorted(o.ledger_id for o in mine)
 
     assert len(run(quorumlog_uri, check)) == 2
+
+
+def test_a_failing_sweep_does_not_fail_the_committed_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep runs after the commit point: any error there is logged, because failing the job would
+    report a write as failed while its records are in the log."""
+    import asyncio
+
+    from quorumlog.spark import source
+    from quorumlog.spark.options import parse_options
+
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("metadata store went away mid-listing")
+
+    monkeypatch.setattr(source, "find_orphans", broken)
+    opts = parse_options({"metadata": "file:///nowhere", "namespace": "t", "log": "l"})
+    plan = source.WritePlan(opts, 3, 2, 2, "CRC32C", 4096, 0, None, ("payload",), "job")
+    asyncio.run(source._sweep_orphans(object(), plan))
