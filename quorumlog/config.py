@@ -15,7 +15,7 @@ One definition per component: a component with a config dataclass declares each 
 the flags and the environment variables cannot disagree. The bookie's lives with the bookie
 (`quorumlog.bookie.config.BookieConfig`), auto-recovery's with auto-recovery
 (`quorumlog.replication.config.AutoRecoveryConfig`), the client's with the client
-(`quorumlog.client.client.ClientConfig`, whose fields are the keyword arguments of `Client.connect`;
+(`quorumlog.client.config.ClientConfig`, whose fields are the keyword arguments of `Client.connect`;
 `client_options` loads them for an application). The shell, standalone and logging tables, which have no
 dataclass of their own, live here.
 
@@ -353,14 +353,14 @@ def _show(value: Any) -> str:
 # --- the client ----------------------------------------------------------------------------------------------
 
 if TYPE_CHECKING:
-    CLIENT: SettingsTable  # `quorumlog.client.client.CLIENT_TABLE`, through __getattr__ below
+    CLIENT: SettingsTable  # `quorumlog.client.config.CLIENT_TABLE`, through __getattr__ below
 
 
 def __getattr__(name: str) -> Any:
     # The client's table is made from `ClientConfig` in the client package, which imports this module:
     # resolved on first use so neither import needs the other to have finished.
     if name == "CLIENT":
-        from quorumlog.client.client import CLIENT_TABLE
+        from quorumlog.client.config import CLIENT_TABLE
 
         return CLIENT_TABLE
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -368,7 +368,7 @@ def __getattr__(name: str) -> Any:
 
 def client_connect_options(values: Mapping[str, Any]) -> dict[str, Any]:
     """`Client.connect` keyword arguments from loaded client settings (only the client table's keys)."""
-    from quorumlog.client.client import CLIENT_TABLE
+    from quorumlog.client.config import CLIENT_TABLE
 
     return {name: values[name] for name in CLIENT_TABLE.names if name in values}
 
@@ -381,7 +381,7 @@ def client_options(
 
         client = await Client.connect(uri, **client_options("app.toml"))
     """
-    from quorumlog.client.client import CLIENT_TABLE
+    from quorumlog.client.config import CLIENT_TABLE
 
     return client_connect_options(CLIENT_TABLE.load(path, environ=environ, overrides=overrides))
 
@@ -507,7 +507,7 @@ LOGGING = SettingsTable(
 def all_tables() -> list[SettingsTable]:
     """Every component's table, in the order docs/CONFIG.md lists them."""
     from quorumlog.bookie.config import TABLE as BOOKIE  # each area owns its table
-    from quorumlog.client.client import CLIENT_TABLE as CLIENT
+    from quorumlog.client.config import CLIENT_TABLE as CLIENT
     from quorumlog.replication.config import AUTORECOVERY
 
     return [BOOKIE, CLIENT, SHELL, STANDALONE, AUTORECOVERY, LOGGING]
