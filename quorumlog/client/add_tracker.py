@@ -38,7 +38,7 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -372,6 +372,15 @@ class AddTracker:
             return []
         return self._bookie_failed(bookie_id)
 
+    def on_bookie_late(self, bookie_id: str) -> list[AddAction] | None:
+        """A bookie left adds unanswered for `add_timeout_s` on entries that completed without it (A < W;
+        `take_late_bookies`). The tracker only watches pending entries, but the timeout and the verdict are the
+        same: it counts as failed. None: no verdict -- it is not in the current ensemble (already replaced), or
+        this writer has failed."""
+        if bookie_id not in self.current_ensemble or self._error is not None:
+            return None
+        return self.on_bookie_lost(bookie_id)
+
     def on_bookie_lost(self, bookie_id: str) -> list[AddAction]:
         """A bookie's connection dropped: every add outstanding there fails (one decision, not one per entry)."""
         if bookie_id not in self.current_ensemble or self._error is not None:
@@ -576,6 +585,37 @@ class AddTracker:
         return failed
 
 
+# --- late bookies ------------------------------------------------------------------------------------------
+# The driver keeps, per bookie, {entry id: send time} of the adds it has not answered -- *including* entries
+# that completed without it: a bookie that is slow only after the ack quorum formed must still be replaced.
+# Plain functions over the driver's dict: it is filled on the hot path (every replica of every add), and at
+# 10,000 open ledgers every object a handle holds is one more for each full GC scan.
+
+
+def late_bookies_due(
+    unanswered: Mapping[str, Mapping[int, float]], add_timeout_s: float, now_s: float
+) -> bool:
+    """Whether some bookie's oldest unanswered add is `add_timeout_s` old (0 turns the check off)."""
+    return add_timeout_s > 0 and any(
+        waiting and now_s - next(iter(waiting.values())) >= add_timeout_s for waiting in unanswered.values()
+    )
+
+
+def take_late_bookies(
+    unanswered: Mapping[str, dict[int, float]], add_timeout_s: float, now_s: float
+) -> Iterator[str]:
+    """The bookies whose oldest unanswered add is `add_timeout_s` old, each forgotten (its adds cleared) just
+    before it is yielded: the verdict is given once. Lazy, so the driver acts on one before the next is
+    looked at."""
+    if add_timeout_s <= 0:
+        return
+    for bookie_id, waiting in unanswered.items():
+        if not waiting or now_s - next(iter(waiting.values())) < add_timeout_s:
+            continue
+        waiting.clear()
+        yield bookie_id
+
+
 def is_fatal_add_error(error: QuorumLogError) -> bool:
     """Whether an add error means this writer can never be acknowledged again (fenced, unauthorized, gone,
     or the request refused as bad)."""
@@ -593,4 +633,6 @@ __all__ = [
     "EnsembleChangeNeeded",
     "SendAdd",
     "is_fatal_add_error",
+    "late_bookies_due",
+    "take_late_bookies",
 ]

@@ -48,6 +48,8 @@ from quorumlog.client.add_tracker import (
     AddTracker,
     EnsembleChangeNeeded,
     SendAdd,
+    late_bookies_due,
+    take_late_bookies,
 )
 from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes
 from quorumlog.client.driver_common import (
@@ -485,11 +487,7 @@ class WriteHandle(LedgerHandle):
         deadline = self._tracker.next_deadline_s()
         if deadline is not None and deadline <= now:
             return True
-        add_timeout_s = self._client.config.add_timeout_s
-        return add_timeout_s > 0 and any(
-            unanswered and now - next(iter(unanswered.values())) >= add_timeout_s
-            for unanswered in self._unanswered.values()
-        )
+        return late_bookies_due(self._unanswered, self._client.config.add_timeout_s, now)
 
     def _check_timeouts_now(self) -> None:
         self._timeout_check_queued = False
@@ -500,22 +498,18 @@ class WriteHandle(LedgerHandle):
         if actions:
             self._apply(actions)
         add_timeout_s = self._client.config.add_timeout_s
-        if add_timeout_s > 0:
-            for bookie_id, unanswered in self._unanswered.items():
-                if not unanswered or now - next(iter(unanswered.values())) < add_timeout_s:
-                    continue
-                # The tracker only watches pending entries; this bookie is late on entries that completed
-                # without it. Same timeout, same verdict: it counts as failed.
-                unanswered.clear()
-                if bookie_id in self._tracker.current_ensemble and self._tracker.error is None:
-                    log.warning(
-                        "ledger %d: bookie %s did not answer adds within add_timeout_s=%s",
-                        self.ledger_id,
-                        bookie_id,
-                        add_timeout_s,
-                    )
-                    self._excluded.add(bookie_id)
-                    self._apply(self._tracker.on_bookie_lost(bookie_id))
+        for bookie_id in take_late_bookies(self._unanswered, add_timeout_s, now):
+            lost = self._tracker.on_bookie_late(bookie_id)
+            if lost is None:
+                continue
+            log.warning(
+                "ledger %d: bookie %s did not answer adds within add_timeout_s=%s",
+                self.ledger_id,
+                bookie_id,
+                add_timeout_s,
+            )
+            self._excluded.add(bookie_id)
+            self._apply(lost)
 
     def _flush_explicit_lac(self) -> bool:
         """Called by the client's explicit-LAC tick; True keeps this handle in the dirty set."""
