@@ -38,12 +38,16 @@ async def _write(client: Any, count: int, payload: bytes, bar: Any) -> tuple[int
             failures.append(fut.exception())  # type: ignore[arg-type]
         bar.advance(task)
 
+    last: asyncio.Future[int] | None = None
     for _ in range(count):
         await window.acquire()
         if failures:
             raise failures[0]
-        handle.append(payload).add_done_callback(done)
-    await handle.close()  # waits for every pending add
+        last = handle.append(payload)
+        last.add_done_callback(done)
+    if last is not None:  # adds complete in order: the last one done means every one is
+        await asyncio.wait([last])
+    await handle.close()  # as in BookKeeper, close would fail adds still in flight
     if failures:
         raise failures[0]
     return handle.ledger_id, time.perf_counter() - started
