@@ -158,6 +158,8 @@ async def test_a_worker_takes_no_mark_while_the_shell_has_auto_recovery_disabled
         async with asyncio.timeout(30):
             while await urm.missing_replicas(w.ledger_id) is not None:
                 await asyncio.wait_for(polls.get(), 30)  # the worker's next poll, not a sleep
+            # The mark is cleared before the worker counts the ledger: its next poll comes after the count.
+            await asyncio.wait_for(polls.get(), 30)
         assert worker.stats.ledgers_replicated == 1
     finally:
         worker.stop()
