@@ -38,7 +38,7 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -242,6 +242,35 @@ class AddTracker:
                 f"{self.last_add_pushed} (length {self.length_pushed})"
             )
         return self._append(entry_id, length, now_s, recovery=True)
+
+    def adv_admit(self, entry_id: int, held: Collection[int]) -> bool:
+        """Where an adv ledger's append of caller-chosen `entry_id` goes, given the ids already `held` back.
+
+        True: append it now (it is the next id). False: hold it back until the ids before it are appended --
+        adv entries still complete, and the LAC still moves, in id order. Raises `InvalidArgumentError` for an
+        id that is not an int >= 0 or was already appended or held, and `TooManyRequestsError` when the held
+        and the pending adds together reach `outstanding_adds_max` (holding back is bounded too).
+        """
+        nxt = self.last_add_pushed + 1
+        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or entry_id < 0:
+            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int >= 0")
+        if entry_id < nxt or entry_id in held:
+            raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
+        if entry_id == nxt:
+            return True
+        if len(held) + len(self._pending) >= self.outstanding_adds_max:
+            raise TooManyRequestsError(
+                f"{len(held)} adv entries wait for earlier ids; append entry {nxt} first"
+            )
+        return False
+
+    def adv_release(self, held: Container[int]) -> int | None:
+        """The held adv id whose turn has come, if there is capacity and the writer has not failed (None:
+        keep holding). Asked again after each append and as adds complete."""
+        nxt = self.last_add_pushed + 1
+        if nxt in held and len(self._pending) < self.outstanding_adds_max and self._error is None:
+            return nxt
+        return None
 
     def _check_can_append(self) -> None:
         if self._error is not None:

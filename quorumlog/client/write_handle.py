@@ -267,20 +267,7 @@ class WriteHandle(LedgerHandle):
         return fut
 
     def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
-        # Adv ids are the caller's, but entries still complete (and the LAC moves) in id order: an id
-        # ahead of the next one waits here, bounded by outstanding_adds_max, until the gap is filled.
-        nxt = self._tracker.last_add_pushed + 1
-        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or entry_id < 0:
-            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int >= 0")
-        if entry_id < nxt or entry_id in self._adv_waiting:
-            raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
-        if entry_id != nxt:
-            if len(self._adv_waiting) + self._tracker.pending_count >= self._tracker.outstanding_adds_max:
-                from quorumlog.errors import TooManyRequestsError
-
-                raise TooManyRequestsError(
-                    f"{len(self._adv_waiting)} adv entries wait for earlier ids; append entry {nxt} first"
-                )
+        if not self._tracker.adv_admit(entry_id, self._adv_waiting):
             fut: asyncio.Future[int] = self._loop.create_future()
             self._adv_waiting[entry_id] = (payload, fut)
             return fut
@@ -290,11 +277,9 @@ class WriteHandle(LedgerHandle):
 
     def _push_adv_waiting(self) -> None:
         """Send held adv entries whose turn has come, as far as capacity allows (again as adds complete)."""
-        nxt = self._tracker.last_add_pushed + 1
-        while nxt in self._adv_waiting and self._tracker.has_capacity and self._tracker.error is None:
+        while (nxt := self._tracker.adv_release(self._adv_waiting)) is not None:
             data, waiting_fut = self._adv_waiting.pop(nxt)
             _chain_future(self._push(data), waiting_fut)
-            nxt += 1
 
     def _append_recovery(self, entry_id: int, length: int, body: bytes) -> asyncio.Future[int]:
         self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
