@@ -2,20 +2,21 @@
 
 Owns the I/O of one ensemble change of a writer: asks the client for the registered bookies, lets
 `plan_ensemble_change` choose the replacements, writes the new ensemble by compare-and-set and, after a lost
-race, lets `merge_on_conflict` say whether to retry on the stored metadata or accept what is there. What to
+race, lets `merge_on_conflict` say whether to retry on the stored metadata or accept what is there. A
+recovery's change is only planned: the recovery's close writes it. What to
 replace and whether to change at all are decided by the writer's `AddTracker` and `ensemble_change`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from quorumlog.client.add_tracker import EnsembleChangeNeeded
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.driver_common import METADATA_CAS_ATTEMPTS_MAX
 from quorumlog.client.ensemble_change import AlreadyApplied, Retry, merge_on_conflict, plan_ensemble_change
 from quorumlog.errors import MetadataVersionError, NotEnoughBookiesError
-from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import Versioned
 
 if TYPE_CHECKING:
@@ -37,7 +38,8 @@ async def commit_ensemble_change(
     """Replace `change.failed` from `change.first_entry_id` on; returns (first entry, new ensemble, metadata).
 
     `excluded` is the writer's set of bookies that failed it: the failed ones join it, and it is narrowed to
-    them when nothing else is left. `recovery`: the writer is a recovery's, so IN_RECOVERY is its own state.
+    them when nothing else is left. `recovery`: the writer is a recovery's: nothing is written, the metadata
+    returned carries the change at the version it was read at, for the recovery's close to write.
     """
     ledger_id = md.value.ledger_id
     excluded.update(change.failed.values())
@@ -69,15 +71,21 @@ async def commit_ensemble_change(
         )
     base = md
     candidate = base.value.with_ensemble(plan.first_entry_id, plan.new_ensemble)
+    if recovery:
+        # A recovery's change stays local, at the stored version, and is written with its close (as
+        # BookKeeper's ReadOnlyLedgerHandle does). Written now, it would outlive a recovery attempt that
+        # fails before its adds reach the replacement: the next recoverer would then ask the replacement
+        # first, and its "no such entry" (enough when W == A) would close the ledger below acknowledged
+        # entries.
+        return plan.first_entry_id, plan.new_ensemble, Versioned(candidate, base.version)
     for _ in range(METADATA_CAS_ATTEMPTS_MAX):
         try:
             written = await client.ledger_manager.write(candidate, version=base.version)
         except MetadataVersionError:
             stored = await client.ledger_manager.read(ledger_id)
-            state: Any = stored.value.state
-            if recovery and state == LedgerState.IN_RECOVERY:
-                state = LedgerState.OPEN  # our own recovery's state, not a fence by someone else
-            decision = merge_on_conflict(plan, base.value.ensembles, state, stored.value.ensembles)
+            decision = merge_on_conflict(
+                plan, base.value.ensembles, stored.value.state, stored.value.ensembles
+            )
             if isinstance(decision, AlreadyApplied):
                 return plan.first_entry_id, plan.new_ensemble, stored
             assert isinstance(decision, Retry)

@@ -2,7 +2,8 @@
 
 Marks the ledger IN_RECOVERY, sends the fencing and recovery reads the state machine asks for, re-adds entries
 through a recovery `WriteHandle`, and closes the ledger by CAS (concurrent recoverers converge through
-`close_conflict_decision`). It decides nothing itself.
+`close_conflict_decision`), writing with the close the ensemble changes its adds made. It decides nothing
+itself.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, assert_never
 
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.driver_common import (
@@ -30,6 +31,7 @@ from quorumlog.client.recovery import (
     FenceEmpty,
     FenceFailed,
     Recovery,
+    RecoveryAction,
     RecoveryAdd,
     RecoveryEvent,
     RecoveryFailed,
@@ -106,14 +108,18 @@ class _Recoverer:
 
     async def run(self) -> Versioned[LedgerMetadata]:
         try:
-            actions: list[Any] = self.recovery.start()
+            actions: list[RecoveryAction] = self.recovery.start()
             while True:
                 for action in actions:
-                    if isinstance(action, CloseLedger):
-                        return await self._close(action)
-                    if isinstance(action, RecoveryFailed):
-                        raise action.error
-                    self._perform(action)
+                    match action:
+                        case CloseLedger():
+                            return await self._close(action)
+                        case RecoveryFailed():
+                            raise action.error
+                        case SendFencingRead() | SendRecoveryRead() | RecoveryAdd():
+                            self._perform(action)
+                        case _:
+                            assert_never(action)
                 step = await self.events.get()
                 actions = step()
         finally:
@@ -121,28 +127,33 @@ class _Recoverer:
                 # Failed or cancelled half way: recovery adds still in flight are dropped with the attempt.
                 self.writer._abandon(LedgerRecoveryError("the recovery attempt ended"))
 
-    def _perform(self, action: Any) -> None:
+    def _perform(self, action: SendFencingRead | SendRecoveryRead | RecoveryAdd) -> None:
         lid = self.md.value.ledger_id
         key = self.digest.master_key
-        if isinstance(action, SendFencingRead):
-            req = ReadRequest(lid, LAST_ENTRY_ID, fence=True, master_key=key)
-            self._send(action.bookie_id, req, functools.partial(self._fence_event, action.bookie_id))
-        elif isinstance(action, SendRecoveryRead):
-            self.entries_read += 1
-            req = ReadRequest(lid, action.entry_id, fence=True, master_key=key)
-            self._send(
-                action.bookie_id, req, functools.partial(self._read_event, action.bookie_id, action.entry_id)
-            )
-        elif isinstance(action, RecoveryAdd):
-            self.entries_added += 1
-            writer = self._writer()
-            try:
-                fut = writer._append_recovery(action.entry_id, action.length, bytes(action.data))
-            except QuorumLogError as e:
-                error = e
-                self.events.put_nowait(lambda: self.recovery.on_add_failed(action.entry_id, error))
-                return
-            fut.add_done_callback(functools.partial(self._add_done, action.entry_id))
+        match action:
+            case SendFencingRead():
+                req = ReadRequest(lid, LAST_ENTRY_ID, fence=True, master_key=key)
+                self._send(action.bookie_id, req, functools.partial(self._fence_event, action.bookie_id))
+            case SendRecoveryRead():
+                self.entries_read += 1
+                req = ReadRequest(lid, action.entry_id, fence=True, master_key=key)
+                self._send(
+                    action.bookie_id,
+                    req,
+                    functools.partial(self._read_event, action.bookie_id, action.entry_id),
+                )
+            case RecoveryAdd():
+                self.entries_added += 1
+                writer = self._writer()
+                try:
+                    fut = writer._append_recovery(action.entry_id, action.length, bytes(action.data))
+                except QuorumLogError as e:
+                    error, entry_id = e, action.entry_id
+                    self.events.put_nowait(lambda: self.recovery.on_add_failed(entry_id, error))
+                    return
+                fut.add_done_callback(functools.partial(self._add_done, action.entry_id))
+            case _:
+                assert_never(action)
 
     def _writer(self) -> WriteHandle:
         if self.writer is None:
@@ -215,7 +226,11 @@ class _Recoverer:
 
     async def _close(self, close: CloseLedger) -> Versioned[LedgerMetadata]:
         lm = self.client.ledger_manager
-        md = self.writer._md if self.writer is not None else self.md  # recovery adds may have changed it
+        # The writer's metadata holds the ensemble changes of the recovery adds, not written yet (see
+        # ensemble_change_driver): the close writes them, so they exist only if the entries they place
+        # were re-added through them.
+        md = self.writer._md if self.writer is not None else self.md
+        ensembles = md.value.ensembles
         if self.writer is not None:
             self.writer._closed = True
             self.writer._cancel_timers()
@@ -223,12 +238,14 @@ class _Recoverer:
             try:
                 return await lm.write(md.value.closed(close.last_entry_id, close.length), version=md.version)
             except MetadataVersionError:
-                md = await lm.read(md.value.ledger_id)
+                stored = await lm.read(md.value.ledger_id)
                 decision = close_conflict_decision(
-                    close, md.value.state, md.value.last_entry_id, md.value.length
+                    close, stored.value.state, stored.value.last_entry_id, stored.value.length
                 )
                 if decision is not None:
-                    return md  # another recoverer closed it; its decision stands
+                    return stored  # another recoverer closed it; its decision stands
+                # Still in recovery: our close, with the ensembles our adds went to, on the stored version.
+                md = Versioned(stored.value.replace(ensembles=ensembles, ctoken=0), stored.version)
         raise LedgerRecoveryError(
             f"ledger {md.value.ledger_id}: close lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
         )

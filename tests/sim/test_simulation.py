@@ -19,8 +19,10 @@ from quorumlog.sim.loop import run_simulation
 
 FIXED_SEEDS = list(range(1, 13))
 # Seeds a sweep once failed on, kept as regressions: 1615 crashed the harness when a crash point took a
-# third bookie down right after a power loss and the next writer could not create its ledger.
-REGRESSION_SEEDS = [1615]
+# third bookie down right after a power loss and the next writer could not create its ledger; 2497 closed a
+# ledger below acknowledged entries: a failed recovery attempt had written its ensemble change, and the next
+# recovery took the replacement's "no such entry" (W == A) for the end.
+REGRESSION_SEEDS = [1615, 2497]
 EXTRA_SEEDS = [int(s) for s in os.environ.get("QUORUMLOG_SIM_SEED", "").split(",") if s.strip()]
 
 
