@@ -141,12 +141,13 @@ class Auditor:
         return vote is not None and await self.store.exists(vote) is not None
 
     async def _serve_while_elected(self) -> None:
-        self._set_elected(True)
         log.info("%s is the auditor", self.urm.owner)
         try:
             await self.urm.announce_auditor()
         except QuorumLogError as e:  # informational only
             log.info("auditor: could not write the election node's data: %s", e)
+        # Only now: whoever waits on `elected` (who_is_auditor, tests, the dashboard) reads the announced node.
+        self._set_elected(True)
         serve = asyncio.create_task(self._serve(), name="auditor")
         try:
             async with await self.store.watch_children(self.urm.election_base) as w:
