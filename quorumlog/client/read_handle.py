@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, assert_never
 
 from quorumlog.client.distribution import Quorum, ensemble_for, order_read_replicas
 from quorumlog.client.driver_common import (
@@ -30,14 +30,17 @@ from quorumlog.client.driver_common import (
 from quorumlog.client.metrics import timed
 from quorumlog.client.read_logic import (
     EntryRead,
+    LacAction,
     LacFailed,
     LacKnown,
     LacRead,
     LacView,
+    ReadAction,
     ReadDone,
     ReadFailed,
     RecentFailures,
     SendRead,
+    SendReadLac,
     check_read_range,
 )
 from quorumlog.errors import (
@@ -207,18 +210,21 @@ class LedgerHandle:
             self._stats,
         )
 
-        def apply(index: int, actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+        def apply(index: int, actions: Sequence[ReadAction]) -> None:
             nonlocal remaining
             for action in actions:
-                if isinstance(action, SendRead):
-                    if action.speculative:
-                        stats.speculative_reads += 1
-                    send(index, action.bookie_id)
-                    continue
-                if isinstance(action, ReadDone):
-                    results[index] = action.data
-                else:
-                    errors[index] = action.error
+                match action:
+                    case SendRead():
+                        if action.speculative:
+                            stats.speculative_reads += 1
+                        send(index, action.bookie_id)
+                        continue
+                    case ReadDone():
+                        results[index] = action.data
+                    case ReadFailed():
+                        errors[index] = action.error
+                    case _:
+                        assert_never(action)
                 remaining -= 1
                 if remaining == 0 and not all_done.done():
                     all_done.set_result(None)
@@ -337,18 +343,22 @@ class LedgerHandle:
         result: asyncio.Future[Entry] = loop.create_future()
         timer: asyncio.TimerHandle | None = None
 
-        def apply(actions: Sequence[SendRead | ReadDone | ReadFailed]) -> None:
+        def apply(actions: Sequence[ReadAction]) -> None:
             nonlocal timer
             for action in actions:
-                if isinstance(action, SendRead):
-                    if action.speculative:
-                        self._stats.speculative_reads += 1
-                    send(action.bookie_id)
-                elif isinstance(action, ReadDone):
-                    if not result.done():
-                        result.set_result(action.data)
-                elif not result.done():
-                    result.set_exception(action.error)
+                match action:
+                    case SendRead():
+                        if action.speculative:
+                            self._stats.speculative_reads += 1
+                        send(action.bookie_id)
+                    case ReadDone():
+                        if not result.done():
+                            result.set_result(action.data)
+                    case ReadFailed():
+                        if not result.done():
+                            result.set_exception(action.error)
+                    case _:
+                        assert_never(action)
             if timer is not None:
                 timer.cancel()
                 timer = None
@@ -429,16 +439,19 @@ class LedgerHandle:
         loop = asyncio.get_running_loop()
         result: asyncio.Future[int] = loop.create_future()
 
-        def apply(actions: Sequence[Any]) -> None:
+        def apply(actions: Sequence[LacAction]) -> None:
             for action in actions:
-                if isinstance(action, LacKnown):
-                    if not result.done():
-                        result.set_result(action.lac)
-                elif isinstance(action, LacFailed):
-                    if not result.done():
-                        result.set_exception(action.error)
-                else:
-                    send(action.bookie_id)
+                match action:
+                    case LacKnown():
+                        if not result.done():
+                            result.set_result(action.lac)
+                    case LacFailed():
+                        if not result.done():
+                            result.set_exception(action.error)
+                    case SendReadLac():
+                        send(action.bookie_id)
+                    case _:
+                        assert_never(action)
 
         def send(bookie_id: str) -> None:
             req: ReadLacRequest | ReadRequest

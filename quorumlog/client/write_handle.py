@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, assert_never
 
 from quorumlog.client.add_tracker import (
     AddAction,
@@ -388,26 +388,29 @@ class WriteHandle(LedgerHandle):
         for action in actions:
             if resends and isinstance(action, AddCompleted | AddFailed):
                 resends.pop(action.entry_id, None)
-            if isinstance(action, AddCompleted):
-                completed += 1
-                if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
-                    self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                self._bodies.pop(action.entry_id, None)
-                fut = self._futures.pop(action.entry_id, None)
-                if not self.deferred_sync:  # deferred sync: the LAC moves in force()
-                    self._lac.observe(action.entry_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(action.entry_id)
-            elif isinstance(action, SendAdd):
-                sends.append(action)
-            elif isinstance(action, AddFailed):
-                self._stats.adds_failed += 1
-                self._bodies.pop(action.entry_id, None)
-                fut = self._futures.pop(action.entry_id, None)
-                if fut is not None and not fut.done():
-                    fut.set_exception(action.error)
-            elif isinstance(action, EnsembleChangeNeeded):
-                self._start_ensemble_change(action)
+            match action:
+                case AddCompleted():
+                    completed += 1
+                    if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
+                        self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
+                    self._bodies.pop(action.entry_id, None)
+                    fut = self._futures.pop(action.entry_id, None)
+                    if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+                        self._lac.observe(action.entry_id)
+                    if fut is not None and not fut.done():
+                        fut.set_result(action.entry_id)
+                case SendAdd():
+                    sends.append(action)
+                case AddFailed():
+                    self._stats.adds_failed += 1
+                    self._bodies.pop(action.entry_id, None)
+                    fut = self._futures.pop(action.entry_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(action.error)
+                case EnsembleChangeNeeded():
+                    self._start_ensemble_change(action)
+                case _:
+                    assert_never(action)
         if completed:
             self._stats.adds_ok += completed
             if not self.deferred_sync:
