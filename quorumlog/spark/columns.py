@@ -29,9 +29,8 @@ import numpy as np
 
 from quorumlog.errors import ProtocolError
 from quorumlog.stream.position import Position
-from quorumlog.stream.records import HEADER_BYTES, MAGIC, RECORD_OVERHEAD_BYTES, VERSION, BatchKind
+from quorumlog.stream.records import HEADER_BYTES, RECORD_OVERHEAD_BYTES, BatchKind, decode_header
 
-_HEAD = struct.Struct(">2sBBIQ")
 _RECORD = struct.Struct(">qI")
 _LENGTH = struct.Struct(">I")
 # pyarrow.json reads a chunk in blocks that must hold whole lines; one block for the whole chunk.
@@ -56,19 +55,7 @@ class EntryColumns:
 def _records(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(timestamps_ms, lengths, payload bytes) of one entry, or None for a control entry (END_OF_STREAM)."""
     size = len(data)
-    if size < HEADER_BYTES:
-        raise ProtocolError(f"stream entry of {size} bytes is shorter than its {HEADER_BYTES}-byte header")
-    magic, version, kind, count, _first = _HEAD.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise ProtocolError(f"not a quorumlog stream entry (magic {magic!r})")
-    if version != VERSION:
-        raise ProtocolError(
-            f"stream entry format version {version} is not supported (this build reads {VERSION})"
-        )
-    try:
-        batch_kind = BatchKind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown stream entry kind {kind}") from None
+    batch_kind, count, _first = decode_header(data)
     body = size - HEADER_BYTES
     raw = np.frombuffer(data, dtype=np.uint8)
     if count and body >= RECORD_OVERHEAD_BYTES:

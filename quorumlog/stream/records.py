@@ -60,7 +60,8 @@ def batch_size_bytes(payload_sizes: Sequence[int]) -> int:
     return HEADER_BYTES + sum(RECORD_OVERHEAD_BYTES + n for n in payload_sizes)
 
 
-def decode_batch(data: bytes) -> RecordBatch:
+def decode_header(data: bytes) -> tuple[BatchKind, int, int]:
+    """(kind, record count, first record number) of a stream entry, its header checked (ProtocolError)."""
     if len(data) < HEADER_BYTES:
         raise ProtocolError(
             f"stream entry of {len(data)} bytes is shorter than its {HEADER_BYTES}-byte header"
@@ -73,9 +74,13 @@ def decode_batch(data: bytes) -> RecordBatch:
             f"stream entry format version {version} is not supported (this build reads {VERSION})"
         )
     try:
-        batch_kind = BatchKind(kind)
+        return BatchKind(kind), count, first_record
     except ValueError:
         raise ProtocolError(f"unknown stream entry kind {kind}") from None
+
+
+def decode_batch(data: bytes) -> RecordBatch:
+    batch_kind, count, first_record = decode_header(data)
     offset = HEADER_BYTES
     records = []
     view = memoryview(data)
