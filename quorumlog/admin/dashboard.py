@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorumlog.admin.http import ApiError, metadata_json
+from quorumlog.admin.http import ApiError, metadata_json, serve_app
 from quorumlog.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -73,8 +73,6 @@ TAIL_ENTRIES_DEFAULT = 10
 TAIL_SEGMENTS_MAX = 4  # segments walked back to fill a log's tail
 TAIL_TIMEOUT_S = 10.0  # reading a tail from the bookies
 PREVIEW_BYTES_MAX = 256  # of each payload shown
-KEEPALIVE_TIMEOUT_S = 15.0
-SHUTDOWN_TIMEOUT_S = 1.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -332,25 +330,11 @@ class Dashboard:
         if self.store is None:
             self.store = await open_cluster_store(self.metadata_uri)
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-        )
-        await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
-        except OSError as e:
-            await runner.cleanup()
+            self._runner, self.port = await serve_app(self.app, self.host, self.port, "dashboard port")
+        except ConfigError:
             await self._close_clients()
-            raise ConfigError(f"dashboard port {self.host}:{self.port}: {e.strerror or e}") from None
-        self._runner = runner
-        sockets = getattr(getattr(site, "_server", None), "sockets", None)
-        if sockets:
-            self.port = sockets[0].getsockname()[1]  # port 0 picks a free port
+            raise
         if self.sample_interval_s > 0:
             self._sampler = asyncio.create_task(self._sample_forever(), name="dashboard-sampler")
         log.info("dashboard on %s", self.url)

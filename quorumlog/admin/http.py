@@ -101,6 +101,28 @@ def _json(value: Any, status: int = 200) -> web.Response:
     return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, indent=2))
 
 
+async def serve_app(app: web.Application, host: str, port: int, what: str) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (0: a free port); (its runner, the port bound). A port that cannot be bound is
+    a ConfigError naming `what`. No access log and no signal handlers: the process owns both."""
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+        keepalive_timeout=KEEPALIVE_TIMEOUT_S,
+        logger=_PROTOCOL_LOG,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+    except OSError as e:
+        await runner.cleanup()
+        raise ConfigError(f"{what} {host}:{port}: {e.strerror or e}") from None
+    sockets = getattr(getattr(site, "_server", None), "sockets", None)
+    return runner, (sockets[0].getsockname()[1] if sockets else port)
+
+
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -229,26 +251,7 @@ class AdminServer:
         r.add_put("/api/v1/autorecovery/decommission", self._mutating(self.decommission))
 
     async def start(self) -> None:
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-            keepalive_timeout=KEEPALIVE_TIMEOUT_S,
-            logger=_PROTOCOL_LOG,
-        )
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
-            await site.start()
-        except OSError as e:
-            await runner.cleanup()
-            raise ConfigError(f"admin HTTP port {self.host}:{self.port}: {e.strerror or e}") from None
-        self._runner = runner
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None)
-        if sockets:
-            self.port = sockets[0].getsockname()[1]  # port 0 picks a free port
+        self._runner, self.port = await serve_app(self.app, self.host, self.port, "admin HTTP port")
         log.info("admin HTTP API on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
