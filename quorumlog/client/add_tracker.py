@@ -22,6 +22,8 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
   at the LAC (BookKeeper's handleUnrecoverableErrorDuringAdd).
 - A bookie failing an add after the entry completed without it still counts as failed (mode "immediate"):
   the entry is under-replicated and later entries should not go there (BookKeeper's notifyWriteFailed).
+  That includes a connection drop blamed on another request (`same_bookie_drop_verdict`): a completed
+  entry cannot be resent, so the drop is the write failure it looks like.
 - A bookie refusing an add as a bad request (`BadRequestError`, EBADREQ) is about the request, not the
   bookie: the entry can never be written -- no ensemble can take it -- so it is fatal to this writer too, but
   the bookie is not marked failed and no ensemble change starts. (BookKeeper treats EBADREQ on an add as a
@@ -645,6 +647,32 @@ def take_late_bookies(
         yield bookie_id
 
 
+DropVerdict = Literal["resend", "ignore", "blame"]
+
+
+def same_bookie_drop_verdict(
+    *, pending: bool, writer_failed: bool, resends_done: int, resends_max: int
+) -> DropVerdict:
+    """What an add caught in a connection drop blamed on another request
+    (`ConnectionDroppedError.retry_same_bookie`) does: "resend" it to the same bookie, "ignore" the drop,
+    or "blame" the bookie (the driver then reports the error to `on_error` like any bookie failure).
+
+    `pending`: the entry has not completed or failed yet (the driver still holds its bytes).
+    - A failed writer has nothing left to do: ignore.
+    - An entry that already completed (its ack quorum formed without this bookie) cannot be resent -- its
+      bytes are released -- and whoever's fault the drop was, the entry never reached this bookie: that is
+      a write failure after the ack quorum (`on_error` -> the late-failure rule), not nothing. Ignoring it
+      left a killed bookie in the ensemble whenever its adds had all completed elsewhere: the drop was
+      the only news of its death, and with nothing resent nothing reconnected to find out.
+    - A pending entry is resent up to `resends_max` times, then the bookie is blamed.
+    """
+    if writer_failed:
+        return "ignore"
+    if not pending or resends_done >= resends_max:
+        return "blame"
+    return "resend"
+
+
 def is_fatal_add_error(error: QuorumLogError) -> bool:
     """Whether an add error means this writer can never be acknowledged again (fenced, unauthorized, gone,
     or the request refused as bad)."""
@@ -658,10 +686,12 @@ __all__ = [
     "AddFailed",
     "AddTracker",
     "Appended",
+    "DropVerdict",
     "EnsembleChangeMode",
     "EnsembleChangeNeeded",
     "SendAdd",
     "is_fatal_add_error",
     "late_bookies_due",
+    "same_bookie_drop_verdict",
     "take_late_bookies",
 ]

@@ -28,7 +28,8 @@ Rules the writer keeps:
   ensemble change. An add caught in a connection drop blamed on another request
   (`ConnectionDroppedError.retry_same_bookie`) is resent to the same bookie, at most
   `SAME_BOOKIE_RESENDS_MAX` times per entry and bookie, instead of counting as a bookie failure: one
-  writer's refused entry must not consume the ensemble changes of every writer sharing the connection.
+  writer's refused entry must not consume the ensemble changes of every writer sharing the connection. An
+  entry that already completed cannot be resent: there the drop is a write failure after the ack quorum.
 - Deferred sync: a write handle's LAC moves only when `force()` completed on every bookie of the ensemble,
   and a bookie failure fails the writer instead of changing ensemble (add_tracker); close forces first.
 """
@@ -49,6 +50,7 @@ from quorumlog.client.add_tracker import (
     EnsembleChangeNeeded,
     SendAdd,
     late_bookies_due,
+    same_bookie_drop_verdict,
     take_late_bookies,
 )
 from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes
@@ -367,16 +369,23 @@ class WriteHandle(LedgerHandle):
             self._apply(actions)
 
     def _resend_same_bookie(self, action: SendAdd) -> bool:
-        """Send `action` again to its bookie after a drop blamed on another request; False if it is not
-        pending any more or has been resent too often (then the drop counts against the bookie)."""
-        if action.entry_id not in self._bodies or self._tracker.error is not None:
-            return True  # completed or failed meanwhile: nothing to do, and nothing to blame
+        """Send `action` again to its bookie after a drop blamed on another request, or ignore the drop; False
+        when the drop counts against the bookie (`same_bookie_drop_verdict`: the entry already completed
+        without it, or was resent too often)."""
         counts = self._resends.get(action.entry_id)
+        done = 0 if counts is None else counts.get(action.bookie_id, 0)
+        verdict = same_bookie_drop_verdict(
+            pending=action.entry_id in self._bodies,
+            writer_failed=self._tracker.error is not None,
+            resends_done=done,
+            resends_max=SAME_BOOKIE_RESENDS_MAX,
+        )
+        if verdict == "ignore":
+            return True
+        if verdict == "blame":
+            return False
         if counts is None:
             counts = self._resends[action.entry_id] = {}
-        done = counts.get(action.bookie_id, 0)
-        if done >= SAME_BOOKIE_RESENDS_MAX:
-            return False
         counts[action.bookie_id] = done + 1
         self._send_adds([action])
         return True

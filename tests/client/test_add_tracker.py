@@ -12,6 +12,7 @@ from quorumlog.client.add_tracker import (
     AddTracker,
     EnsembleChangeNeeded,
     SendAdd,
+    same_bookie_drop_verdict,
 )
 from quorumlog.client.distribution import Quorum, ensemble_for
 from quorumlog.errors import (
@@ -407,6 +408,44 @@ def test_a_write_failure_after_the_entry_completed_still_replaces_the_bookie() -
     assert t.on_error(0, "b2", BookieUnavailableError(), 0.1) == [EnsembleChangeNeeded(1, {2: "b2"})]
     # A second late failure of the same bookie joins the change in flight.
     assert t.on_error(0, "b2", BookieUnavailableError(), 0.2) == []
+
+
+def test_a_drop_blamed_on_another_request_is_a_late_write_failure_for_a_completed_entry() -> None:
+    """A completed entry caught in a connection drop blamed on another request (retry_same_bookie) cannot be
+    resent -- its bytes are released -- and it never reached that bookie: the drop counts as the write failure
+    after the ack quorum, so the bookie is replaced. Ignoring it (as before) left a killed bookie in the
+    ensemble whenever all its adds had completed on the others (scenario test_a_write_failure_after_the_ack_
+    quorum_still_changes_the_ensemble, flaky under load)."""
+    assert (
+        same_bookie_drop_verdict(pending=False, writer_failed=False, resends_done=0, resends_max=3) == "blame"
+    )
+    # The driver then reports it like any other bookie error: the late-failure rule changes the ensemble.
+    t = AddTracker(Quorum(3, 3, 2), {0: B})
+    t.append(1, 0.0)
+    t.on_ack(0, "b0", 0.0)
+    assert completed(t.on_ack(0, "b1", 0.0)) == [0]
+    assert t.on_error(0, "b2", BookieUnavailableError(), 0.1) == [EnsembleChangeNeeded(1, {2: "b2"})]
+
+
+@pytest.mark.parametrize(
+    ("pending", "writer_failed", "resends_done", "verdict"),
+    [
+        (True, False, 0, "resend"),
+        (True, False, 2, "resend"),
+        (True, False, 3, "blame"),  # resent too often: the bookie itself drops it
+        (True, True, 0, "ignore"),  # every pending add already failed with the writer
+        (False, True, 0, "ignore"),
+    ],
+)
+def test_a_drop_blamed_on_another_request_resends_a_pending_entry_a_bounded_number_of_times(
+    pending: bool, writer_failed: bool, resends_done: int, verdict: str
+) -> None:
+    assert (
+        same_bookie_drop_verdict(
+            pending=pending, writer_failed=writer_failed, resends_done=resends_done, resends_max=3
+        )
+        == verdict
+    )
 
 
 @pytest.mark.parametrize("mode", ["delayed", "disabled"])
