@@ -122,7 +122,48 @@ def _bookie_registers_itself() -> bool:
     return importlib.util.find_spec("quorumlog.bookie.identity") is not None
 
 
-class BookieNode:
+class _ChildProcess:
+    """What a bookie node and an auto-recovery node share: one child process started with a ready pipe
+    (`--ready-fd`), its raw output in `out_path`, and killing it at once."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: str
+    out_path: str
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the log and of the raw output (where a failure before logging started is)."""
+        return _tail(self.log_path, self.out_path, lines)
+
+    async def _launch(self, cmd: list[str], read_fd: int, write_fd: int, what: str) -> bytes:
+        """Spawn `cmd` and wait for its ready line (which it returns); a child that does not say it within
+        BOOKIE_START_TIMEOUT_S, or exits first, is killed and reported with its log's tail."""
+        if self.proc is not None:  # the previous process died on its own; forget it
+            _live_processes.discard(self.proc)
+        self.proc = _spawn(cmd, self.out_path, write_fd)
+        os.close(write_fd)
+        _live_processes.add(self.proc)
+        try:
+            line = await asyncio.wait_for(_read_line(read_fd), BOOKIE_START_TIMEOUT_S)
+        except TimeoutError:
+            self._kill_now()
+            raise RuntimeError(f"{what} did not start:\n{self.log_tail()}") from None
+        finally:
+            os.close(read_fd)
+        if not line.startswith(b"ready"):
+            self._kill_now()
+            raise RuntimeError(f"{what} exited before it was ready:\n{self.log_tail()}")
+        return line
+
+    def _kill_now(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            _live_processes.discard(self.proc)
+            self.proc = None
+
+
+class BookieNode(_ChildProcess):
     """One bookie of a `LocalCluster`: start, stop (SIGTERM), kill (-9), pause/resume, restart."""
 
     def __init__(self, cluster: LocalCluster, index: int, port: int, data_dir: str, processes: bool) -> None:
@@ -196,21 +237,7 @@ class BookieNode:
                     continue
                 text = str(value).lower() if isinstance(value, bool) else str(value)
                 cmd += [f"--{key.replace('_', '-')}", text]
-        if self.proc is not None:  # the previous process died on its own; forget it
-            _live_processes.discard(self.proc)
-        self.proc = _spawn(cmd, self.out_path, write_fd)
-        os.close(write_fd)
-        _live_processes.add(self.proc)
-        try:
-            line = await asyncio.wait_for(_read_line(read_fd), BOOKIE_START_TIMEOUT_S)
-        except TimeoutError:
-            self._kill_now()
-            raise RuntimeError(f"bookie {self.bookie_id} did not start:\n{self.log_tail()}") from None
-        finally:
-            os.close(read_fd)
-        if not line.startswith(b"ready"):
-            self._kill_now()
-            raise RuntimeError(f"bookie {self.bookie_id} exited before it was ready:\n{self.log_tail()}")
+        await self._launch(cmd, read_fd, write_fd, f"bookie {self.bookie_id}")
 
     async def _register_on_behalf(self) -> None:
         self._proxy_store = await open_store(self.cluster.uri)
@@ -258,14 +285,6 @@ class BookieNode:
             self.service = None
         await self._unregister_on_behalf()
 
-    def _kill_now(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            _live_processes.discard(self.proc)
-            self.proc = None
-
     async def wait_exit(self) -> int:
         """Until this bookie's process exits (killed, crashed or stopped); its return code."""
         if self.proc is None:
@@ -296,10 +315,6 @@ class BookieNode:
         await self.stop()
         await self.start()
 
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the log and of the raw output (where a failure before logging started is)."""
-        return _tail(self.log_path, self.out_path, lines)
-
 
 def _tail(log_path: str, out_path: str, lines: int) -> str:
     parts = []
@@ -314,7 +329,7 @@ def _tail(log_path: str, out_path: str, lines: int) -> str:
     return "\n".join(parts) or "(no log)"
 
 
-class AutoRecoveryNode:
+class AutoRecoveryNode(_ChildProcess):
     """A `quorumlog autorecovery` process for a cluster (auditor candidate + replication worker), logging to
     `<directory>/autorecovery.log`; start, stop (SIGTERM), kill, wait_exit, as a bookie node."""
 
@@ -341,21 +356,7 @@ class AutoRecoveryNode:
         for key, value in self.settings.items():
             text = str(value).lower() if isinstance(value, bool) else str(value)
             cmd += [f"--{key.replace('_', '-')}", text]
-        if self.proc is not None:
-            _live_processes.discard(self.proc)
-        self.proc = _spawn(cmd, self.out_path, write_fd)
-        os.close(write_fd)
-        _live_processes.add(self.proc)
-        try:
-            line = await asyncio.wait_for(_read_line(read_fd), BOOKIE_START_TIMEOUT_S)
-        except TimeoutError:
-            self._kill_now()
-            raise RuntimeError(f"auto-recovery did not start:\n{self.log_tail()}") from None
-        finally:
-            os.close(read_fd)
-        if not line.startswith(b"ready"):
-            self._kill_now()
-            raise RuntimeError(f"auto-recovery exited before it was ready:\n{self.log_tail()}")
+        line = await self._launch(cmd, read_fd, write_fd, "auto-recovery")
         self.owner = line.decode("utf-8", "replace").split(" ", 1)[1].strip()
 
     async def wait_exit(self) -> int:
@@ -372,17 +373,6 @@ class AutoRecoveryNode:
                 self.proc.kill()
                 self.proc.wait()
         self._kill_now()
-
-    def _kill_now(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            _live_processes.discard(self.proc)
-            self.proc = None
-
-    def log_tail(self, lines: int = 40) -> str:
-        return _tail(self.log_path, self.out_path, lines)
 
 
 OUT_BYTES_MAX = 1 << 20
