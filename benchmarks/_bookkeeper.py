@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+import _common as common
+
 from quorumlog.testing import bkpeer
 
 VERSION = "4.14.8"
@@ -281,3 +283,41 @@ def mean(values: Sequence[Any]) -> float:
 def block(peer: Peer, tool: str, rounds: list[dict[str, Any]], table: list[dict[str, Any]]) -> dict[str, Any]:
     """The `vs_bookkeeper` block of a result."""
     return {"bookkeeper": {**peer.info(), "tool": tool}, "rounds": rounds, "side_by_side": table}
+
+
+def alternate(
+    peer: Peer,
+    tool: str,
+    rounds: int,
+    ours: Callable[[], dict[str, Any]],
+    theirs: Callable[[], list[dict[str, Any]]],
+    key: str,
+    metrics: Mapping[str, str],
+    our_points: Callable[[dict[str, Any]], list[dict[str, Any]]] = lambda out: out["results"],
+) -> dict[str, Any]:
+    """Ours, then BookKeeper's `tool`, `rounds` times; returns our first round's result with the
+    `vs_bookkeeper` block added. `ours()` runs one round of our workload (a result with `machine` and
+    `results`); `theirs()` runs the tool on every point, in the order of `our_points(result)`; `key` names
+    the point and `metrics` maps our metric names to the tool's (`side_by_side`)."""
+    record: list[dict[str, Any]] = []
+    pairs = []
+    first: dict[str, Any] = {}
+    for r in range(rounds):
+        say(f"round {r + 1}/{rounds}: quorumlog")
+        out = ours()
+        machine = out["machine"]
+        machine["loadavg_end"] = common.loadavg()
+        first = first or out
+        say(f"round {r + 1}/{rounds}: {tool}")
+        their_points = theirs()
+        record.append(
+            {
+                "quorumlog": out["results"],
+                "quorumlog_loadavg": [machine["loadavg_start"], machine["loadavg_end"]],
+                "bookkeeper": their_points,
+                "bookkeeper_loadavg_end": common.loadavg(),
+            }
+        )
+        pairs.append((our_points(out), their_points))
+    first["vs_bookkeeper"] = block(peer, tool, record, side_by_side(pairs, key, metrics))
+    return first

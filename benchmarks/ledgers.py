@@ -92,42 +92,20 @@ async def main(args: Any) -> dict[str, Any]:
 def vs_bookkeeper(args: Any) -> dict[str, Any]:
     """Ours and MultiLedgerBench alternately, `args.rounds` times each (_bookkeeper.py)."""
     counts = [int(x) for x in args.ledgers.split(",")]
-    rounds: list[dict[str, Any]] = []
-    pairs = []
-    first: dict[str, Any] = {}
+
+    def theirs() -> list[dict[str, Any]]:
+        points = []
+        for count in counts:
+            tool_args = [3, 2, 2, args.seconds, args.outstanding, args.entry_bytes, count, args.bk_warmup_s]
+            result = peer.run("MultiLedgerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
+            points.append({"entries_per_s": result.pop("throughput"), **result})
+        return points
+
     with bk.peer(args.bookies, bk.say) as peer:
         peer.warm_up(args.bk_warmup_s, (3, 2, 2), args.entry_bytes)
-        for r in range(args.rounds):
-            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
-            ours = run(main(args))
-            ours["machine"]["loadavg_end"] = common.loadavg()
-            first = first or ours
-            theirs = []
-            for count in counts:
-                bk.say(f"round {r + 1}/{args.rounds}: MultiLedgerBench, {count} ledgers")
-                tool_args = [
-                    3,
-                    2,
-                    2,
-                    args.seconds,
-                    args.outstanding,
-                    args.entry_bytes,
-                    count,
-                    args.bk_warmup_s,
-                ]
-                result = peer.run("MultiLedgerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
-                theirs.append({"entries_per_s": result.pop("throughput"), **result})
-            rounds.append(
-                {
-                    "quorumlog": ours["results"],
-                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
-                    "bookkeeper": theirs,
-                    "bookkeeper_loadavg_end": common.loadavg(),
-                }
-            )
-            pairs.append((ours["results"], theirs))
-        table = bk.side_by_side(pairs, "ledgers", bk.ADD_METRICS)
-        first["vs_bookkeeper"] = bk.block(peer, "MultiLedgerBench", rounds, table)
+        first = bk.alternate(
+            peer, "MultiLedgerBench", args.rounds, lambda: run(main(args)), theirs, "ledgers", bk.ADD_METRICS
+        )
     first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
     return first
 

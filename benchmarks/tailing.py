@@ -130,26 +130,19 @@ def percentiles_with_mean(delays: list[float]) -> dict[str, float]:
 def vs_bookkeeper(args: Any) -> tuple[dict[str, Any], list[float]]:
     """Ours and TailBench alternately, `args.rounds` times each (_bookkeeper.py); ours of the last round for
     the plot."""
-    rounds: list[dict[str, Any]] = []
-    pairs = []
-    first: dict[str, Any] = {}
     delays: list[float] = []
     tool_args = [args.rate, args.seconds, args.entry_bytes, round(args.explicit_lac_s * 1000)]
-    timeout_s = args.seconds + 60
-    with bk.peer(args.bookies, bk.say) as peer:
-        bk.say(f"TailBench warm-up ({args.bk_warmup_s:g} s, unmeasured)")
-        warm = [args.rate, args.bk_warmup_s, args.entry_bytes, tool_args[3]]
-        peer.run("TailBench", warm, timeout_s=args.bk_warmup_s + 60)
-        for r in range(args.rounds):
-            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
-            ours = run(main(args))
-            ours["machine"]["loadavg_end"] = common.loadavg()
-            delays = ours.pop("_delays")
-            first = first or ours
-            bk.say(f"round {r + 1}/{args.rounds}: TailBench at {args.rate:g}/s")
-            theirs = peer.run("TailBench", tool_args, timeout_s=timeout_s)
-            res = ours["results"]
-            point = {
+
+    def ours() -> dict[str, Any]:
+        nonlocal delays
+        out = run(main(args))
+        delays = out.pop("_delays")
+        return out
+
+    def our_point(out: dict[str, Any]) -> list[dict[str, Any]]:
+        res = out["results"]
+        return [
+            {
                 "rate_per_s": args.rate,
                 "write_to_reader_p50_ms": res["write_to_reader"]["p50_ms"],
                 "write_to_reader_p99_ms": res["write_to_reader"]["p99_ms"],
@@ -157,22 +150,27 @@ def vs_bookkeeper(args: Any) -> tuple[dict[str, Any], list[float]]:
                 "last_entry_visible_after_ack_ms": res["last_entry_visible_after_ack_ms"],
                 "entries_seen": res["entries_seen"],
             }
-            rounds.append(
-                {
-                    "quorumlog": res,
-                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
-                    "bookkeeper": theirs,
-                    "bookkeeper_loadavg_end": common.loadavg(),
-                }
-            )
-            pairs.append(([point], [theirs]))
-        metrics = {
-            "write_to_reader_p50_ms": "p50",
-            "write_to_reader_p99_ms": "p99",
-            "last_entry_visible_after_ack_ms": "lastvisible",
-        }
-        table = bk.side_by_side(pairs, "rate_per_s", metrics)
-        first["vs_bookkeeper"] = bk.block(peer, "TailBench", rounds, table)
+        ]
+
+    metrics = {
+        "write_to_reader_p50_ms": "p50",
+        "write_to_reader_p99_ms": "p99",
+        "last_entry_visible_after_ack_ms": "lastvisible",
+    }
+    with bk.peer(args.bookies, bk.say) as peer:
+        bk.say(f"TailBench warm-up ({args.bk_warmup_s:g} s, unmeasured)")
+        warm = [args.rate, args.bk_warmup_s, args.entry_bytes, tool_args[3]]
+        peer.run("TailBench", warm, timeout_s=args.bk_warmup_s + 60)
+        first = bk.alternate(
+            peer,
+            "TailBench",
+            args.rounds,
+            ours,
+            lambda: [peer.run("TailBench", tool_args, timeout_s=args.seconds + 60)],
+            "rate_per_s",
+            metrics,
+            our_point,
+        )
     first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
     return first, delays
 

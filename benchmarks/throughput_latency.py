@@ -87,44 +87,29 @@ def vs_bookkeeper(args: Any) -> dict[str, Any]:
     """Ours and PeerBench alternately, `args.rounds` times each (_bookkeeper.py)."""
     e, w, a = (int(x) for x in args.quorum.split(","))
     points = [int(x) for x in args.outstanding.split(",")]
-    rounds: list[dict[str, Any]] = []
-    pairs = []
-    first: dict[str, Any] = {}
+
+    def theirs() -> list[dict[str, Any]]:
+        out = []
+        for outstanding in points:
+            tool_args = [
+                e,
+                w,
+                a,
+                args.seconds,
+                outstanding,
+                args.entry_bytes,
+                args.protocol,
+                args.bk_warmup_s,
+            ]
+            result = peer.run("PeerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
+            out.append({"outstanding": outstanding, "entries_per_s": result.pop("throughput"), **result})
+        return out
+
     with bk.peer(args.bookies, bk.say) as peer:
         peer.warm_up(args.bk_warmup_s, (e, w, a), args.entry_bytes, args.protocol)
-        for r in range(args.rounds):
-            bk.say(f"round {r + 1}/{args.rounds}: quorumlog")
-            ours = run(main(args))
-            ours["machine"]["loadavg_end"] = common.loadavg()
-            first = first or ours
-            theirs = []
-            for outstanding in points:
-                bk.say(f"round {r + 1}/{args.rounds}: PeerBench, {outstanding} outstanding")
-                tool_args = [
-                    e,
-                    w,
-                    a,
-                    args.seconds,
-                    outstanding,
-                    args.entry_bytes,
-                    args.protocol,
-                    args.bk_warmup_s,
-                ]
-                result = peer.run("PeerBench", tool_args, timeout_s=args.seconds + args.bk_warmup_s)
-                theirs.append(
-                    {"outstanding": outstanding, "entries_per_s": result.pop("throughput"), **result}
-                )
-            rounds.append(
-                {
-                    "quorumlog": ours["results"],
-                    "quorumlog_loadavg": [ours["machine"]["loadavg_start"], ours["machine"]["loadavg_end"]],
-                    "bookkeeper": theirs,
-                    "bookkeeper_loadavg_end": common.loadavg(),
-                }
-            )
-            pairs.append((ours["results"], theirs))
-        table = bk.side_by_side(pairs, "outstanding", bk.ADD_METRICS)
-        first["vs_bookkeeper"] = bk.block(peer, "PeerBench", rounds, table)
+        first = bk.alternate(
+            peer, "PeerBench", args.rounds, lambda: run(main(args)), theirs, "outstanding", bk.ADD_METRICS
+        )
     first["config"]["bookkeeper_warmup_s"] = args.bk_warmup_s
     return first
 

@@ -72,6 +72,40 @@ def test_side_by_side_gives_both_per_round_and_the_ratio_ours_over_theirs(bk: Mo
     assert bk.ratio(5.0, "never") is None and bk.ratio(None, 3.0) is None and bk.ratio(1.0, 0.0) is None
 
 
+def test_rounds_alternate_ours_then_theirs_and_keep_each_rounds_load(bk: ModuleType) -> None:
+    calls: list[str] = []
+
+    class Cluster:  # only what the block records about the Java cluster
+        def info(self) -> dict[str, str]:
+            return {"version": "4.14.8"}
+
+    def ours() -> dict[str, object]:
+        calls.append("ours")
+        rate = 1000 * len(calls)
+        return {"machine": {"loadavg_start": [1.0]}, "results": [{"outstanding": 10, "entries_per_s": rate}]}
+
+    def theirs() -> list[dict[str, object]]:
+        calls.append("theirs")
+        return [{"entries_per_s": 2000.0 * len(calls)}]
+
+    out = bk.alternate(
+        Cluster(), "PeerBench", 2, ours, theirs, "outstanding", {"entries_per_s": "entries_per_s"}
+    )
+    assert calls == ["ours", "theirs", "ours", "theirs"]
+    # The first round's result carries the block; every round keeps both sides and their load.
+    assert out["results"] == [{"outstanding": 10, "entries_per_s": 1000}]
+    block = out["vs_bookkeeper"]
+    assert block["bookkeeper"] == {"version": "4.14.8", "tool": "PeerBench"}
+    assert [r["bookkeeper"] for r in block["rounds"]] == [
+        [{"entries_per_s": 4000.0}],
+        [{"entries_per_s": 8000.0}],
+    ]
+    assert all(len(r["quorumlog_loadavg"]) == 2 and r["bookkeeper_loadavg_end"] for r in block["rounds"])
+    row = block["side_by_side"][0]
+    assert row["outstanding"] == 10
+    assert row["entries_per_s"]["ratio"] == [0.25, 0.375]
+
+
 def test_a_missing_distribution_is_refused_with_where_it_was_looked_for(
     bk: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
