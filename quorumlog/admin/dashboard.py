@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorumlog.admin.http import ApiError, metadata_json, serve_app
+from quorumlog.admin.http import ApiError, json_errors, metadata_json, serve_app
 from quorumlog.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -299,7 +299,28 @@ class Dashboard:
         self.snapshot: Snapshot | None = None
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY_POINTS)
         self._previous: dict[str, BookieSample] = {}
-        self.app = web.Application(middlewares=[self._errors])
+        self.app = web.Application(
+            middlewares=[
+                json_errors(
+                    "dashboard",
+                    "dashboard",
+                    {
+                        404: lambda request: f"no such page: {request.path[:200]}",
+                        405: lambda request: (
+                            f"{request.method} is not allowed on {request.path[:200]}: the dashboard is read-only"
+                        ),
+                    },
+                    [
+                        ((NoSuchLedgerError, LogNotFoundError), 404, ""),
+                        (InvalidArgumentError, 400, ""),
+                        # Bytes in the metadata store that do not parse (a log's or a segment's node): that
+                        # object only.
+                        (ProtocolError, 502, "unreadable metadata: "),
+                        ((MetadataStoreError, OperationTimeoutError), 503, "metadata store: "),
+                    ],
+                )
+            ]
+        )
         r = self.app.router
         r.add_get("/", self.page_overview)
         r.add_get("/ledger/{ledger_id}", self.page_ledger)
@@ -566,38 +587,6 @@ class Dashboard:
                     "replicating": await urm.lock_owner(ledger_id),
                 }
             )
-
-    # --- errors -----------------------------------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return _json({"error": e.reason}, e.status)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            reason = e.reason
-            if e.status == 404:
-                reason = f"no such page: {request.path[:200]}"
-            elif e.status == 405:
-                reason = (
-                    f"{request.method} is not allowed on {request.path[:200]}: the dashboard is read-only"
-                )
-            return _json({"error": reason}, e.status)
-        except (NoSuchLedgerError, LogNotFoundError) as e:
-            return _json({"error": str(e)}, 404)
-        except InvalidArgumentError as e:
-            return _json({"error": str(e)}, 400)
-        except ProtocolError as e:
-            # Bytes in the metadata store that do not parse (a log's or a segment's node): that object only.
-            return _json({"error": f"unreadable metadata: {e}"}, 502)
-        except (MetadataStoreError, OperationTimeoutError) as e:
-            return _json({"error": f"metadata store: {e}"}, 503)
-        except Exception:
-            log.exception("dashboard: %s %s failed", request.method, request.path[:200])
-            return _json({"error": "internal error (logged by the dashboard)"}, 500)
 
     # --- data -------------------------------------------------------------------------------------------
 

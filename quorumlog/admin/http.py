@@ -31,10 +31,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from quorumlog.errors import (
@@ -83,7 +84,7 @@ class _OneLineProtocolErrors(logging.Filter):
         return True
 
 
-# The logger aiohttp's protocol handler reports to (handler errors never get there: `_errors` answers them).
+# The logger aiohttp's protocol handler reports to (handler errors never get there: `json_errors` answers them).
 _PROTOCOL_LOG = logging.getLogger(__name__ + ".protocol")
 _PROTOCOL_LOG.addFilter(_OneLineProtocolErrors())
 
@@ -99,6 +100,41 @@ class ApiError(Exception):
 
 def _json(value: Any, status: int = 200) -> web.Response:
     return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, indent=2))
+
+
+ErrorRule = tuple[type[Exception] | tuple[type[Exception], ...], int, str]  # (types, status, message prefix)
+
+
+def json_errors(
+    log_as: str,
+    logged_by: str,
+    http_reasons: Mapping[int, Callable[[web.Request], str]],
+    rules: Sequence[ErrorRule],
+) -> Middleware:
+    """The middleware that makes every failure a JSON `{"error": reason}`: an ApiError with its status, one
+    of aiohttp's own (404, 405, ...) with the reason `http_reasons` gives for its status, an exception matched
+    by `rules` (first match, like `except` clauses) with the rule's status, and anything else logged with its
+    traceback and answered 500, without details (they may name paths or hosts)."""
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return _json({"error": e.reason}, e.status)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            reason = http_reasons[e.status](request) if e.status in http_reasons else e.reason
+            return _json({"error": reason}, e.status)
+        except Exception as e:
+            for types, status, prefix in rules:
+                if isinstance(e, types):
+                    return _json({"error": f"{prefix}{e}"}, status)
+            log.exception("%s: %s %s failed", log_as, request.method, request.path[:200])
+            return _json({"error": f"internal error (logged by the {logged_by})"}, 500)
+
+    return errors
 
 
 async def serve_app(app: web.Application, host: str, port: int, what: str) -> tuple[web.AppRunner, int]:
@@ -219,7 +255,26 @@ class AdminServer:
         self._client: Any = None  # a quorumlog Client for ledger reads and recoveries, made on first use
         self._client_lock = asyncio.Lock()
         self._jobs: dict[tuple[str, str], _RecoveryJob] = {}  # (kind, bookie id) -> the latest such job
-        self.app = web.Application(middlewares=[self._errors], client_max_size=BODY_BYTES_MAX)
+        self.app = web.Application(
+            middlewares=[
+                json_errors(
+                    "admin API",
+                    "bookie",
+                    {
+                        413: lambda _request: f"request body over {BODY_BYTES_MAX} bytes",
+                        404: lambda request: f"no such endpoint: {request.path[:200]}",
+                        405: lambda request: f"{request.method} is not allowed on {request.path[:200]}",
+                    },
+                    [
+                        (ConfigError, 409, ""),
+                        # The metadata store is unreachable or slow: the bookie is fine, the question
+                        # cannot be answered.
+                        ((MetadataStoreError, OperationTimeoutError), 503, "metadata store: "),
+                    ],
+                )
+            ],
+            client_max_size=BODY_BYTES_MAX,
+        )
         r = self.app.router
         r.add_get("/heartbeat", self.heartbeat)
         r.add_get("/metrics", self.metrics)
@@ -274,32 +329,6 @@ class AdminServer:
             self._client = None
 
     # --- errors and authorization ---------------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return _json({"error": e.reason}, e.status)
-        except web.HTTPException as e:
-            if e.status < 400:
-                raise
-            reason = e.reason
-            if e.status == 413:
-                reason = f"request body over {BODY_BYTES_MAX} bytes"
-            elif e.status == 404:
-                reason = f"no such endpoint: {request.path[:200]}"
-            elif e.status == 405:
-                reason = f"{request.method} is not allowed on {request.path[:200]}"
-            return _json({"error": reason}, e.status)
-        except ConfigError as e:
-            return _json({"error": str(e)}, 409)
-        except (MetadataStoreError, OperationTimeoutError) as e:
-            # The metadata store is unreachable or slow: the bookie is fine, the question cannot be answered.
-            return _json({"error": f"metadata store: {e}"}, 503)
-        except Exception:
-            log.exception("admin API: %s %s failed", request.method, request.path[:200])
-            return _json({"error": "internal error (logged by the bookie)"}, 500)
 
     def _mutating(self, handler: Handler) -> Handler:
         async def authorized(request: web.Request) -> web.StreamResponse:
