@@ -11,6 +11,7 @@ API:
   bodies found so far (possibly none) and keeps the tail; `FrameTooLargeError` on an oversized prefix, after
   which the decoder refuses further input (the stream position is lost: close the connection).
   `buffered_bytes` says how much is held.
+  `bytes_wanted()` says how many more bytes end the frame (or length prefix) held in part.
 * `encode_frame(body) -> bytes` prefixes a body. The v2/v3 encoders build frames directly (one allocation).
 
 With `skip_oversized=True` (the bookie's side) an oversized frame does not end the stream: its first
@@ -77,6 +78,20 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         """Bytes held waiting for the rest of a frame (never more than max_frame_bytes + 4)."""
         return len(self._buf)
+
+    def bytes_wanted(self) -> int | None:
+        """How many more input bytes bring the decoder to its next decision: 0 at a frame boundary (the next
+        byte starts a frame), the rest of the length prefix while fewer than 4 bytes of it are held, else the
+        rest of the frame held in part; None while an oversized frame is skipped or after a failure. Lets a
+        caller feed only the end of a split frame and then scan whole frames straight out of its chunk
+        (`codec.ClientConnection.receive`)."""
+        if self._failed is not None or self._skip_left:
+            return None
+        held = len(self._buf)
+        if held < FRAME_PREFIX_BYTES:
+            return FRAME_PREFIX_BYTES - held if held else 0
+        (length,) = _LEN.unpack_from(self._buf)
+        return FRAME_PREFIX_BYTES + length - held
 
     def _skip(self, data: bytes | bytearray | memoryview, frames: list[bytes]) -> int:
         """Consume what belongs to the oversized frame being skipped; returns how many bytes of `data` it was."""

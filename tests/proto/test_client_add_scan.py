@@ -1,0 +1,89 @@
+"""The client's v3 fast path for EOK AddResponses (`codec.scan_v3_add_ok`, `ClientConnection.receive`) decodes
+exactly what protobuf decodes, however the frames are mixed and chunked (docs/PERFORMANCE.md, "CPU per
+entry (session 6): client")."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from quorumlog.errors import ProtocolError
+from quorumlog.proto import messages as m
+from quorumlog.proto import v3, v3fast
+from quorumlog.proto.codec import ClientConnection, scan_v3_add_ok
+from quorumlog.proto.frame import FrameDecoder
+from quorumlog.proto.status import StatusCode
+
+from .strategies import V3_RESPONSES, u64
+
+# Mostly what a writer gets (EOK adds with ids and txn ids of every varint width), and any other response.
+_ids = st.integers(0, 2**63 - 1) | st.integers(0, 300) | st.integers(2**20, 2**22)
+_add_ok = st.builds(m.AddResponse, st.just(StatusCode.EOK), _ids, _ids, txn_id=u64 | _ids)
+_any_response = st.one_of(_add_ok, *V3_RESPONSES.values())
+_encoders = st.sampled_from([v3.encode_response, v3.encode_response_pb])
+
+
+def _reference(stream: bytes) -> list[m.Response]:
+    return [v3.decode_response_pb(b) for b in FrameDecoder().feed(stream)]
+
+
+def _receive_chunked(stream: bytes, cuts: list[int]) -> list[m.Response]:
+    conn = ClientConnection(m.ProtocolVersion.V3)
+    got: list[m.Response] = []
+    pos = i = 0
+    while pos < len(stream):
+        step = cuts[i % len(cuts)]
+        chunk = stream[pos : pos + step]
+        got += conn.receive(memoryview(chunk) if i % 3 == 2 else chunk)
+        pos += step
+        i += 1
+    return got
+
+
+@given(
+    st.lists(st.tuples(_any_response, _encoders), max_size=30),
+    st.lists(st.integers(1, 200), min_size=1, max_size=20),
+)
+def test_any_mix_and_chunking_decodes_as_protobuf_does(
+    responses: list[tuple[m.Response, object]], cuts: list[int]
+) -> None:
+    stream = b"".join(enc(r) for r, enc in responses)  # type: ignore[operator]
+    assert _receive_chunked(stream, cuts) == _reference(stream)
+    assert _receive_chunked(stream, [len(stream) or 1]) == _reference(stream)
+
+
+@given(_add_ok)
+def test_the_scan_takes_every_canonical_eok_add_response(resp: m.AddResponse) -> None:
+    frame = v3fast.encode_add_response(resp)
+    assert frame == v3.encode_response_pb(resp)
+    out: list[m.Response] = []
+    assert scan_v3_add_ok(frame + frame, 0, out) == 2 * len(frame)
+    assert out == [resp, resp]
+
+
+@given(_add_ok, st.data())
+def test_a_corrupted_frame_decodes_or_fails_as_protobuf_does(resp: m.AddResponse, data: st.DataObject) -> None:
+    frame = bytearray(v3fast.encode_add_response(resp))
+    index = data.draw(st.integers(0, len(frame) - 1))
+    frame[index] = data.draw(st.integers(0, 255))
+    stream = bytes(frame) + v3fast.encode_add_response(resp)
+    try:
+        expected = _reference(stream)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            ClientConnection(m.ProtocolVersion.V3).receive(stream)
+        return
+    assert ClientConnection(m.ProtocolVersion.V3).receive(stream) == expected
+
+
+def test_lengths_that_disagree_with_the_fields_go_to_protobuf() -> None:
+    good = v3fast.encode_add_response(m.AddResponse(StatusCode.EOK, 5, 7, 9))
+    # The inner message's length byte one larger: the regex still matches, the length check refuses it.
+    bad = bytearray(good)
+    plen_at = good.index(b"\xaa\x06") + 2
+    bad[plen_at] += 1
+    out: list[m.Response] = []
+    assert scan_v3_add_ok(bytes(bad), 0, out) == 0 and out == []
+    with pytest.raises(ProtocolError):
+        ClientConnection(m.ProtocolVersion.V3).receive(bytes(bad))
