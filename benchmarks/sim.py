@@ -1,9 +1,10 @@
 """Simulation sweep: many seeds of the deterministic whole-cluster simulation, each checked, and one summary.
 
-Each seed is one run of `quorumlog.sim` (the production client and bookie on simulated nodes, with crashes,
-power losses, partitions, pauses, writer crashes and zombie writers; docs/TESTING.md "The simulator").
-The JSON summary: seeds run, acknowledged adds checked, faults injected (by kind), and violations -- each
-with its seed, the broken promise and the command that reproduces it -- and the seeds whose run logged an
+Each seed is one run of `quorumlog.sim` (the production client and bookie on simulated nodes, with the
+workloads and nemeses that seed drew: its mix; docs/TESTING.md "The simulator").
+The JSON summary: seeds run, acknowledged adds checked, faults injected (by kind), the drawn mixes (how many
+seeds enabled each nemesis, ran each optional workload, had N writers), and violations -- each with its
+seed, its mix, the broken promise and the command that reproduces it -- and the seeds whose run logged an
 ERROR record (an exception nobody retrieved, a task that died: noise that hides real trouble). A run that raises anything else (a
 deadlock, a harness error) is reported the same way. Exit status 1 if any seed failed.
 
@@ -23,16 +24,6 @@ from typing import Any
 
 import _common as c
 
-FAULT_KINDS = (
-    "bookie_crashes",
-    "power_losses",
-    "crash_points_hit",
-    "partitions",
-    "pauses",
-    "writer_crashes",
-    "zombie_rounds",
-)
-
 
 def parse_seeds(text: str) -> range:
     lo, sep, hi = text.partition("-")
@@ -46,7 +37,7 @@ def parse_seeds(text: str) -> range:
 
 def run_seed(seed: int, steps: int) -> dict[str, Any]:
     """One simulation, in a worker process: its stats, or what went wrong."""
-    from quorumlog.sim.harness import CheckFailed, simulate
+    from quorumlog.sim.harness import CheckFailed, Simulation, simulate
 
     # The client's warnings about injected faults are expected; ERROR records are not (an exception nobody
     # retrieved, a task that died, a storage failure): they are counted and the first few kept.
@@ -60,13 +51,25 @@ def run_seed(seed: int, steps: int) -> dict[str, Any]:
     except CheckFailed as e:
         return {"seed": seed, "violation": str(e), "error_records": noise.records}
     except Exception as e:  # a deadlock or a harness bug: as important as a broken promise
-        return {"seed": seed, "violation": f"{type(e).__name__}: {e}", "error": True}
+        mix = Simulation(seed, steps).mix.describe()
+        return {"seed": seed, "violation": f"{type(e).__name__}: {e}\nmix: {mix}", "error": True}
     return {
         "seed": seed,
         "stats": stats,
         "seconds": time.perf_counter() - started,
         "error_records": noise.records,
     }
+
+
+def _count_mix(mixes: dict[str, dict[str, int]], mix: dict[str, Any]) -> None:
+    """How many seeds drew each nemesis, each optional workload, each number of writers and readers."""
+    for name in mix["nemeses"]:
+        mixes["nemeses"][name] = mixes["nemeses"].get(name, 0) + 1
+    for name in mix["workloads"]:
+        mixes["workloads"][name] = mixes["workloads"].get(name, 0) + 1
+    for key in ("writers", "readers_per_writer"):
+        value = str(mix[key])
+        mixes[key][value] = mixes[key].get(value, 0) + 1
 
 
 class _ErrorRecords(logging.Handler):
@@ -93,7 +96,14 @@ def main() -> int:
         "config": {"seeds": f"{seeds.start}-{seeds.stop - 1}", "steps": ns.steps, "jobs": ns.jobs},
     }
     started = time.perf_counter()
-    faults = dict.fromkeys(FAULT_KINDS, 0)
+    faults: dict[str, int] = {}
+    counters: dict[str, int] = {}
+    mixes: dict[str, dict[str, int]] = {
+        "nemeses": {},
+        "workloads": {},
+        "writers": {},
+        "readers_per_writer": {},
+    }
     acked = recoveries = 0
     violations: list[dict[str, Any]] = []
     noisy: list[dict[str, Any]] = []  # seeds that logged ERROR records
@@ -111,8 +121,11 @@ def main() -> int:
             stats = out["stats"]
             acked += stats["appends_acked"]
             recoveries += stats["recoveries"]
-            for kind in FAULT_KINDS:
-                faults[kind] += stats[kind]
+            for kind, n in stats["faults"].items():
+                faults[kind] = faults.get(kind, 0) + n
+            for name, n in stats["counters"].items():
+                counters[name] = counters.get(name, 0) + n
+            _count_mix(mixes, stats["mix"])
             seconds.append(out["seconds"])
     result["summary"] = {
         "seeds": len(seeds),
@@ -120,7 +133,9 @@ def main() -> int:
         "acknowledged_adds_checked": acked,
         "recoveries": recoveries,
         "faults_injected": sum(faults.values()),
-        "faults": faults,
+        "faults": dict(sorted(faults.items())),
+        "mixes": {k: dict(sorted(v.items())) for k, v in mixes.items()},
+        "counters": dict(sorted(counters.items())),
         "violations": len(violations),
         "seeds_with_error_logs": len(noisy),
         "wall_s": round(time.perf_counter() - started, 1),

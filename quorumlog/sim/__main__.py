@@ -1,6 +1,8 @@
 """`python -m quorumlog.sim --seed N --steps M`: one deterministic simulation run (see sim/harness.py).
 
-Exit status 0 when every checker passed, 1 with the broken promise and the reproducing command otherwise.
+Each run prints its stats, including the mix the seed drew (writers, readers, enabled nemeses and their
+rates: sim/swarm.py). Exit status 0 when every checker passed, 1 with the broken promise, the mix and the
+reproducing command otherwise.
 `--seeds A-B` runs a range of seeds.
 """
 

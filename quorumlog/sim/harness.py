@@ -1,63 +1,64 @@
-"""Seeded whole-cluster simulation: the real client against simulated bookies, with faults and checkers.
+"""Seeded whole-cluster simulation: the real client against the real bookie on simulated nodes, composed of
+workloads, nemeses and checkers (swarm testing, FoundationDB style).
 
 One run: five simulated bookie nodes running the production bookie (`sim.node.SimBookieNode`: the real
-`Bookie` and `BookieServer` on a disk that loses unsynced writes), an in-memory metadata store, and writers
-using the real `quorumlog.client.Client` over the simulated network. Each step draws one action from the
-seeded RNG: append a burst, crash a bookie (its disk keeps only synced data and a possibly torn tail) and
-restart it later, lose power on two bookies of the ledger's ensemble at once in the middle of a burst (the
-fault that finds an acknowledgement given before its data was synced), arm a crash point in a bookie's
-storage code (it crashes when a checkpoint is between its entry-log write and its index commit, or between
-the index commit and the journal release, or when the journal rolls a file; `Env.faults`), partition the
-writer from a bookie, pause a bookie, crash a writer and recover its ledger from another client, or let a zombie writer
-keep writing while someone recovers its ledger.
+`Bookie` and `BookieServer` on a disk that loses unsynced writes), an in-memory metadata store, and the
+components the seed's `Mix` drew (`sim/swarm.py`): several concurrent ledger writers with tailing readers
+(`sim/workloads.py`), nemeses injecting faults at their drawn rates (`sim/nemeses.py`), and the checkers
+(`sim/checkers.py`). Every component has the shape of the swarm protocol: `run(sim, stop)`, `check(sim)`,
+`check_final(sim, client)`, `counters()`.
 
-The checkers state the promises (STYLE.md §5):
-- every acknowledged entry survives, with its payload, in the recovered ledger;
-- an entry a reader saw is never lost or changed afterwards;
-- once closed, a ledger's last entry and length never change, and its state never goes back;
-- a fenced writer is never acknowledged past the recovered end of its ledger;
-- all readers agree on a closed ledger's last entry.
-Cheap checks run after every step; the full read-back runs at the end. A failure raises `CheckFailed`
-whose message ends with the command that reproduces it.
+What this module owns: the cluster (bookies up and down, restarts, clients and their metadata sessions),
+the run's phases, and the shared record of ledgers the checkers judge. The phases:
+1. every component runs until the workloads have made `steps` steps (a step: one burst of appends); the
+   cheap checks of every component run after each step and after each fault;
+2. the nemeses stop and heal what they did; then every bookie comes back and the network heals;
+3. liveness: the workloads must finish what they have in flight within `LIVENESS_S` of virtual time;
+4. the final checks (full read-back, after recovery) with a fresh client, each recovery also bounded.
+
+A failure raises `CheckFailed` whose message names the mix and ends with the command that reproduces it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from quorumlog.client.client import Client
-from quorumlog.errors import NotEnoughBookiesError, QuorumLogError
+from quorumlog.errors import QuorumLogError
 from quorumlog.meta.cluster import init_cluster
-from quorumlog.meta.ledger_metadata import LedgerState, decode
 from quorumlog.sim.loop import run_simulation
-from quorumlog.sim.metastore import SimMetaServer
+from quorumlog.sim.metastore import SimMetadataStore, SimMetaServer
 from quorumlog.sim.node import SimBookieNode
+from quorumlog.sim.swarm import Mix, build_optional_workload, draw_mix
 from quorumlog.sim.world import World
 
 BOOKIES = 5
 PORT = 3181
 SESSION_TIMEOUT_S = 4.0
 PASSWORD = b"sim"
-ACTIONS = (
-    "append",
-    "crash_bookie",
-    "power_loss",
-    "crash_point",
-    "partition",
-    "pause",
-    "zombie",
-    "crash_writer",
-)
-ACTION_WEIGHTS = (10, 2, 2, 1, 2, 2, 1, 1)
+LIVENESS_S = 60.0  # once every fault is healed, pending work must finish within this (virtual time)
 CRASH_POINTS = ("checkpoint.before-index", "checkpoint.before-release", "journal.roll")
 
 
 class CheckFailed(AssertionError):
     """A promise was broken; the message says which, and how to reproduce the run."""
+
+
+class Component(Protocol):
+    """A workload, nemesis or checker (the swarm protocol, /tmp/swarm_protocol.md in issue 16)."""
+
+    name: str
+
+    async def run(self, sim: Simulation, stop: asyncio.Event) -> None: ...
+
+    def check(self, sim: Simulation) -> None: ...
+
+    async def check_final(self, sim: Simulation, client: Client) -> None: ...
+
+    def counters(self) -> dict[str, int]: ...
 
 
 @dataclass
@@ -74,38 +75,65 @@ class LedgerRecord:
 class Stats:
     steps: int = 0
     appends_acked: int = 0
-    bookie_crashes: int = 0
-    power_losses: int = 0
-    crash_points_armed: int = 0
-    crash_points_hit: int = 0
-    writer_crashes: int = 0
     recoveries: int = 0
-    partitions: int = 0
-    pauses: int = 0
-    zombie_rounds: int = 0
+    faults: dict[str, int] = field(default_factory=dict)  # fault kind -> times injected
+    counters: dict[str, int] = field(default_factory=dict)  # the components' own numbers
     errors_seen: dict[str, int] = field(default_factory=dict)
+    mix: dict[str, Any] = field(default_factory=dict)
 
 
 class Simulation:
-    def __init__(self, seed: int, steps: int) -> None:
+    def __init__(self, seed: int, steps: int, *, mix: Mix | None = None) -> None:
         self.seed = seed
         self.steps = steps
         self.world = World(seed)
         self.rng = random.Random(self.world.rng.getrandbits(64))
         self.meta = SimMetaServer(random.Random(self.world.rng.getrandbits(64)))
+        mix_rng = random.Random(self.rng.getrandbits(64))
+        self.mix = mix if mix is not None else draw_mix(mix_rng)
         self.bookies: dict[str, SimBookieNode] = {}
         self.down: set[str] = set()
         self.ledgers: dict[int, LedgerRecord] = {}
-        self.stats = Stats()
-        self._writer_count = 0
+        self.stores: dict[str, SimMetadataStore] = {}  # node -> its client's metadata session
+        self.writers: dict[str, Any] = {}  # writer node -> its open WriteHandle (nemeses pick from these)
+        self.stats = Stats(mix=self.mix.as_dict())
+        self.stop = asyncio.Event()
+        self._node_count = 0
         self._history: list[str] = []
         self._restarts: list[asyncio.Task[None]] = []
         self.armed_at_start: list[tuple[str, str]] = []
+        self.components: list[Component] = self._build()
 
-    # --- set-up ---
+    def _build(self) -> list[Component]:
+        from quorumlog.sim.checkers import LedgerChecker
+        from quorumlog.sim.nemeses import build_nemesis
+        from quorumlog.sim.workloads import LedgerWriterWorkload
+
+        components: list[Component] = [LedgerChecker()]
+        for i in range(self.mix.writers):
+            components.append(
+                LedgerWriterWorkload(
+                    i + 1, self.mix.readers_per_writer, random.Random(self.rng.getrandbits(64))
+                )
+            )
+        for name in self.mix.workloads:
+            components.append(build_optional_workload(name))
+        for name, interval_s in sorted(self.mix.nemeses.items()):
+            components.append(build_nemesis(name, interval_s, random.Random(self.rng.getrandbits(64))))
+        return components
+
+    # --- the cluster ---
 
     def bookie_id(self, node: str) -> str:
         return f"{node}:{PORT}"
+
+    def up_bookies(self) -> list[str]:
+        return sorted(n for n in self.bookies if n not in self.down)
+
+    def new_node(self, kind: str) -> str:
+        """A fresh node name: a crashed client never comes back under the same name."""
+        self._node_count += 1
+        return f"{kind}{self._node_count}"
 
     async def start_bookie(self, node: str) -> None:
         env = self.world.env(node)
@@ -115,24 +143,31 @@ class Simulation:
 
     async def new_client(self, node: str) -> Client:
         env = self.world.env(node)
+        store = self.meta.session(node)
+        self.stores[node] = store
         return await Client.connect(
             f"sim://{node}",
             env=env,
-            store=self.meta.session(node),
+            store=store,
             add_timeout_s=1.0,
             read_timeout_s=1.0,
             speculative_read_timeout_s=0.2,
             explicit_lac_interval_s=0.05,
         )
 
-    # --- faults ---
-
     def crash_bookie(self, node: str) -> None:
         bookie = self.bookies.pop(node)
         self.world.crash(node)
         self.meta.kill_session(bookie.store.session_id, SESSION_TIMEOUT_S)
         self.down.add(node)
-        self.stats.bookie_crashes += 1
+
+    def restart_later(self, node: str) -> None:
+        self._restarts.append(self.world.spawn("nemesis", self._restart_later(node)))
+
+    async def _restart_later(self, node: str) -> None:
+        await asyncio.sleep(self.rng.uniform(0.5, 5.0))
+        await self.restart_bookie(node)
+        self.note(f"restarted {node}")
 
     def crashed_at_point(self, node: str) -> None:
         """A bookie reached an armed crash point (World.crash already ran): the same aftermath as a crash."""
@@ -141,19 +176,9 @@ class Simulation:
             return
         self.meta.kill_session(bookie.store.session_id, SESSION_TIMEOUT_S)
         self.down.add(node)
-        self.stats.crash_points_hit += 1
+        self.count_fault("crash_points_hit")
         self.note(f"{node} crashed at a crash point")
-        self._restarts.append(self.world.spawn("nemesis", self._restart_later(node)))
-
-    def arm_crash_point(self) -> None:
-        up = sorted(n for n in self.bookies if n not in self.down)
-        if len(up) <= 3:
-            return
-        node = self.rng.choice(up)
-        point = self.rng.choice(CRASH_POINTS)
-        self.world.arm(node, point)
-        self.stats.crash_points_armed += 1
-        self.note(f"armed {point} on {node}")
+        self.restart_later(node)
 
     async def restart_bookie(self, node: str) -> None:
         if node not in self.down:
@@ -164,226 +189,9 @@ class Simulation:
         self.world.restart(node)
         await self.start_bookie(node)
 
-    # --- checkers ---
-
-    def fail(self, message: str) -> None:
-        tail = "\n  ".join(self._history[-15:])
-        raise CheckFailed(
-            f"{message}\nlast steps:\n  {tail}\nreproduce with: python -m quorumlog.sim --seed {self.seed} --steps {self.steps}"
-        )
-
-    def check_metadata(self) -> None:
-        """After every step: closed ledgers never change; states never go back."""
-        for path, node in self.meta.nodes.items():
-            name = path.rsplit("/", 1)[-1]
-            if not name.startswith("L") or not name[1:].isdigit() or not node.data:
-                continue
-            md = decode(int(name[1:]), node.data)
-            rec = self.ledgers.get(md.ledger_id)
-            if rec is None:
-                continue
-            if rec.closed_md is not None:
-                if md.state != LedgerState.CLOSED or (md.last_entry_id, md.length) != rec.closed_md:
-                    self.fail(f"ledger {md.ledger_id} changed after it was closed at {rec.closed_md}: {md}")
-            elif md.state == LedgerState.CLOSED:
-                rec.closed_md = (md.last_entry_id, md.length)
-            if rec.closed_md is not None:
-                last = rec.closed_md[0]
-                lost = [e for e in rec.acked if e > last]
-                if lost:
-                    self.fail(
-                        f"ledger {md.ledger_id} closed at {last} but entries {lost[:5]} were acknowledged"
-                    )
-            if rec.zombie_acks_after_fence:
-                self.fail(
-                    f"fenced writer of ledger {md.ledger_id} acknowledged {rec.zombie_acks_after_fence[:5]}"
-                )
-
-    async def check_ledger(self, client: Client, rec: LedgerRecord) -> None:
-        """Recover (or open) the ledger and read it all back: acknowledged and seen entries are all there."""
-        handle = await client.open_ledger(rec.ledger_id, password=PASSWORD, recovery=True)
-        last = handle.last_add_confirmed
-        entries: dict[int, bytes | None] = {}
-        if last >= 0:
-            try:
-                entries = {e.entry_id: e.payload for e in await handle.read(0, last)}
-            except QuorumLogError:
-                # Some entry of the closed ledger cannot be read: find which, so the report names them.
-                for eid in range(last + 1):
-                    try:
-                        entries[eid] = (await handle.read(eid, eid))[0].payload
-                    except QuorumLogError as e:
-                        self.count_error(e)
-                        entries[eid] = None
-        await handle.close()
-        for eid, payload in rec.acked.items():
-            if entries.get(eid) != payload:
-                self.fail(
-                    f"ledger {rec.ledger_id}: acknowledged entry {eid} is {entries.get(eid)!r}, wrote {payload!r}"
-                )
-        for eid, payload in rec.seen.items():
-            if entries.get(eid) != payload:
-                self.fail(f"ledger {rec.ledger_id}: entry {eid} seen by a reader is now {entries.get(eid)!r}")
-        unreadable = [eid for eid, payload in entries.items() if payload is None]
-        if unreadable:
-            self.fail(
-                f"ledger {rec.ledger_id} closed at {last}: entries {unreadable[:5]} cannot be read back"
-            )
-        other = await client.open_ledger(rec.ledger_id, password=PASSWORD, recovery=False)
-        if other.last_add_confirmed != last or not other.is_closed:
-            self.fail(
-                f"ledger {rec.ledger_id}: readers disagree on the last entry ({last} vs {other.last_add_confirmed})"
-            )
-        await other.close()
-
-    # --- workload ---
-
-    def note(self, text: str) -> None:
-        loop = asyncio.get_running_loop()
-        self._history.append(f"t={loop.time():.3f} {text}")
-
-    def count_error(self, exc: BaseException) -> None:
-        name = type(exc).__name__
-        self.stats.errors_seen[name] = self.stats.errors_seen.get(name, 0) + 1
-
-    async def append_burst(self, handle: Any, rec: LedgerRecord, count: int) -> bool:
-        """Append `count` entries pipelined; record the acknowledged ones. False once the handle failed."""
-        futures = []
-        ok = True
-        for _ in range(count):
-            eid = handle.last_add_pushed + 1
-            payload = b"L%d-E%d-%d" % (rec.ledger_id, eid, self.rng.getrandbits(32))
-            try:
-                fut = handle.append(payload)
-            except QuorumLogError as e:
-                self.count_error(e)
-                ok = False
-                break
-            futures.append((payload, fut))
-        # Every future is awaited, also after a refused append: the ones already pushed may still be
-        # acknowledged (the checkers must know), and a failed one nobody awaits is logged as an error.
-        for payload, fut in futures:
-            try:
-                eid = await fut
-            except QuorumLogError as e:
-                self.count_error(e)
-                ok = False
-                continue
-            if rec.fenced_end is not None and eid > rec.fenced_end:
-                rec.zombie_acks_after_fence.append(eid)
-            rec.acked[eid] = payload
-            self.stats.appends_acked += 1
-        return ok
-
-    async def tail_reader(self, client: Client, rec: LedgerRecord) -> None:
-        with contextlib.suppress(QuorumLogError, asyncio.CancelledError):
-            handle = await client.open_ledger(rec.ledger_id, password=PASSWORD, recovery=False)
-            async for entry in handle.tail(start=0):
-                rec.seen[entry.entry_id] = entry.payload
-
-    async def writer_session(self, node: str, reader: Client) -> None:
-        """One writer's life: a ledger, bursts of appends with faults in between, then a crash or a close."""
-        client = await self.new_client(node)
-        for _attempt in range(20):
-            try:
-                handle = await client.create_ledger(3, 2, 2, password=PASSWORD)
-                break
-            except NotEnoughBookiesError as e:  # crashed bookies (a crash point can add one) restart soon
-                self.count_error(e)
-                await asyncio.sleep(1.0)
-        else:
-            self.fail(f"writer {node} could not create a ledger in 20 attempts")
-        rec = LedgerRecord(handle.ledger_id)
-        self.ledgers[rec.ledger_id] = rec
-        tail = self.world.spawn("reader", self.tail_reader(reader, rec))
-        self.note(f"writer {node} created ledger {rec.ledger_id}")
-        alive = True
-        for _ in range(self.rng.randint(3, 8)):
-            self.stats.steps += 1
-            action = self.rng.choices(ACTIONS, weights=ACTION_WEIGHTS)[0]
-            self.note(f"{node} ledger {rec.ledger_id}: {action}")
-            if action == "append":
-                alive = await self.append_burst(handle, rec, self.rng.randint(1, 40))
-            elif action == "crash_bookie":
-                up = [n for n in self.bookies if n not in self.down]
-                if len(up) > 3:  # keep enough bookies for E=3 writes
-                    victim = self.rng.choice(up)
-                    self.crash_bookie(victim)
-                    self._restarts.append(self.world.spawn("nemesis", self._restart_later(victim)))
-                alive = await self.append_burst(handle, rec, self.rng.randint(1, 20))
-            elif action == "power_loss":
-                alive = await self.power_loss(handle, rec)
-            elif action == "crash_point":
-                self.arm_crash_point()
-                alive = await self.append_burst(handle, rec, self.rng.randint(1, 40))
-            elif action == "partition":
-                victim = self.rng.choice(list(self.bookies))
-                self.world.partition(node, victim)
-                self.stats.partitions += 1
-                alive = await self.append_burst(handle, rec, self.rng.randint(1, 20))
-                self.world.heal()
-            elif action == "pause":
-                victim = self.rng.choice(list(self.bookies))
-                self.world.pause(victim)
-                self.stats.pauses += 1
-                burst = asyncio.ensure_future(self.append_burst(handle, rec, self.rng.randint(1, 20)))
-                await asyncio.sleep(self.rng.uniform(0.1, 2.0))
-                self.world.resume(victim)
-                alive = await burst
-            elif action == "zombie":
-                # Someone recovers the ledger while this writer keeps writing: nothing after the fence may
-                # be acknowledged to it.
-                self.stats.zombie_rounds += 1
-                burst = asyncio.ensure_future(self.append_burst(handle, rec, self.rng.randint(5, 40)))
-                await self.recover(rec)
-                await burst
-                alive = await self.append_burst(handle, rec, 5)
-                if alive:
-                    self.fail(f"ledger {rec.ledger_id}: the fenced writer's appends still succeed")
-                break
-            elif action == "crash_writer":
-                self.stats.writer_crashes += 1
-                self.world.crash(node)
-                break
-            self.check_metadata()
-            if not alive:
-                break
-        if rec.fenced_end is None:
-            if self.world.fabric.connected(node, node) and alive:
-                with contextlib.suppress(QuorumLogError):
-                    await handle.close()
-            if rec.closed_md is None:
-                await self.recover(rec)
-        tail.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await tail
-        with contextlib.suppress(Exception):
-            await client.close()
-        self.check_metadata()
-
-    async def power_loss(self, handle: Any, rec: LedgerRecord) -> bool:
-        """Two bookies of the ledger's current ensemble lose power at the same instant, in the middle of a
-        burst of appends, and come back later: what they acknowledged must have been synced, since each
-        entry's whole write set may be among them."""
-        ensembles = handle.metadata.ensembles
-        ensemble = {str(b) for b in ensembles[max(ensembles)]}
-        up = [n for n in self.bookies if n not in self.down]
-        members = [n for n in up if self.bookie_id(n) in ensemble]
-        if len(up) < 5 or len(members) < 2:
-            return await self.append_burst(handle, rec, self.rng.randint(1, 20))
-        victims = self.rng.sample(sorted(members), 2)
-        burst = asyncio.ensure_future(self.append_burst(handle, rec, self.rng.randint(5, 40)))
-        await asyncio.sleep(self.rng.uniform(0.0, 0.002))
-        for victim in victims:
-            self.crash_bookie(victim)
-            self._restarts.append(self.world.spawn("nemesis", self._restart_later(victim)))
-        self.stats.power_losses += 1
-        self.note(f"power loss on {victims}")
-        return await burst
-
     async def recover(self, rec: LedgerRecord) -> None:
-        self._writer_count += 1
-        node = f"recoverer{self._writer_count}"
+        """Recover `rec`'s ledger from a fresh client (fences its writer); its end becomes `fenced_end`."""
+        node = self.new_node("recoverer")
         client = await self.new_client(node)
         try:
             for _attempt in range(20):
@@ -395,46 +203,126 @@ class Simulation:
                     await asyncio.sleep(1.0)
             else:
                 self.fail(f"ledger {rec.ledger_id} could not be recovered in 20 attempts")
-            rec.fenced_end = handle.last_add_confirmed
+            if rec.fenced_end is None:
+                rec.fenced_end = handle.last_add_confirmed
             self.stats.recoveries += 1
-            self.note(f"recovered ledger {rec.ledger_id} at {rec.fenced_end}")
+            self.note(f"recovered ledger {rec.ledger_id} at {handle.last_add_confirmed}")
             await handle.close()
         finally:
             await client.close()
 
-    async def _restart_later(self, node: str) -> None:
-        await asyncio.sleep(self.rng.uniform(0.5, 5.0))
-        await self.restart_bookie(node)
-        self.note(f"restarted {node}")
+    # --- what components report ---
+
+    def step(self) -> None:
+        """A workload made a step: run the cheap checks; stop the run once it has made its steps."""
+        self.stats.steps += 1
+        self.check_all()
+        if self.stats.steps >= self.steps:
+            self.stop.set()
+
+    def check_all(self) -> None:
+        for component in self.components:
+            component.check(self)
+
+    def count_fault(self, kind: str, n: int = 1) -> None:
+        self.stats.faults[kind] = self.stats.faults.get(kind, 0) + n
+
+    def count_error(self, exc: BaseException) -> None:
+        name = type(exc).__name__
+        self.stats.errors_seen[name] = self.stats.errors_seen.get(name, 0) + 1
+
+    def note(self, text: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._history.append(f"t={loop.time():.3f} {text}")
+
+    def fail(self, message: str) -> None:
+        tail = "\n  ".join(self._history[-15:])
+        raise CheckFailed(
+            f"{message}\nmix: {self.mix.describe()}\nlast steps:\n  {tail}\n"
+            f"reproduce with: python -m quorumlog.sim --seed {self.seed} --steps {self.steps}"
+        )
+
+    # --- the run ---
 
     async def run(self) -> Stats:
         self.world.on_crash.append(self.crashed_at_point)
-        admin = self.meta.session("admin")
-        await init_cluster(admin)
+        await init_cluster(self.meta.session("admin"))
         for i in range(BOOKIES):
             await self.start_bookie(f"bookie{i}")
         for node, point in self.armed_at_start:  # (tests) once the bookies run: a start never crashes
             self.world.arm(node, point)
-            self.stats.crash_points_armed += 1
-        reader = await self.new_client("reader")
-        writers = 0
-        while self.stats.steps < self.steps:
-            writers += 1
-            await self.writer_session(f"writer{writers}", reader)
-        # Let every bookie come back, then read everything back through a fresh client.
+        self.note(f"mix {self.mix.describe()}")
+        from quorumlog.sim.nemeses import Nemesis
+
+        nemeses = [c for c in self.components if isinstance(c, Nemesis)]
+        others = [c for c in self.components if not isinstance(c, Nemesis)]
+        nemesis_tasks = [self.world.spawn("swarm", n.run(self, self.stop)) for n in nemeses]
+        work_tasks = [self.world.spawn("swarm", c.run(self, self.stop)) for c in others]
+        stopped = self.world.spawn("swarm", self.stop.wait())
+        await self._wait(nemesis_tasks + work_tasks + [stopped], until=stopped)
+        # Phase 2: the nemeses finish their current fault and heal it; then everything comes back.
+        await self._wait(nemesis_tasks, until=None)
+        await self.heal_everything()
+        # Phase 3 (liveness): with every fault healed, what the workloads have in flight finishes promptly.
+        healed_at = asyncio.get_running_loop().time()
+        pending = [t for t in work_tasks if not t.done()]
+        if pending:
+            done = await self._wait(pending, until=None, timeout_s=LIVENESS_S)
+            if not done:
+                names = [c.name for c, t in zip(others, work_tasks, strict=True) if not t.done()]
+                self.fail(
+                    f"liveness: workloads {names} still running {LIVENESS_S:.0f} s (virtual) after every fault "
+                    f"healed at t={healed_at:.3f}"
+                )
+        for t in work_tasks:
+            t.result()
+        # Phase 4: the full read-back.
+        checker = await self.new_client("checker")
+        for component in self.components:
+            await component.check_final(self, checker)
+        self.check_all()
+        await checker.close()
+        for component in self.components:
+            for name, value in component.counters().items():
+                self.stats.counters[name] = self.stats.counters.get(name, 0) + value
+        return self.stats
+
+    async def _wait(
+        self,
+        tasks: list[asyncio.Task[Any]],
+        *,
+        until: asyncio.Task[Any] | None,
+        timeout_s: float | None = None,
+    ) -> bool:
+        """Wait for every task (or for `until`), re-raising the first failure at once (a CheckFailed in any
+        component ends the run). False if `timeout_s` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        waiting = set(tasks)
+        while waiting:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            done, waiting = await asyncio.wait(waiting, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if not t.cancelled() and t.exception() is not None:
+                    for other in tasks:
+                        other.cancel()
+                    raise t.exception()  # type: ignore[misc]
+            if until is not None and until in done:
+                return True
+        return True
+
+    async def heal_everything(self) -> None:
+        """Every fault undone: crash points disarmed, bookies restarted, network healed, disks well."""
         self.world.crash_points.clear()
+        self.world.heal_all()
         await asyncio.gather(*self._restarts)
         for node in sorted(self.down):
             await self.restart_bookie(node)
-        checker = await self.new_client("checker")
-        for rec in self.ledgers.values():
-            await self.check_ledger(checker, rec)
-        self.check_metadata()
-        await checker.close()
-        await reader.close()
-        return self.stats
+        self.note("every fault healed")
 
 
-def simulate(seed: int, steps: int) -> Stats:
+def simulate(seed: int, steps: int, *, mix: Mix | None = None) -> Stats:
     """Run one simulation; raises CheckFailed (with the reproducing command) if a promise was broken."""
-    return run_simulation(Simulation(seed, steps).run())
+    return run_simulation(Simulation(seed, steps, mix=mix).run())

@@ -131,8 +131,15 @@ class World:
     def partition(self, a: str, b: str) -> None:
         self.fabric.partition(a, b)
 
-    def heal(self) -> None:
+    def heal(self, a: str | None = None, b: str | None = None) -> None:
+        """Heal the partition between `a` and `b`, or every partition."""
+        self.fabric.heal(a, b)
+
+    def heal_all(self) -> None:
+        """Undo every network fault still in place: partitions healed, paused nodes resumed."""
         self.fabric.heal()
+        for node in sorted(self.fabric._paused):
+            self.fabric.resume(node)
 
     def pause(self, node: str) -> None:
         self.fabric.pause(node)
