@@ -41,10 +41,10 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 from __future__ import annotations
 
 from collections.abc import Collection, Container, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from quorumlog.client.distribution import AckSet, Quorum, ensemble_for, last_ensemble
+from quorumlog.client.distribution import Quorum, ensemble_for, last_ensemble
 from quorumlog.errors import (
     AddQuorumTimeoutError,
     BadRequestError,
@@ -58,6 +58,7 @@ from quorumlog.errors import (
     TooManyRequestsError,
     UnauthorizedError,
 )
+from quorumlog.proto._fastinit import fast_init
 
 EnsembleChangeMode = Literal["immediate", "delayed", "disabled"]
 
@@ -77,6 +78,7 @@ _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
 # --- actions and events --------------------------------------------------------------------------------------
 
 
+@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
 @dataclass(frozen=True, slots=True)
 class SendAdd:
     """Send ADD of `entry_id` to `bookie_id` (ensemble index `index`). The driver keeps the entry bytes."""
@@ -99,6 +101,7 @@ class EnsembleChangeNeeded:
     failed: Mapping[int, str]
 
 
+@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
 @dataclass(frozen=True, slots=True)
 class AddCompleted:
     """`entry_id` is acknowledged; it is the new LAC unless the ledger is deferred-sync (then only a force
@@ -110,6 +113,7 @@ class AddCompleted:
     appended_s: float = 0.0
 
 
+@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
 @dataclass(frozen=True, slots=True)
 class AddFailed:
     entry_id: int
@@ -119,6 +123,7 @@ class AddFailed:
 AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed
 
 
+@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
 @dataclass(frozen=True, slots=True)
 class Appended:
     """What `append` fixed at call time: the entry header fields, and where to send the entry."""
@@ -129,14 +134,20 @@ class Appended:
     actions: list[SendAdd]
 
 
-@dataclass(slots=True)
 class _Pending:
-    acks: AckSet
-    length: int
-    recovery: bool
-    first_sent_s: float
-    # index -> when the request now outstanding at that index was sent (absent once acked or failed).
-    sent_s: dict[int, float] = field(default_factory=dict)
+    """One pending add. A plain slotted class, not a dataclass or an `AckSet` (distribution.py): one object
+    and two containers per add, on the hot path."""
+
+    __slots__ = ("acked", "first_sent_s", "length", "recovery", "sent_s")
+
+    def __init__(self, length: int, recovery: bool, first_sent_s: float) -> None:
+        # Ensemble indices (of the entry's write set) that acknowledged it.
+        self.acked: set[int] = set()
+        self.length = length
+        self.recovery = recovery
+        self.first_sent_s = first_sent_s
+        # index -> when the request now outstanding at that index was sent (absent once acked or failed).
+        self.sent_s: dict[int, float] = {}
 
 
 class AddTracker:
@@ -194,6 +205,7 @@ class AddTracker:
         # (the same tuple `quorum.write_set` builds), and the last ensemble -- where every new entry goes --
         # is kept with its first entry id, valid while `self.ensembles` is the dict it was taken from.
         self._ack_quorum = quorum.ack_quorum
+        self._ensemble_size = quorum.ensemble_size
         self._write_sets = tuple(quorum.write_set(s) for s in range(quorum.ensemble_size))
         self._last_for: dict[int, list[str]] | None = None
         self._last_start = 0
@@ -289,17 +301,20 @@ class AddTracker:
         self.last_add_pushed = entry_id
         self.length_pushed = length
         lac = self.last_add_confirmed
-        self.lac_sent_to_bookies = max(self.lac_sent_to_bookies, lac)
-        pending = _Pending(AckSet(self.quorum, entry_id), length, recovery, now_s)
+        if lac > self.lac_sent_to_bookies:
+            self.lac_sent_to_bookies = lac
+        pending = _Pending(length, recovery, now_s)
         self._pending[entry_id] = pending
         ensemble = self._ensemble_of(entry_id)
         actions: list[SendAdd] = []
-        for index in self._write_sets[entry_id % self.quorum.ensemble_size]:
+        sent_s = pending.sent_s
+        failed = self._failed_bookies
+        for index in self._write_sets[entry_id % self._ensemble_size]:
             bookie = ensemble[index]
             # A bookie awaiting replacement gets nothing new: the replacement receives it on commit.
-            if bookie in self._failed_bookies:
+            if failed and bookie in failed:
                 continue
-            pending.sent_s[index] = now_s
+            sent_s[index] = now_s
             actions.append(SendAdd(entry_id, index, bookie, recovery))
         return Appended(entry_id, lac, length, actions)
 
@@ -353,18 +368,28 @@ class AddTracker:
 
     # --- responses --------------------------------------------------------------------------------------
 
-    def on_ack(self, entry_id: int, bookie_id: str, now_s: float) -> list[AddAction]:
-        """A bookie acknowledged an add. Returns completions (in entry-id order), if any."""
+    def on_ack(self, entry_id: int, bookie_id: str, now_s: float = 0.0) -> list[AddAction]:
+        """A bookie acknowledged an add. Returns completions (in entry-id order), if any. (`now_s` is not
+        needed: an ack starts no timer; the driver may leave it out and save reading the clock per ack.)"""
         pending = self._pending.get(entry_id)
         if pending is None:
             return []  # already completed or failed: a late or duplicate answer
-        index = self._index_in_write_set(entry_id, bookie_id)
-        if index is None or bookie_id in self._failed_bookies:
+        # `_index_in_write_set`, inlined (twice per entry at W = 2).
+        if self._last_for is self.ensembles and entry_id >= self._last_start:
+            ensemble = self._last_list
+        else:
+            ensemble = self._ensemble_of(entry_id)
+        try:
+            index = ensemble.index(bookie_id)
+        except ValueError:
+            return []
+        failed = self._failed_bookies
+        if index not in self._write_sets[entry_id % self._ensemble_size] or (failed and bookie_id in failed):
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
             return []
         pending.sent_s.pop(index, None)
-        acked = pending.acks.acked
-        acked.add(index)  # `AckSet.ack` without its write-set check, done just above
+        acked = pending.acked
+        acked.add(index)
         if len(acked) < self._ack_quorum:
             # Most acks: this entry is not complete yet, so no entry can complete now (completion is in
             # order, and every other entry's acks are unchanged since the last drain).
@@ -416,8 +441,8 @@ class AddTracker:
         """A bookie's connection dropped: every add outstanding there fails (one decision, not one per entry)."""
         if bookie_id not in self.current_ensemble or self._error is not None:
             return []
-        for pending in self._pending.values():
-            index = self._index_in_write_set(pending.acks.entry_id, bookie_id)
+        for entry_id, pending in self._pending.items():
+            index = self._index_in_write_set(entry_id, bookie_id)
             if index is not None:
                 pending.sent_s.pop(index, None)
         return self._bookie_failed(bookie_id)
@@ -448,7 +473,7 @@ class AddTracker:
                 continue  # cannot happen while changing (LAC is frozen), kept for clarity
             for index in self.quorum.write_set(entry_id):
                 if index in replaced:
-                    pending.acks.unset(index)
+                    pending.acked.discard(index)
                     pending.sent_s[index] = now_s
                     actions.append(SendAdd(entry_id, index, new_ensemble[index], pending.recovery))
         actions.extend(self._drain_completions())
@@ -471,10 +496,13 @@ class AddTracker:
             return []
         if self.add_quorum_timeout_s > 0:
             for entry_id, pending in self._pending.items():
-                if not pending.acks.complete and now_s - pending.first_sent_s >= self.add_quorum_timeout_s:
+                if (
+                    len(pending.acked) < self._ack_quorum
+                    and now_s - pending.first_sent_s >= self.add_quorum_timeout_s
+                ):
                     return self._fail_all(
                         AddQuorumTimeoutError(
-                            f"entry {entry_id} had {len(pending.acks.acked)} of {self.quorum.ack_quorum} acks "
+                            f"entry {entry_id} had {len(pending.acked)} of {self.quorum.ack_quorum} acks "
                             f"after add_quorum_timeout_s={self.add_quorum_timeout_s}"
                         )
                     )
@@ -495,7 +523,7 @@ class AddTracker:
         """The earliest time at which `check_timeouts` may have something to do (None: nothing scheduled)."""
         deadlines: list[float] = []
         for pending in self._pending.values():
-            if self.add_quorum_timeout_s > 0 and not pending.acks.complete:
+            if self.add_quorum_timeout_s > 0 and len(pending.acked) < self._ack_quorum:
                 deadlines.append(pending.first_sent_s + self.add_quorum_timeout_s)
             if self.add_timeout_s > 0 and pending.sent_s:
                 deadlines.append(min(pending.sent_s.values()) + self.add_timeout_s)
@@ -543,7 +571,7 @@ class AddTracker:
         while self._pending:
             entry_id = next(iter(self._pending))
             pending = self._pending[entry_id]
-            if not pending.acks.complete:
+            if len(pending.acked) < self._ack_quorum:
                 break
             del self._pending[entry_id]
             self.last_add_completed = entry_id
@@ -578,12 +606,12 @@ class AddTracker:
         failed = set(self._failed_indices())
         last_start = max(self.ensembles)
         for entry_id, pending in self._pending.items():
-            if entry_id < last_start or pending.acks.complete:
+            if entry_id < last_start or len(pending.acked) >= self._ack_quorum:
                 continue
             alive = sum(
                 1
                 for i in self.quorum.write_set(entry_id)
-                if i not in failed or i in pending.acks.acked  # an ack already received still counts
+                if i not in failed or i in pending.acked  # an ack already received still counts
             )
             if alive < self.quorum.ack_quorum:
                 return entry_id

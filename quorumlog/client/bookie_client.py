@@ -87,6 +87,7 @@ from quorumlog.proto.messages import (
     WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3fast import encode_add_request
 from quorumlog.security.auth import AUTH_DISABLED_PLUGIN, AuthenticationError, ClientAuth
 from quorumlog.security.tls import TLSContextSource, describe_handshake_failure
 
@@ -195,9 +196,8 @@ def largest_add_entry_bytes(
 AnswerCallback = Callable[[Any, Response | None, QuorumLogError | None], None]
 
 
-class _Waiter(Protocol):
-    """What a connection resolves when an answer (or its failure) arrives: an asyncio future, or a
-    `_CallbackWaiter` for the per-entry add path."""
+class _Future(Protocol):
+    """The future-shaped side of a waiter (an asyncio future, or a test's stand-in)."""
 
     def done(self) -> bool: ...
 
@@ -206,43 +206,38 @@ class _Waiter(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 
-class _CallbackWaiter:
-    """A future-shaped slot that calls `callback(context, response, None)` or `callback(context, None,
-    error)` at once. (`context` saves the caller a closure or partial per request.)
+# What a connection resolves when an answer (or its failure) arrives: a future, or -- the per-entry add path
+# (`send_with_callback`) -- a `(callback, context)` pair called with `callback(context, response, None)` or
+# `callback(context, None, error)` at once. (`context` saves the caller a closure or partial per request.)
+#
+# Why a pair: an add is answered two or three times per entry. A future costs its creation, an
+# `add_done_callback` and then one event-loop hand-off (`call_soon`) per answer before the ledger handle sees
+# it; calling back synchronously from `data_received` does the same work without the loop, and a tuple is the
+# cheapest object that can carry the callback (a small class with `__init__` cost 0.3 us more per request:
+# docs/PERFORMANCE.md, "CPU per entry (session 6)"). A pair is settled once it has left the connection's
+# maps: every path that resolves one takes it out first, so none is ever called twice. The callback must not
+# block; an exception from it is reported to the loop's handler, never lost and never allowed to abort the
+# delivery of the other answers in the same read.
+_Waiter = _Future | tuple[AnswerCallback, Any]
 
-    Why: an add is answered twice or three times per entry. A future costs its creation, an
-    `add_done_callback` and then one event-loop hand-off (`call_soon`) per answer before the ledger handle
-    sees it; calling back synchronously from `data_received` does the same work without the loop. The
-    callback must not block; an exception from it is reported to the loop's handler, never lost and never
-    allowed to abort the delivery of the other answers in the same read."""
 
-    __slots__ = ("_callback", "_context", "_done")
+def _call_back(
+    waiter: tuple[AnswerCallback, Any], response: Response | None, error: QuorumLogError | None
+) -> None:
+    callback, context = waiter
+    try:
+        callback(context, response, error)
+    except Exception as e:
+        _report_callback_error(e)
 
-    def __init__(self, callback: AnswerCallback, context: Any) -> None:
-        self._callback = callback
-        self._context = context
-        self._done = False
 
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, result: Response, /) -> None:
-        self._done = True
-        try:  # `_call` inlined: this runs for every ack
-            self._callback(self._context, result, None)
-        except Exception as e:
-            _report_callback_error(e)
-
-    def set_exception(self, exception: BaseException, /) -> None:
-        self._done = True
+def _fail_waiter(waiter: _Waiter, exception: BaseException) -> None:
+    """Fail a waiter that was just taken out of the connection's maps (a future the caller gave up on is left)."""
+    if type(waiter) is tuple:
         error = exception if isinstance(exception, QuorumLogError) else BookieUnavailableError(str(exception))
-        self._call(None, error)
-
-    def _call(self, response: Response | None, error: QuorumLogError | None) -> None:
-        try:
-            self._callback(self._context, response, error)
-        except Exception as e:
-            _report_callback_error(e)
+        _call_back(waiter, None, error)
+    elif not waiter.done():  # type: ignore[union-attr]
+        waiter.set_exception(exception)  # type: ignore[union-attr]
 
 
 def _report_callback_error(e: Exception) -> None:
@@ -253,6 +248,8 @@ def _report_callback_error(e: Exception) -> None:
 
 
 _EOK = StatusCode.EOK
+_V3 = ProtocolVersion.V3
+_OP_ADD = OpCode.ADD_ENTRY
 _EBADREQ = StatusCode.EBADREQ
 
 
@@ -364,15 +361,15 @@ class _Connection(asyncio.Protocol):
                 del self.pending[key]
         if waiter is not None:
             self.pending_count -= 1
-            if not waiter.done():
-                waiter.set_exception(
-                    BadRequestError(
-                        f"bookie {self.owner.bookie_id} closed the connection twice while the "
-                        f"{frame_bytes}-byte ADD of ledger {ident[0]} entry {ident[1]} was in flight, and has "
-                        f"answered nothing larger than {self.owner.largest_frame_answered_bytes} bytes: it "
-                        "refuses this request (is its max_frame_bytes smaller than the client's?)"
-                    )
-                )
+            _fail_waiter(
+                waiter,
+                BadRequestError(
+                    f"bookie {self.owner.bookie_id} closed the connection twice while the "
+                    f"{frame_bytes}-byte ADD of ledger {ident[0]} entry {ident[1]} was in flight, and has "
+                    f"answered nothing larger than {self.owner.largest_frame_answered_bytes} bytes: it "
+                    "refuses this request (is its max_frame_bytes smaller than the client's?)"
+                ),
+            )
         self.fail(ConnectionDroppedError(f"{what} (blamed on a refused request)", retry_same_bookie=True))
 
     # --- sending ----------------------------------------------------------------------------------------
@@ -383,7 +380,7 @@ class _Connection(asyncio.Protocol):
         return fut
 
     def send_to(self, request: Request, timeout_s: float, fut: _Waiter) -> None:
-        """Queue `request`; its answer resolves `fut` (a future or a `_CallbackWaiter`)."""
+        """Queue `request`; its answer resolves `fut` (a future or a `(callback, context)` pair: `_Waiter`)."""
         if self.pending_count >= self.owner.outstanding_requests_max:
             raise TooManyRequestsError(
                 f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
@@ -397,14 +394,27 @@ class _Connection(asyncio.Protocol):
             # W bookies of its write set is one frame, encoded once (see `_FrameCache`).
             txn = request.txn_id
             if txn <= self._max_txn_id:
-                txn = max(next(_TXN_IDS), self._max_txn_id + 1)
-                _set_txn_id(request, txn)
+                txn = next(_TXN_IDS)
+                if txn <= self._max_txn_id:
+                    txn = self._max_txn_id + 1
+                if type(request) is AddRequest:
+                    _SET_ADD_TXN_ID(request, txn)
+                else:
+                    _set_txn_id(request, txn)
             self._max_txn_id = txn
             key: Hashable = txn  # what `codec.key` gives for v3, without the call
             self.single[txn] = fut
         else:
-            key = self.codec.key(request)
-            self.pending.setdefault(key, deque()).append(fut)
+            # What `codec.key` (v2.match_key) gives, without its isinstance chain for the common case.
+            key = (
+                (_OP_ADD, request.ledger_id, request.entry_id)
+                if type(request) is AddRequest
+                else self.codec.key(request)
+            )
+            if (waiting := self.pending.get(key)) is None:
+                self.pending[key] = deque((fut,))
+            else:
+                waiting.append(fut)
         frame = _FRAMES.get(request, self.version, self.codec)
         if len(frame) > self.owner.largest_frame_answered_bytes and type(request) is AddRequest:
             self._unproven[key] = (len(frame), (request.ledger_id, request.entry_id))
@@ -456,17 +466,21 @@ class _Connection(asyncio.Protocol):
                 self._answered(unproven)
         if status == _EBADREQ:
             self._refused = True
-        if fut.done():
-            return
         if status != _EOK:
             if status == StatusCode.EUA and self.tls_refusal:
-                fut.set_exception(UnauthorizedError(self.tls_refusal))
+                _fail_waiter(fut, UnauthorizedError(self.tls_refusal))
                 return
-            fut.set_exception(
-                error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
+            _fail_waiter(
+                fut, error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
-        else:
-            fut.set_result(response)
+        elif type(fut) is tuple:
+            callback, context = fut
+            try:  # `_call_back` inlined: this runs for every ack
+                callback(context, response, None)
+            except Exception as e:
+                _report_callback_error(e)
+        elif not fut.done():  # type: ignore[union-attr]
+            fut.set_result(response)  # type: ignore[union-attr]
 
     def _tls_refused(self, status: int) -> None:
         self.tls_refusal = (
@@ -490,13 +504,21 @@ class _Connection(asyncio.Protocol):
         while self._expiry and self._expiry[0][0] <= now:
             _, key, fut = self._expiry.popleft()
             self._expire_one(key, fut)
-        while self._expiry and self._expiry[0][2].done():
+        while self._expiry and self._settled(self._expiry[0][1], self._expiry[0][2]):
             self._expiry.popleft()
         if self._expiry:
             self._expiry_timer = self.loop.call_at(self._expiry[0][0], self._expire)
 
+    def _settled(self, key: Hashable, fut: _Waiter) -> bool:
+        """Whether `fut` was answered, failed or (a future) given up on by its caller."""
+        if type(fut) is not tuple:
+            return fut.done()  # type: ignore[union-attr]
+        if self._unique_keys:
+            return self.single.get(key) is not fut
+        return not any(f is fut for f in self.pending.get(key, ()))
+
     def _expire_one(self, key: Hashable, fut: _Waiter) -> None:
-        if fut.done():
+        if self._settled(key, fut):
             return
         if self._unproven:
             self._unproven.pop(key, None)
@@ -505,14 +527,14 @@ class _Connection(asyncio.Protocol):
                 del self.single[key]
                 self.pending_count -= 1
         elif (futs := self.pending.get(key)) is not None:
-            try:
-                futs.remove(fut)
-                self.pending_count -= 1
-            except ValueError:
-                pass
+            for i, f in enumerate(futs):
+                if f is fut:  # by identity: two (callback, context) pairs may be equal
+                    del futs[i]
+                    self.pending_count -= 1
+                    break
             if not futs:
                 del self.pending[key]
-        fut.set_exception(OperationTimeoutError(f"bookie {self.owner.bookie_id} did not answer in time"))
+        _fail_waiter(fut, OperationTimeoutError(f"bookie {self.owner.bookie_id} did not answer in time"))
 
     def fail(self, error: QuorumLogError) -> None:
         """Close the connection and fail everything outstanding on it."""
@@ -529,8 +551,7 @@ class _Connection(asyncio.Protocol):
         pending, self.pending, self.pending_count = self.pending, {}, 0
         single, self.single = self.single, {}
         for fut in [*single.values(), *(f for futs in pending.values() for f in futs)]:
-            if not fut.done():
-                fut.set_exception(error)
+            _fail_waiter(fut, error)
         if self.transport is not None:
             self.transport.close()
         self.owner._connection_failed(self)
@@ -644,7 +665,7 @@ class BookieClient:
     ) -> None:
         """As `send`, but the answer is handed to `callback(context, response, None)` or `callback(context,
         None, error)` directly from the connection's read, without a future (the per-entry add path; see
-        `_CallbackWaiter`). Raises as `send` does for a closed client or a full connection."""
+        `_Waiter`). Raises as `send` does for a closed client or a full connection."""
         conn = self._conns.get(self.version)
         if (
             conn is not None
@@ -652,9 +673,7 @@ class BookieClient:
             and (self.version is ProtocolVersion.V3 or v2_can_carry(request))
         ):
             conn.send_to(
-                request,
-                self.request_timeout_s if timeout_s is None else timeout_s,
-                _CallbackWaiter(callback, context),
+                request, self.request_timeout_s if timeout_s is None else timeout_s, (callback, context)
             )
             return
         # Not connected yet (or in a backoff): the general path, adapted.
@@ -806,6 +825,7 @@ class BookieClient:
 
 
 _TXN_SETTERS: dict[type, Callable[[object, int], None]] = {}
+_SET_ADD_TXN_ID: Callable[[object, int], None] = AddRequest.__dict__["txn_id"].__set__
 # v3 txn ids (int64 on the wire): a process-wide counter; 2**62 of them would take a century to use up.
 _TXN_IDS = itertools.count(1)
 
@@ -830,7 +850,11 @@ class _FrameCache:
             return codec.send(request)
         if request is self.request and request.txn_id == self.txn_id and version is self.version:
             return self.encoded
-        frame = codec.send(request)
+        # An ADD in v3 straight to its encoder (what codec.send does for it, without two calls).
+        if type(request) is AddRequest and version is _V3:
+            frame = encode_add_request(request)
+        else:
+            frame = codec.send(request)
         self.request, self.txn_id, self.version, self.encoded = request, request.txn_id, version, frame
         return frame
 

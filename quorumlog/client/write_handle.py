@@ -257,7 +257,7 @@ class WriteHandle(LedgerHandle):
             raise error
 
     def _push(self, payload: bytes | bytearray | memoryview) -> asyncio.Future[int]:
-        now = self._now()
+        now = self._monotonic_s()
         appended = self._tracker.append(len(payload), now)
         eid = appended.entry_id
         body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
@@ -297,6 +297,7 @@ class WriteHandle(LedgerHandle):
         req: AddRequest | None = None
         if now is None:
             now = self._now()
+        bookies = self._client._bookies
         for action in actions:
             body = self._bodies.get(action.entry_id)
             if body is None:
@@ -321,9 +322,10 @@ class WriteHandle(LedgerHandle):
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._CallbackWaiter): this runs for every replica of every entry.
                 # The action is the callback's context: no closure per request.
-                self._client.bookie(action.bookie_id).send_with_callback(
-                    req, self._add_answered, action, timeout_s=0
-                )
+                bookie = bookies.get(action.bookie_id)
+                if bookie is None:
+                    bookie = self._client.bookie(action.bookie_id)
+                bookie.send_with_callback(req, self._add_answered, action, timeout_s=0)
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
@@ -337,7 +339,7 @@ class WriteHandle(LedgerHandle):
         if unanswered is not None:
             unanswered.pop(entry_id, None)
         if exc is None:
-            actions = self._tracker.on_ack(entry_id, bookie_id, self._now())
+            actions = self._tracker.on_ack(entry_id, bookie_id)  # (an ack's decision needs no time)
         else:
             error = exc
             if (
@@ -393,6 +395,7 @@ class WriteHandle(LedgerHandle):
     def _apply(self, actions: Sequence[AddAction]) -> None:
         sends: list[SendAdd] = []
         completed = 0
+        last_completed = -1
         resends = self._resends
         for action in actions:
             if resends and isinstance(action, AddCompleted | AddFailed):
@@ -404,8 +407,7 @@ class WriteHandle(LedgerHandle):
                         self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
                     self._bodies.pop(action.entry_id, None)
                     fut = self._futures.pop(action.entry_id, None)
-                    if not self.deferred_sync:  # deferred sync: the LAC moves in force()
-                        self._lac.observe(action.entry_id)
+                    last_completed = action.entry_id  # completions come in entry-id order
                     if fut is not None and not fut.done():
                         fut.set_result(action.entry_id)
                 case SendAdd():
@@ -422,7 +424,8 @@ class WriteHandle(LedgerHandle):
                     assert_never(action)
         if completed:
             self._stats.adds_ok += completed
-            if not self.deferred_sync:
+            if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+                self._lac.observe(last_completed)
                 self._lac_moved()
         if sends:
             self._send_adds(sends)

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from quorumlog.client import bookie_client
 from quorumlog.client.bookie_client import BookieClient, static_resolver
 from quorumlog.env import OsEnv
 from quorumlog.proto.codec import ClientConnection
-from quorumlog.proto.messages import AddResponse, ProtocolVersion, Request
+from quorumlog.proto.messages import AddRequest, AddResponse, ProtocolVersion, Request
 
 from .test_bookie_client import FakeBookie, add
 
@@ -49,6 +50,14 @@ async def test_one_request_to_a_write_set_is_encoded_once_and_still_matched(
         return real_send(self, request)
 
     monkeypatch.setattr(ClientConnection, "send", counting_send)
+    real_encode_add = bookie_client.encode_add_request
+
+    def counting_encode_add(request: AddRequest) -> bytes:  # the v3 ADD path skips ClientConnection.send
+        nonlocal encodes
+        encodes += 1
+        return real_encode_add(request)
+
+    monkeypatch.setattr(bookie_client, "encode_add_request", counting_encode_add)
     futures = []
     for entry_id in range(1, 21):
         req = add(entry_id)
