@@ -39,14 +39,16 @@ _RECOVERY_FLAG = b"\xa0\x06\x01"  # AddRequest.flag (100) = RECOVERY_ADD
 
 
 def _varint(n: int) -> bytes:
-    # Unrolled for the sizes that dominate (ids, lengths and txn ids below 2**21): a loop over a bytearray
-    # costs about three times as much.
+    # Unrolled for the sizes that dominate (ids, lengths and txn ids below 2**28; a writer's txn ids pass
+    # 2**21 after two million requests): a loop over a bytearray costs about three times as much.
     if 0 <= n < 0x80:
         return _SMALL[n]
     if 0 < n < 0x4000:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
     if 0 < n < 0x200000:
         return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+    if 0 < n < 0x10000000:
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, n >> 21))
     if n < 0:
         if n < -_I64_SIGN:
             raise InvalidArgumentError(f"{n} does not fit in a 64-bit protobuf field")
@@ -79,7 +81,8 @@ def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
 # --- AddRequest ---------------------------------------------------------------------------------------------
 
 
-# (ledger id, master key, encoded ledger id field, encoded master key field) of the last AddRequest encoded:
+# (ledger id, master key, encoded ledger id field + entry id tag, encoded master key field + body tag) of the
+# last AddRequest encoded:
 # the same for every entry of a ledger, so a writer's stream of adds encodes them once. One tuple, replaced
 # whole, so threads encoding at once (clients on several loops) never see a torn pair.
 _add_req_ledger: tuple[int, bytes, bytes, bytes] = (-1, b"", b"", b"")
@@ -90,28 +93,41 @@ def encode_add_request(req: AddRequest) -> bytes:
     # Range checks that `_varint` alone would miss (it encodes any value in [-2**63, 2**64)), so that out-of-
     # range input fails here exactly where protobuf would fail.
     lid_v = req.ledger_id
-    if req.txn_id < 0 or lid_v >= _I64_SIGN or req.entry_id >= _I64_SIGN:
+    txn_id = req.txn_id
+    entry_id = req.entry_id
+    if txn_id < 0 or lid_v >= _I64_SIGN or entry_id >= _I64_SIGN:
         raise _out_of_range(f"txn_id/ledger_id/entry_id of {req!r:.80}")
-    if req.priority and not 0 <= req.priority < _U32:
-        raise _out_of_range(f"priority {req.priority}")
-    if req.write_flags and not -_I32_SIGN <= req.write_flags < _I32_SIGN:
-        raise _out_of_range(f"write_flags {req.write_flags}")
+    priority = req.priority
+    if priority and not 0 <= priority < _U32:
+        raise _out_of_range(f"priority {priority}")
+    write_flags = req.write_flags
+    if write_flags and not -_I32_SIGN <= write_flags < _I32_SIGN:
+        raise _out_of_range(f"write_flags {write_flags}")
     global _add_req_ledger
     key = req.master_key
     cached = _add_req_ledger
     if lid_v != cached[0] or key is not cached[1] or type(key) is not bytes:  # (a bytearray may change)
-        cached = (lid_v, key, b"\x08" + _varint(lid_v), b"".join((b"\x1a", _varint(len(key)), key)))
+        # The fields around the entry id and the body's tag, joined with their neighbours' tags once.
+        cached = (
+            lid_v,
+            key,
+            b"\x08" + _varint(lid_v) + b"\x10",
+            b"".join((b"\x1a", _varint(len(key)), key, b"\x22")),
+        )
         _add_req_ledger = cached
-    txn = _varint(req.txn_id)
-    prio = b"\x20" + _varint(req.priority) if req.priority else b""
-    eid = _varint(req.entry_id)
+    txn = _varint(txn_id)
+    eid = _varint(entry_id)
     body = req.body
     blen = _varint(len(body))
-    tail = b"\x28" + _varint(req.write_flags) if req.write_flags else b""
-    if req.recovery:
-        tail += _RECOVERY_FLAG
+    if priority or write_flags or req.recovery:
+        prio = b"\x20" + _varint(priority) if priority else b""
+        tail = b"\x28" + _varint(write_flags) if write_flags else b""
+        if req.recovery:
+            tail += _RECOVERY_FLAG
+    else:
+        prio = tail = b""
     lid_field, key_field = cached[2], cached[3]
-    part_len = len(lid_field) + 1 + len(eid) + len(key_field) + 1 + len(blen) + len(body) + len(tail)
+    part_len = len(lid_field) + len(eid) + len(key_field) + len(blen) + len(body) + len(tail)
     plen = _varint(part_len)
     hdr_len = 5 + len(txn) + len(prio)
     return b"".join(
@@ -125,10 +141,8 @@ def encode_add_request(req: AddRequest) -> bytes:
             _TAG_ADD_PART,
             plen,
             lid_field,
-            b"\x10",
             eid,
             key_field,
-            b"\x22",
             blen,
             body,
             tail,
