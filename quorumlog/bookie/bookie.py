@@ -96,6 +96,11 @@ class _Poll:
         self.timer: asyncio.TimerHandle | None = None
 
 
+def _retrieve_exception(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class Bookie:
     def __init__(self, config: BookieConfig, env: Env | None = None) -> None:
         self.config = config
@@ -253,6 +258,9 @@ class Bookie:
             return
         if self._checkpoint_task is None or self._checkpoint_task.done():
             self._checkpoint_task = self.env.spawn(self.checkpoint(), name="bookie-checkpoint")
+            # A failed checkpoint has reported itself (_storage_failed); a task replaced or dropped with its
+            # exception unread would log it again as "Task exception was never retrieved".
+            self._checkpoint_task.add_done_callback(_retrieve_exception)
 
     async def checkpoint(self) -> None:
         """Flush the write cache to an entry log + index and release the journal before it."""

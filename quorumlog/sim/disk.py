@@ -8,6 +8,11 @@ last sync, the last of them possibly torn -- the way a page cache flushes some b
 
 Capacity is bounded (`capacity_bytes`): a write that would exceed it raises ENOSPC, like a full disk.
 
+Faults a nemesis sets (sim/nemeses.py): `full` makes every write and growth fail with ENOSPC (the space
+behind a sparse preallocated file is not reserved either); `read_error_suffix` makes reads of files with
+that suffix fail with EIO; `flip_bit` corrupts one bit of synced data, in the durable and current image
+alike, as a decaying medium would.
+
 Key-value stores (`open_kv`, the bookie's index) keep their committed transactions in an image on this
 disk (quorumlog/kv.py `MemoryKV`): a commit is durable at once, as LMDB's synced commit is, and a crash
 loses exactly the transactions still open. Locks (`lock_file`) are released by a crash, as the OS releases a
@@ -51,6 +56,8 @@ class SimFile(File):
 
     def pwrite(self, data: bytes | bytearray | memoryview, offset: int) -> int:
         self._check()
+        if self._disk.full:
+            raise OSError(errno.ENOSPC, f"simulated disk full writing {self.path}")
         data = bytes(data)
         cur = self._inode.current
         grow = max(0, offset + len(data) - len(cur))
@@ -64,6 +71,10 @@ class SimFile(File):
 
     def pread(self, size: int, offset: int) -> bytes:
         self._check()
+        suffix = self._disk.read_error_suffix
+        if suffix is not None and self.path.endswith(suffix):
+            self._disk.read_errors += 1
+            raise OSError(errno.EIO, f"simulated read error on {self.path}")
         return bytes(self._inode.current[offset : offset + size])
 
     def fdatasync(self) -> None:
@@ -93,6 +104,8 @@ class SimFile(File):
     def truncate(self, size: int) -> None:
         self._check()
         cur = self._inode.current
+        if self._disk.full and size > len(cur):
+            raise OSError(errno.ENOSPC, f"simulated disk full growing {self.path}")
         if size < len(cur):
             del cur[size:]
         else:
@@ -116,6 +129,9 @@ class SimDisk(Disk):
         self.crashed = False
         self.generation = 0  # bumped by each crash: older handles are dead
         self.sync_count = 0
+        self.full = False  # fault: every write fails with ENOSPC
+        self.read_error_suffix: str | None = None  # fault: reads of such files fail with EIO
+        self.read_errors = 0
         self._kv: dict[str, MemoryKVImage] = {}
         self._locks: set[str] = set()
         self._names: dict[str, _Inode] = {}  # what the directory tree shows now
@@ -200,6 +216,28 @@ class SimDisk(Disk):
         return release
 
     # --- simulation ---
+    def flip_bit(self, rng: random.Random, suffix: str) -> str | None:
+        """Flip one bit of synced data in a file named `*suffix` (durable and current alike); returns where,
+        or None if no such file holds synced data the page cache has not overwritten since."""
+        candidates = []
+        for name, inode in sorted(self._durable_names.items()):
+            if not name.endswith(suffix) or self._names.get(name) is not inode:
+                continue
+            # Bytes at or past the first write since the last sync may still change: keep below them.
+            limit = min([len(inode.durable), len(inode.current)] + [o for o, _ in inode.unsynced if o >= 0])
+            if any(o < 0 for o, _ in inode.unsynced):
+                continue
+            if limit > 0:
+                candidates.append((name, inode, limit))
+        if not candidates:
+            return None
+        name, inode, limit = rng.choice(candidates)
+        at = rng.randrange(limit)
+        bit = 1 << rng.randrange(8)
+        inode.durable[at] ^= bit
+        inode.current[at] ^= bit
+        return f"{name}@{at}"
+
     def used_bytes(self) -> int:
         return sum(len(i.current) for i in self._names.values())
 

@@ -91,6 +91,8 @@ class Simulation:
         self.meta = SimMetaServer(random.Random(self.world.rng.getrandbits(64)))
         mix_rng = random.Random(self.rng.getrandbits(64))
         self.mix = mix if mix is not None else draw_mix(mix_rng)
+        # Read errors and bit flips hit this bookie only: every entry keeps a good replica on another.
+        self.faulty_disk_bookie = f"bookie{mix_rng.randrange(BOOKIES)}"
         self.bookies: dict[str, SimBookieNode] = {}
         self.down: set[str] = set()
         self.ledgers: dict[int, LedgerRecord] = {}
@@ -184,6 +186,7 @@ class Simulation:
         if node not in self.down:
             return  # already restarted (the delayed restart and the final one may both ask)
         self.down.discard(node)
+        self.world.env(node).disk.full = False  # a restart follows the operator freeing space
         for key in [k for k in self.world.crash_points if k[0] == node]:
             del self.world.crash_points[key]  # never crash a bookie while it starts: arming needs it up
         self.world.restart(node)

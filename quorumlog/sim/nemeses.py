@@ -14,7 +14,16 @@ The faults:
 - `partition`: a client node (writer or reader) and a bookie cannot reach each other for a while;
 - `pause`: a bookie stops answering for a while (SIGSTOP), its connections kept;
 - `zombie`: someone recovers a ledger while its writer keeps writing;
-- `writer_crash`: a writer's node dies; its slot recovers the ledger from another client.
+- `writer_crash`: a writer's node dies; its slot recovers the ledger from another client;
+- `bookie_session_expiry`, `writer_session_expiry`: the metadata store expires a bookie's or a writer's
+  session (ephemeral nodes gone, watches told; the owner carries on with a new session and re-registers);
+- `disk_full`: a bookie's disk refuses every write (ENOSPC) for a while; the bookie must stop acknowledging
+  rather than lose anything, and is restarted (an operator freeing space) if its storage failed;
+- `slow_disk`: a bookie's fsyncs and flushes take up to 1.5 s for a while;
+- `read_errors`, `bit_flip`: reads of entry logs fail (EIO) for a while, or one bit of synced entry-log data
+  flips -- on ONE bookie of the seed (`sim.faulty_disk_bookie`), so every entry keeps a good replica; the
+  bookie's checksum or the client's digest must catch it and the client read another replica;
+- `clock_jump`: a node's wall clock jumps by up to an hour either way (monotonic time never jumps).
 """
 
 from __future__ import annotations
@@ -209,8 +218,142 @@ class WriterCrash(Nemesis):
         return True
 
 
+class BookieSessionExpiry(Nemesis):
+    name = "bookie_session_expiry"
+
+    async def inject(self, sim: Simulation) -> bool:
+        up = sim.up_bookies()
+        if not up:
+            return False
+        victim = self.rng.choice(up)
+        sim.count_fault("bookie_session_expiries")
+        sim.note(f"expired the metadata session of {victim}")
+        await sim.bookies[victim].store.expire_session()
+        return True
+
+
+class WriterSessionExpiry(Nemesis):
+    name = "writer_session_expiry"
+
+    async def inject(self, sim: Simulation) -> bool:
+        live = [n for n in sorted(sim.writers) if n in sim.stores and sim.world.fabric.connected(n, n)]
+        if not live:
+            return False
+        victim = self.rng.choice(live)
+        sim.count_fault("writer_session_expiries")
+        sim.note(f"expired the metadata session of {victim}")
+        await sim.stores[victim].expire_session()
+        return True
+
+
+class DiskFull(Nemesis):
+    name = "disk_full"
+
+    def __init__(self, interval_s: float, rng: random.Random) -> None:
+        super().__init__(interval_s, rng)
+        self.restarts = 0
+
+    async def inject(self, sim: Simulation) -> bool:
+        up = sim.up_bookies()
+        if len(up) < MIN_UP_BOOKIES:
+            return False
+        victim = self.rng.choice(up)
+        node = sim.bookies[victim]
+        disk = sim.world.env(victim).disk
+        disk.full = True
+        sim.count_fault("disk_full")
+        sim.note(f"disk of {victim} full")
+        await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+        disk.full = False
+        sim.note(f"disk of {victim} has room again")
+        bookie = node.bookie
+        if sim.bookies.get(victim) is node and bookie is not None:
+            if bookie.failed is not None or bookie.journal.failed is not None:
+                # A failed storage stays failed (a journal that missed a write cannot take more): the operator
+                # frees space and restarts the bookie, which replays what it had synced.
+                sim.crash_bookie(victim)
+                sim.restart_later(victim)
+                self.restarts += 1
+        return True
+
+    def counters(self) -> dict[str, int]:
+        return {"disk_full_restarts": self.restarts}
+
+
+class SlowDisk(Nemesis):
+    name = "slow_disk"
+
+    async def inject(self, sim: Simulation) -> bool:
+        victim = self.rng.choice(sorted(sim.bookies) or ["bookie0"])
+        env = sim.world.env(victim)
+        env.slow_s = self.rng.uniform(0.01, 1.5)
+        sim.count_fault("slow_disks")
+        sim.note(f"disk of {victim} slow: {env.slow_s:.3f} s per operation")
+        await asyncio.sleep(self.rng.uniform(0.5, 4.0))
+        env.slow_s = 0.0
+        return True
+
+
+class ReadErrors(Nemesis):
+    name = "read_errors"
+
+    async def inject(self, sim: Simulation) -> bool:
+        victim = sim.faulty_disk_bookie
+        disk = sim.world.env(victim).disk
+        disk.read_error_suffix = ".log"
+        sim.count_fault("read_error_windows")
+        sim.note(f"entry-log reads on {victim} fail")
+        await asyncio.sleep(self.rng.uniform(0.2, 2.0))
+        disk.read_error_suffix = None
+        return True
+
+
+class BitFlip(Nemesis):
+    name = "bit_flip"
+
+    async def inject(self, sim: Simulation) -> bool:
+        victim = sim.faulty_disk_bookie
+        where = sim.world.env(victim).disk.flip_bit(self.rng, ".log")
+        if where is None:
+            return False
+        sim.count_fault("bit_flips")
+        sim.note(f"flipped a bit of {victim}:{where}")
+        return True
+
+
+class ClockJump(Nemesis):
+    name = "clock_jump"
+
+    async def inject(self, sim: Simulation) -> bool:
+        nodes = sorted(sim.bookies) + sorted(sim.writers)
+        if not nodes:
+            return False
+        victim = self.rng.choice(nodes)
+        jump_ms = self.rng.choice((-1, 1)) * self.rng.randint(1_000, 3_600_000)
+        sim.world.env(victim).clock.wall_offset_ms += jump_ms
+        sim.count_fault("clock_jumps")
+        sim.note(f"wall clock of {victim} jumped {jump_ms} ms")
+        return True
+
+
 NEMESIS_CLASSES: dict[str, type[Nemesis]] = {
-    cls.name: cls for cls in (BookieCrash, PowerLoss, CrashPoint, Partition, Pause, Zombie, WriterCrash)
+    cls.name: cls
+    for cls in (
+        BookieCrash,
+        PowerLoss,
+        CrashPoint,
+        Partition,
+        Pause,
+        Zombie,
+        WriterCrash,
+        BookieSessionExpiry,
+        WriterSessionExpiry,
+        DiskFull,
+        SlowDisk,
+        ReadErrors,
+        BitFlip,
+        ClockJump,
+    )
 }
 
 

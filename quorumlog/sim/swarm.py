@@ -29,8 +29,18 @@ NEMESES: dict[str, tuple[float, float]] = {
     "pause": (0.3, 3.0),
     "zombie": (1.0, 6.0),
     "writer_crash": (1.0, 6.0),
+    "bookie_session_expiry": (1.0, 8.0),
+    "writer_session_expiry": (1.0, 8.0),
+    "disk_full": (2.0, 10.0),
+    "slow_disk": (1.0, 6.0),
+    "read_errors": (1.0, 6.0),
+    "bit_flip": (0.5, 4.0),
+    "clock_jump": (1.0, 8.0),
 }
 NEMESIS_P = 0.6
+# Nemeses whose faults the bookie rightly logs as ERROR (a storage failure): `bench sim` does not count a
+# bookie's ERROR records as noise in seeds that enabled one of them.
+STORAGE_NEMESES = frozenset({"disk_full", "read_errors", "bit_flip"})
 
 WRITERS_MAX = 4
 READERS_PER_WRITER_MAX = 2

@@ -28,11 +28,14 @@ EPOCH_MS = 1_800_000_000_000
 
 
 class SimClock(Clock):
+    def __init__(self) -> None:
+        self.wall_offset_ms = 0  # a clock-jump fault moves the wall clock only; monotonic time never jumps
+
     def monotonic_s(self) -> float:
         return asyncio.get_running_loop().time()
 
     def wall_ms(self) -> int:
-        return EPOCH_MS + int(asyncio.get_running_loop().time() * 1000)
+        return EPOCH_MS + self.wall_offset_ms + int(asyncio.get_running_loop().time() * 1000)
 
     def timer_s(self) -> float:
         return asyncio.get_running_loop().time()
@@ -60,6 +63,7 @@ class SimEnv(Env):
     """The Env of one simulated node."""
 
     disk: SimDisk
+    clock: SimClock
     threads = False  # one event loop runs every node: workers are tasks, never threads
 
     def __init__(self, world: World, node: str) -> None:
@@ -70,10 +74,11 @@ class SimEnv(Env):
         self.net = SimNetwork(world.fabric, node)
         self.disk = SimDisk(random.Random(world.rng.getrandbits(64)), world.disk_capacity_bytes)
         self.faults = SimFaults(world, node)
+        self.slow_s = 0.0  # a slow-disk fault: extra latency of every blocking operation (fsync, flush)
 
     async def run_blocking(self, fn: Callable[..., T], *args: Any) -> T:
         # Blocking work takes simulated time (an fdatasync costs ~0.2-0.5 ms on the real machines).
-        await asyncio.sleep(self.rng.uniform(*self.world.blocking_latency_s))
+        await asyncio.sleep(self.rng.uniform(*self.world.blocking_latency_s) + self.slow_s)
         return fn(*args)
 
     def spawn(self, coro: Coroutine[Any, Any, T], *, name: str | None = None) -> asyncio.Task[T]:
@@ -136,10 +141,15 @@ class World:
         self.fabric.heal(a, b)
 
     def heal_all(self) -> None:
-        """Undo every network fault still in place: partitions healed, paused nodes resumed."""
+        """Undo every fault still in place but data corruption and clock offsets: partitions healed, paused
+        nodes resumed, disks no longer full, slow or failing reads."""
         self.fabric.heal()
         for node in sorted(self.fabric._paused):
             self.fabric.resume(node)
+        for env in self.envs.values():
+            env.slow_s = 0.0
+            env.disk.full = False
+            env.disk.read_error_suffix = None
 
     def pause(self, node: str) -> None:
         self.fabric.pause(node)

@@ -6,6 +6,8 @@ message ends with `python -m quorumlog.sim --seed N --steps M`. QUORUMLOG_SIM_SE
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -16,25 +18,28 @@ from quorumlog.bookie.core import LedgerBook, Verdict
 from quorumlog.bookie.journal import Journal, RecordType
 from quorumlog.sim.harness import CRASH_POINTS, CheckFailed, Simulation, simulate
 from quorumlog.sim.loop import run_simulation
+from quorumlog.sim.swarm import NEMESES, Mix
 
-FIXED_SEEDS = list(range(1, 13))
-# Seeds a sweep once failed on, kept as regressions: 1615 crashed the harness when a crash point took a
-# third bookie down right after a power loss and the next writer could not create its ledger; 2497 closed a
-# ledger below acknowledged entries: a failed recovery attempt had written its ensemble change, and the next
-# recovery took the replacement's "no such entry" (W == A) for the end.
-REGRESSION_SEEDS = [1615, 2497]
+FIXED_SEEDS = list(range(1, 7))
+# (Seeds 1615 and 2497, regressions of the single-writer harness, name other runs since each seed draws a
+# mix; the recovery bug 2497 found is covered by tests/client/test_recovery_ensemble_change.py.)
 EXTRA_SEEDS = [int(s) for s in os.environ.get("QUORUMLOG_SIM_SEED", "").split(",") if s.strip()]
 
 
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
-def test_fixed_seeds_keep_every_promise(seed: int) -> None:
+def test_fixed_seeds_keep_every_promise(seed: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Each seed draws its own mix (sim/swarm.py); together these cover every nemesis. No unretrieved-error
+    noise either (asyncio's "... exception was never retrieved")."""
+    caplog.set_level(logging.ERROR)
     stats = simulate(seed, 60)
+    gc.collect()
     assert stats.appends_acked > 0 and stats.counters["ledgers_checked"] > 0
+    assert [r.getMessage()[:200] for r in caplog.records if r.name == "asyncio"] == []
 
 
-@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
-def test_regression_seeds_keep_every_promise(seed: int) -> None:
-    simulate(seed, 60)
+def test_the_fixed_seeds_cover_every_nemesis() -> None:
+    drawn = set().union(*(Simulation(seed, 60).mix.nemeses for seed in FIXED_SEEDS))
+    assert drawn == set(NEMESES)
 
 
 @pytest.mark.skipif(not EXTRA_SEEDS, reason="QUORUMLOG_SIM_SEED names no seed")
@@ -44,7 +49,7 @@ def test_chosen_seeds_keep_every_promise(seed: int) -> None:
 
 
 def test_same_seed_same_run() -> None:
-    assert simulate(5, 30) == simulate(5, 30)
+    assert simulate(5, 15) == simulate(5, 15)
 
 
 @pytest.mark.parametrize("point", [p for p in CRASH_POINTS if p.startswith("checkpoint.")])
@@ -59,10 +64,10 @@ def test_a_bookie_that_crashes_inside_a_checkpoint_loses_nothing(point: str) -> 
     assert stats.appends_acked > 0
 
 
-def _first_failure(seeds: range, steps: int) -> tuple[int, str]:
+def _first_failure(seeds: range, steps: int, mix: Mix) -> tuple[int, str]:
     for seed in seeds:
         try:
-            simulate(seed, steps)
+            simulate(seed, steps, mix=mix)
         except CheckFailed as e:
             return seed, str(e)
     raise AssertionError(f"no seed of {seeds} caught the bug")
@@ -73,7 +78,9 @@ def test_checkers_catch_a_bookie_that_does_not_fence(monkeypatch: pytest.MonkeyP
         return self.check_read(ledger_id)
 
     monkeypatch.setattr(LedgerBook, "check_fence", check_fence_without_fencing)
-    _, message = _first_failure(range(1, 20), 60)
+    _, message = _first_failure(
+        range(1, 20), 60, Mix(writers=2, readers_per_writer=0, nemeses={"zombie": 1.0})
+    )
     assert re.search(r"reproduce with: python -m quorumlog\.sim --seed \d+", message)
 
 
@@ -82,7 +89,9 @@ def test_checkers_catch_a_bookie_that_acknowledges_adds_before_the_journal_sync(
 ) -> None:
     """The Must-show of issue 16: the real bookie with one known durability bug -- an add is answered as soon
     as its journal record is queued, not once its batch is synced -- loses acknowledged entries when bookies
-    crash, and the simulator says so within a few seeds."""
+    crash, and the simulator says so within a few seeds. The mix is fixed to the nemesis that exposes it
+    (power loss: both replicas of an entry must lose it) so that the test does not depend on the draw; in a
+    sweep with drawn mixes, seeds enabling power loss catch it too (about one in three of seeds 1-10)."""
     append_parts = Journal.append_parts
 
     def acknowledge_at_once(
@@ -94,6 +103,8 @@ def test_checkers_catch_a_bookie_that_acknowledges_adds_before_the_journal_sync(
         append_parts(self, header, payload, callback)
 
     monkeypatch.setattr(Journal, "append_parts", acknowledge_at_once)
-    seed, message = _first_failure(range(1, 6), 60)
+    seed, message = _first_failure(
+        range(1, 6), 60, Mix(writers=3, readers_per_writer=0, nemeses={"power_loss": 1.0})
+    )
     assert re.search(r"acknowledged entry \d+ is|entries \[[\d, ]+\] were acknowledged", message), message
     assert f"--seed {seed} " in message
