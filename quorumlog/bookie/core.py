@@ -154,11 +154,15 @@ class LedgerBook:
     def record_add(self, ledger_id: int, entry_id: int, body: bytes | memoryview) -> bool:
         """Note a stored entry (at least 32 bytes: the add path checked); True when the ledger's LAC
         advanced (long polls to wake)."""
+        return self.record_adds(ledger_id, entry_id, _I64.unpack_from(body, _LAC_OFFSET)[0])
+
+    def record_adds(self, ledger_id: int, last_entry_id: int, lac: int) -> bool:
+        """Note stored entries of one ledger up to `last_entry_id`, the largest LAC among them `lac`; True
+        when the ledger's LAC advanced."""
         st = self._states[ledger_id]
         self.dirty.add(ledger_id)
-        if entry_id > st.last_entry:
-            st.last_entry = entry_id
-        lac = _I64.unpack_from(body, _LAC_OFFSET)[0]
+        if last_entry_id > st.last_entry:
+            st.last_entry = last_entry_id
         if lac > st.lac:
             st.lac = lac
             return True

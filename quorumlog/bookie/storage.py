@@ -53,6 +53,16 @@ class WriteCache:
         self.entries[key] = (header, body)
         self.size_bytes += len(header) + len(body)
 
+    def put_many(self, keys: list[tuple[int, int]], records: list[Record], nbytes: int) -> None:
+        """`put` for many records (`nbytes` in all), keyed in order by `keys`."""
+        entries = self.entries
+        before = len(entries)
+        entries.update(zip(keys, records, strict=True))
+        if len(entries) - before == len(keys):
+            self.size_bytes += nbytes
+        else:  # some replaced an entry (a client re-sent one): count the cache again rather than guess
+            self.size_bytes = sum([len(header) + len(body) for header, body in entries.values()])
+
     def clear(self) -> None:
         self.entries = {}
         self.size_bytes = 0
@@ -116,6 +126,17 @@ class LedgerStorage:
         self.active.put(ledger_id, entry_id, header, body)
         if self.read_cache._entries:
             self.read_cache.invalidate((ledger_id, entry_id))  # a recovery add may rewrite an entry
+
+    def put_many(self, keys: list[tuple[int, int]], records: list[Record], nbytes: int) -> None:
+        """`put` for many records (`nbytes` in all, `journal.Record`s as the journal got them), in order."""
+        self.active.put_many(keys, records, nbytes)
+        if self.read_cache._entries:
+            for key in keys:
+                self.read_cache.invalidate(key)
+
+    def room_bytes(self) -> int:
+        """Bytes the active cache takes before `has_room` says no (an empty cache takes any one entry)."""
+        return self.cache_half_bytes - self.active.size_bytes
 
     def has_room(self, nbytes: int) -> bool:
         return self.active.size_bytes + nbytes <= self.cache_half_bytes or not self.active.entries
