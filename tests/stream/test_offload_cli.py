@@ -102,7 +102,17 @@ async def test_errors_are_one_line(client: Client, cluster, tmp_path: Path) -> N
         (("--log", "tier/nope", *base), 1, "no log 'nope' in namespace 'tier'"),
         (("--log", "tier/open-only", *base), 1, "has only an open segment: nothing closed to offload"),
         (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", a_file), 2, "is not a directory"),
-        (("--log", "tier/open-only", "--metadata", cluster.uri, "--to", "s3://b/x"), 2, "not supported"),
+        (
+            ("--log", "tier/open-only", "--metadata", cluster.uri, "--to", "s3a://b/x", "--engine", "arrow"),
+            2,
+            "not supported by the Arrow engine",
+        ),
+        (
+            ("--log", "tier/open-only", "--metadata", cluster.uri, "--to", "hdfs://"),
+            2,
+            "expected SCHEME://HOST/PATH",
+        ),
+        (("--log", "tier/open-only", *base, "--engine", "spark", "--conf", "nokey"), 2, "expected KEY=VALUE"),
         (("--log", "tier/open-only", *base, "--older-than", "3 weeks"), 2, "not a duration"),
         (("--log", "tier/open-only", *base, "--free-after", "-1h"), 2, "not a duration"),
         (("--log", "tier-no-slash", *base), 2, "expected NAMESPACE/NAME"),
