@@ -1,0 +1,138 @@
+"""Adds served in batches (`Bookie.add_batch`, one per connection read): every add gets the answer it would
+get on its own, in request order, and only once durable (DESIGN.md §1-§3, docs/BOOKIE.md "Durability
+rules"). Each test sends its requests in one write, so the bookie reads them in one chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+
+from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.journal import Journal, RecordType, record_header
+from quorumlog.bookie.server import BookieConnection
+from quorumlog.bookie.service import BookieService
+from quorumlog.env import OsDisk, OsEnv
+from quorumlog.proto import messages as m
+from quorumlog.proto.status import StatusCode
+from tests.bookie.conftest import SMALL, StartBookie
+from tests.bookie.disks import DiskEnv, WrappedDisk
+from tests.bookie.helpers import KEY, RawClient, entry
+
+V2, V3 = m.ProtocolVersion.V2, m.ProtocolVersion.V3
+OK = StatusCode.EOK
+OTHER_KEY = bytes(20)
+
+
+def _connection(svc: BookieService) -> BookieConnection:
+    assert svc.server is not None
+    (conn,) = svc.server.connections
+    return conn
+
+
+def _add(lid: int, eid: int, key: bytes = KEY, payload: bytes = b"x") -> m.AddRequest:
+    return m.AddRequest(lid, eid, key, entry(lid, eid, payload))
+
+
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_one_chunk_of_mixed_requests_gets_each_request_its_own_answer(
+    start_bookie: StartBookie, version: m.ProtocolVersion
+) -> None:
+    """New ledger, wrong key, a fence in the middle, a second ledger, ids the entry does not repeat: the
+    answers are those of one add at a time, and the pending counters go back to zero."""
+    svc = await start_bookie()
+    c = await RawClient.connect(*svc.address, version)
+    await c.call(m.ReadRequest(99, 0))  # (the connection's version is settled before the batch)
+    reqs: list[m.Request] = [_add(1, e) for e in range(5)]
+    want = [OK] * 5
+    reqs.append(_add(1, 5, key=OTHER_KEY))
+    want.append(StatusCode.EUA)
+    reqs.append(m.ReadRequest(1, 4, fence=True, master_key=KEY))
+    want.append(OK)
+    reqs += [_add(1, 6), _add(1, 7)]
+    want += [StatusCode.EFENCED] * 2
+    reqs += [_add(2, e) for e in range(3)]
+    want += [OK] * 3
+    if version is V3:  # (over v2 the ids come from the entry itself)
+        reqs.append(m.AddRequest(2, 3, KEY, entry(2, 4, b"x")))
+        want.append(StatusCode.EBADREQ)
+    reqs.append(_add(2, 5))
+    want.append(OK)
+    answers = await asyncio.wait_for(asyncio.gather(*c.send_many(reqs)), 10)
+    assert [a.status for a in answers] == want
+    for lid, eid in [(1, 0), (1, 4), (2, 2), (2, 5)]:
+        r = await c.call(m.ReadRequest(lid, eid))
+        assert (r.status, r.body) == (OK, entry(lid, eid, b"x"))
+    conn = _connection(svc)
+    assert (conn._pending, conn._pending_bytes, conn._add_bytes) == (0, 0, {})
+    await c.close()
+
+
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_a_batch_larger_than_the_write_cache_waits_for_a_checkpoint(
+    start_bookie: StartBookie, version: m.ProtocolVersion
+) -> None:
+    """Adds that do not fit in the active write cache are parked (bounded memory) and answered after the
+    checkpoint that makes room, all of them, readable."""
+    svc = await start_bookie(write_cache_bytes=1 << 20)  # 512 KiB a half
+    c = await RawClient.connect(*svc.address, version)
+    payloads = {e: os.urandom(16 << 10) for e in range(80)}  # 1.25 MiB
+    answers = await asyncio.wait_for(
+        asyncio.gather(*c.send_many([_add(3, e, payload=p) for e, p in payloads.items()])), 20
+    )
+    assert [a.status for a in answers] == [OK] * len(payloads)
+    for e, p in payloads.items():
+        r = await c.call(m.ReadRequest(3, e))
+        assert (r.status, r.body) == (OK, entry(3, e, p))
+    conn = _connection(svc)
+    assert (conn._pending, conn._pending_bytes, conn._add_bytes) == (0, 0, {})
+    await c.close()
+
+
+async def test_a_failed_journal_sync_answers_the_whole_batch_eio(tmp_path: str) -> None:
+    """No add of a batch is acknowledged unless the batch's journal write was synced."""
+    cfg = BookieConfig(**{**SMALL, "data_dir": os.path.join(tmp_path, "b")})
+    svc = BookieService(cfg, DiskEnv(WrappedDisk(OsDisk())))
+    await svc.start()
+    try:
+        c = await RawClient.connect(*svc.address, V3)
+        assert (await c.call(_add(4, 0))).status == OK
+        assert svc.bookie is not None
+
+        def broken_sync() -> None:
+            raise OSError(5, "EIO from the test")
+
+        journal_file = svc.bookie.journal._file
+        assert journal_file is not None
+        journal_file.fdatasync = broken_sync  # type: ignore[method-assign]
+        answers = await asyncio.wait_for(asyncio.gather(*c.send_many([_add(4, e) for e in range(1, 30)])), 10)
+        assert {a.status for a in answers} == {StatusCode.EIO}
+        assert (await c.call(_add(4, 30))).status == StatusCode.EIO  # and nothing after it
+        await c.close()
+    finally:
+        await svc.stop()
+
+
+async def test_append_records_calls_back_once_when_the_last_is_durable(tmp_path: str) -> None:
+    j = Journal(OsEnv(), os.path.join(tmp_path, "j"), file_size_bytes=1 << 20, max_batch_bytes=4096)
+    list(j.replay(None))
+    j.start(asyncio.get_running_loop())
+    rng = random.Random(5)
+    payloads = [rng.randbytes(rng.randint(40, 900)) for _ in range(20)]  # several sync batches
+    records = [(record_header(RecordType.ADD, p), p) for p in payloads]
+    done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    calls = []
+
+    def callback(exc: BaseException | None) -> None:
+        calls.append(exc)
+        assert j.batches_synced >= 1
+        done.set_result(exc)
+
+    j.append_records(records, sum(len(h) + len(p) for h, p in records), callback)
+    assert await asyncio.wait_for(done, 10) is None
+    assert calls == [None]
+    await asyncio.to_thread(j.close)
+    j2 = Journal(OsEnv(), os.path.join(tmp_path, "j"), file_size_bytes=1 << 20, max_batch_bytes=4096)
+    assert [r.payload for r in j2.replay(None) if r.rtype == RecordType.ADD] == payloads
