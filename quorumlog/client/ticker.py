@@ -51,6 +51,7 @@ H = TypeVar("H")
 # a few percent of what the bookies of a 2-core machine take in adds, and far more idle moments than one
 # tailing reader needs.
 EXPLICIT_LAC_VISITS_PER_S_MAX = 250.0
+TOKEN_EPSILON = 1e-6
 
 
 def idle_push_due(adds_in_flight: int, lac: int, lac_bookies_saw: int) -> bool:
@@ -119,7 +120,10 @@ class Ticker(Generic[H]):
         if self._refilled_s is not None:
             self._tokens = min(self._tokens_max, self._tokens + (now - self._refilled_s) * rate)
         self._refilled_s = now
-        granted = min(wanted, int(self._tokens))
+        # Within a millionth of a whole visit counts as whole: the refill is float arithmetic, and a tick armed
+        # for "the next token" found 1 - 4e-16 tokens, re-armed at the same instant (the deficit / rate was
+        # below the clock's resolution) and spun forever on the simulator's clock (busy-looped on a real one).
+        granted = min(wanted, int(self._tokens + TOKEN_EPSILON))
         self._tokens -= granted
         return granted
 

@@ -256,3 +256,46 @@ async def test_without_a_budget_every_member_is_visited_at_every_tick() -> None:
 async def test_soon_is_off_with_the_ticker() -> None:
     ticker: Ticker[Member] = Ticker(0, lambda m: True)
     assert not ticker.soon(Member(1), asyncio.get_running_loop())
+
+
+def test_a_tick_brought_forward_never_spins_on_a_token_short_by_rounding() -> None:
+    """The refill is float arithmetic: a bucket 4e-16 short of one token made the tick brought forward to
+    "the next token" fire at the same instant (deficit / rate below the clock's resolution), find no whole
+    token and re-arm there, forever -- on the simulator's virtual clock a writer that went idle hung."""
+    from quorumlog.sim.loop import VirtualTimeLoop
+
+    loop = VirtualTimeLoop()
+    loop.advance(0.10247067503516682)
+    visited: asyncio.Future[float] = loop.create_future()
+    ticks = 0
+
+    class CountingTicker(Ticker[str]):
+        def _tick(self) -> None:
+            nonlocal ticks
+            ticks += 1
+            if ticks > 1000:  # the bug: stop the chain so the test ends
+                if not visited.done():
+                    visited.set_exception(AssertionError(f"{ticks} ticks at t={loop.time()}"))
+                return
+            super()._tick()
+
+    def visit(_: str) -> bool:
+        if not visited.done():
+            visited.set_result(loop.time())
+        return False
+
+    ticker = CountingTicker(0.05, visit, visits_per_s_max=250.0)
+
+    async def main() -> float:
+        ticker._tokens = 1 - 4e-16
+        ticker._refilled_s = loop.time()
+        ticker.add("writer", loop)
+        ticker.soon("writer", loop)
+        return await visited
+
+    try:
+        assert loop.run_until_complete(main()) - 0.10247067503516682 < 0.01
+        assert ticks <= 2
+    finally:
+        ticker.close()
+        loop.close()
