@@ -30,11 +30,11 @@ import asyncio
 import contextlib
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.env import Clock
 from quorumlog.errors import (
     IllegalOperationError,
     InvalidArgumentError,
@@ -171,7 +171,7 @@ async def _move_off(
 ) -> RecoveryReport:
     if not bookie_id:
         raise InvalidArgumentError("give a bookie id, e.g. 127.0.0.1:3181")
-    t0 = time.monotonic()
+    t0 = client.env.clock.monotonic_s()
     report = RecoveryReport(bookie_id, dry_run=dry_run)
     first = await _ledgers_on(client, bookie_id, ledgers)
     await _check_known(client, bookie_id, bool(first))
@@ -189,7 +189,7 @@ async def _move_off(
             reason = cannot_help(md, bookie_id, writable)
             if reason is not None:
                 report.failed[lid] = reason
-        report.elapsed_s = time.monotonic() - t0
+        report.elapsed_s = client.env.clock.monotonic_s() - t0
         return report
     urm = UnderReplicationManager(client.store, owner=_owner())
     await urm.init()
@@ -201,7 +201,9 @@ async def _move_off(
         nonlocal done_count
         async with parallel:
             try:
-                await _with_lock(urm, lid, lambda: _replicate(replicator, urm, lid, bookie_id))
+                await _with_lock(
+                    urm, client.env.clock, lid, lambda: _replicate(replicator, urm, lid, bookie_id)
+                )
                 report.failed.pop(lid, None)
             except QuorumLogError as e:
                 report.failed[lid] = str(e)
@@ -229,14 +231,15 @@ async def _move_off(
     report.entries_copied = replicator.stats.entries_copied
     report.bytes_copied = replicator.stats.bytes_copied
     report.ledgers_fenced = replicator.stats.ledgers_fenced
-    report.elapsed_s = time.monotonic() - t0
+    report.elapsed_s = client.env.clock.monotonic_s() - t0
     return report
 
 
-async def _with_lock(urm: UnderReplicationManager, lid: int, fn: Callable[[], Any]) -> None:
-    deadline = time.monotonic() + LOCK_WAIT_S_MAX
+async def _with_lock(urm: UnderReplicationManager, clock: Clock, lid: int, fn: Callable[[], Any]) -> None:
+    # The Env's clock: the poll below sleeps on the event loop's clock, so the deadline must be on it too.
+    deadline = clock.monotonic_s() + LOCK_WAIT_S_MAX
     while not await urm.try_lock(lid):
-        if time.monotonic() > deadline:
+        if clock.monotonic_s() > deadline:
             owner = await urm.lock_owner(lid)
             raise OperationTimeoutError(f"ledger {lid} stayed locked by {owner} for {LOCK_WAIT_S_MAX:.0f} s")
         await asyncio.sleep(LOCK_POLL_S)  # no event for another process's lock going away but polling it

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -96,6 +95,11 @@ class Auditor:
         self._delay_s: int = self.settings.lost_bookie_recovery_delay_s
         self._unsubscribe: list[Callable[[], Any]] = []
 
+    def _now(self) -> float:
+        # The client's Env clock, never the process's: delays and check periods are waited with asyncio
+        # timeouts, which run on the event loop's clock (virtual in the simulator).
+        return self.client.env.clock.monotonic_s()
+
     # --- life cycle --------------------------------------------------------------------------------------
 
     def stop(self) -> None:
@@ -148,7 +152,7 @@ class Auditor:
             log.info("auditor: could not write the election node's data: %s", e)
         # Only now: whoever waits on `elected` (who_is_auditor, tests, the dashboard) reads the announced node.
         self._set_elected(True)
-        serve = asyncio.create_task(self._serve(), name="auditor")
+        serve = self.client.env.spawn(self._serve(), name="auditor")
         try:
             async with await self.store.watch_children(self.urm.election_base) as w:
                 while not self._stopping.is_set() and not serve.done():
@@ -185,7 +189,7 @@ class Auditor:
     # --- auditing ----------------------------------------------------------------------------------------
 
     async def _serve(self) -> None:
-        now = time.monotonic()
+        now = self._now()
         self._elected_at = now
         self._missing_since.clear()
         self._available = self._current_available()
@@ -198,22 +202,22 @@ class Auditor:
         self._delay_s = stored if stored is not None else self.settings.lost_bookie_recovery_delay_s
         unsub = self.client.registry.on_change(self._on_membership)
         watchers = [
-            asyncio.create_task(self._follow_delay()),
-            asyncio.create_task(self._follow(self.urm.disable_path)),
+            self.client.env.spawn(self._follow_delay(), name="auditor-delay"),
+            self.client.env.spawn(self._follow(self.urm.disable_path), name="auditor-switch"),
         ]
         try:
             while not self._stopping.is_set():
                 self._kick.clear()
                 if self._membership_changed:
                     self._note_membership()
-                now = time.monotonic()
+                now = self._now()
                 if self._bookie_audit_at is not None and now >= self._bookie_audit_at:
                     await self._guarded(self.audit_bookies)
                 if self._next_full_check_at is not None and now >= self._next_full_check_at:
                     await self._guarded(self.check_all_ledgers)
-                    self._next_full_check_at = time.monotonic() + self.settings.audit_interval_s
+                    self._next_full_check_at = self._now() + self.settings.audit_interval_s
                 deadlines = [d for d in (self._bookie_audit_at, self._next_full_check_at) if d is not None]
-                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+                timeout = max(0.0, min(deadlines) - self._now()) if deadlines else None
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(timeout):
                         await self._kick.wait()
@@ -231,7 +235,7 @@ class Auditor:
         except QuorumLogError as e:
             log.warning("auditor: %s failed, retrying in 1 s: %s", getattr(fn, "__name__", fn), e)
             if fn == self.audit_bookies:
-                self._bookie_audit_at = time.monotonic() + 1.0
+                self._bookie_audit_at = self._now() + 1.0
 
     def _current_available(self) -> frozenset[str]:
         reg = self.client.registry
@@ -243,7 +247,7 @@ class Auditor:
 
     def _note_membership(self) -> None:
         self._membership_changed = False
-        now = time.monotonic()
+        now = self._now()
         current = self._current_available()
         gone = self._available - current
         back = current & set(self._missing_since)
@@ -265,7 +269,7 @@ class Auditor:
 
     def pending_lost_bookies(self) -> dict[str, float]:
         """Bookies seen gone and not marked yet -> seconds until their delay has passed (shell, tests)."""
-        now = time.monotonic()
+        now = self._now()
         available = self._current_available()
         return {
             b: max(0.0, since + self._delay_s - now)
@@ -276,7 +280,7 @@ class Auditor:
     def trigger(self) -> None:
         """Run the lost-bookie audit now, ignoring the delay (what a `triggeraudit` does remotely)."""
         self._bookie_audit_now = True
-        self._schedule_bookie_audit(time.monotonic())
+        self._schedule_bookie_audit(self._now())
 
     async def _follow_delay(self) -> None:
         # Only a write counts (a new znode version): watches may repeat themselves or RESYNC after a
@@ -303,7 +307,7 @@ class Auditor:
                     self.trigger()
                 elif self._bookie_audit_at is not None:
                     log.info("auditor: lostBookieRecoveryDelay now %d s: rescheduling the audit", new)
-                    self._bookie_audit_at = time.monotonic() + new
+                    self._bookie_audit_at = self._now() + new
                     self._kick.set()
 
     async def _retrying(self, what: str, read: Callable[[], Awaitable[Any]]) -> Any:
@@ -326,7 +330,7 @@ class Auditor:
                 self._kick.set()
                 if await self._retrying("the replication switch", self.urm.is_enabled):
                     # Audits skipped while disabled run now.
-                    self._schedule_bookie_audit(time.monotonic())
+                    self._schedule_bookie_audit(self._now())
 
     async def _all_metadata(self) -> list[LedgerMetadata]:
         lm = self.client.ledger_manager
@@ -368,7 +372,7 @@ class Auditor:
             return 0
         mds = await self._all_metadata()
         available = await self.client.registry.registered_now()
-        now = time.monotonic()
+        now = self._now()
         # Bookies named in metadata that were already gone when this auditor took over count as missing
         # from then on (their delay runs from our election).
         for md in mds:
@@ -394,10 +398,10 @@ class Auditor:
             log.info("auditor: replication is disabled; skipping the full check")
             self.stats.audits_skipped_disabled += 1
             return 0
-        t0 = time.monotonic()
+        t0 = self._now()
         mds = await self._all_metadata()
         available = await self.client.registry.registered_now()
-        due, _ = self._lost_due(time.monotonic(), False, available)
+        due, _ = self._lost_due(self._now(), False, available)
         lost_recently = {b for b in self._missing_since if b not in due and b not in available}
         marks: dict[int, list[str]] = {}
         sem = asyncio.Semaphore(METADATA_READS_IN_FLIGHT_MAX)
@@ -427,7 +431,7 @@ class Auditor:
         await asyncio.gather(*(check(md) for md in mds))
         self._check_placement(mds)
         self.stats.full_checks += 1
-        self.stats.last_full_check_s = time.monotonic() - t0
+        self.stats.last_full_check_s = self._now() - t0
         metrics.AUDITS.labels("full").inc()
         return await self._mark(marks, "full check")
 

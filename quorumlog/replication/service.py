@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quorumlog.client.client import Client
+from quorumlog.env import Env, default_env
 from quorumlog.errors import MetadataExistsError, MetadataNotFoundError, QuorumLogError
 from quorumlog.meta.store import MetadataStore, open_store
 from quorumlog.meta.underreplication import UnderReplicationManager
@@ -46,9 +47,17 @@ class AutoRecoverySettings:
 
 class AutoRecovery:
     def __init__(
-        self, uri: str, settings: AutoRecoverySettings | None = None, *, store: MetadataStore | None = None
+        self,
+        uri: str,
+        settings: AutoRecoverySettings | None = None,
+        *,
+        store: MetadataStore | None = None,
+        env: Env | None = None,
     ) -> None:
+        """`env`: clock, network and task ownership for the client and every task started here (the
+        simulator passes a node's `SimEnv`, whose crash then stops them all); production's by default."""
         self.uri = uri
+        self.env = env or default_env()
         self.settings = settings or AutoRecoverySettings()
         self.owner = self.settings.owner or f"{socket.gethostname()}:{os.getpid()}"
         self._given_store = store
@@ -57,17 +66,21 @@ class AutoRecovery:
         self.auditor: Auditor | None = None
         self.worker: ReplicationWorker | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Held, not looked up by task name: an Env's spawn need not keep names (the simulator's does not).
+        self._status_task: asyncio.Task[None] | None = None
 
     async def start(self) -> AutoRecovery:
         self.store = self._given_store or await open_store(self.uri)
         try:
-            self.client = await Client.connect(self.uri, store=self.store, placement=self.settings.placement)
+            self.client = await Client.connect(
+                self.uri, store=self.store, placement=self.settings.placement, env=self.env
+            )
             urm = UnderReplicationManager(self.store, owner=self.owner)
             await urm.init()
             wake = asyncio.Event()
             if self.settings.run_worker:
                 self.worker = ReplicationWorker(self.client, urm, self.settings.worker, wake=wake)
-                self._tasks.append(asyncio.create_task(self.worker.run(), name="replication-worker"))
+                self._tasks.append(self.env.spawn(self.worker.run(), name="replication-worker"))
             if self.settings.run_auditor:
                 self.auditor = Auditor(
                     self.client,
@@ -75,8 +88,9 @@ class AutoRecovery:
                     self.settings.auditor,
                     on_marked=wake.set,
                 )
-                self._tasks.append(asyncio.create_task(self.auditor.run(), name="auditor"))
-            self._tasks.append(asyncio.create_task(self._publish_status(), name="autorecovery-status"))
+                self._tasks.append(self.env.spawn(self.auditor.run(), name="auditor"))
+            self._status_task = self.env.spawn(self._publish_status(), name="autorecovery-status")
+            self._tasks.append(self._status_task)
         except BaseException:
             await self.stop()
             raise
@@ -126,9 +140,9 @@ class AutoRecovery:
             self.worker.stop()
         if self.auditor is not None:
             self.auditor.stop()
-        for t in self._tasks:
-            if t.get_name() == "autorecovery-status":
-                t.cancel()
+        if self._status_task is not None:
+            self._status_task.cancel()
+            self._status_task = None
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10):
                 await asyncio.gather(*self._tasks, return_exceptions=True)

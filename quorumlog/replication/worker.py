@@ -40,13 +40,13 @@ import contextlib
 import enum
 import functools
 import logging
-import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.ledger_handle import recover_ledger
+from quorumlog.env import Clock
 from quorumlog.errors import (
     DigestMismatchError,
     MetadataVersionError,
@@ -126,20 +126,22 @@ class Outcome(enum.Enum):
 
 
 class RateLimiter:
-    """A token bucket in bytes per second; `rate_bytes_s` 0 = no limit. Burst: a quarter second's worth."""
+    """A token bucket in bytes per second; `rate_bytes_s` 0 = no limit. Burst: a quarter second's worth.
+    `clock`: the Env's (the debt is slept off with asyncio, on the event loop's clock)."""
 
-    def __init__(self, rate_bytes_s: float) -> None:
+    def __init__(self, rate_bytes_s: float, clock: Clock) -> None:
         self.rate = rate_bytes_s
         self.burst = max(rate_bytes_s / 4, 64 << 10)
         self.tokens = self.burst
-        self.stamp = time.monotonic()
+        self.clock = clock
+        self.stamp = clock.monotonic_s()
         self._lock = asyncio.Lock()
 
     async def acquire(self, n: int) -> None:
         if self.rate <= 0:
             return
         async with self._lock:
-            now = time.monotonic()
+            now = self.clock.monotonic_s()
             self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
             self.stamp = now
             self.tokens -= n
@@ -162,7 +164,7 @@ class Replicator:
         self.client = client
         self.settings = settings or WorkerSettings()
         self.stats = stats or metrics.ReplicationStats()
-        self.limiter = limiter or RateLimiter(self.settings.rate_mb_s * 1e6)
+        self.limiter = limiter or RateLimiter(self.settings.rate_mb_s * 1e6, client.env.clock)
         self._open_seen: dict[int, float] = {}
 
     def available(self) -> frozenset[str]:
@@ -186,8 +188,8 @@ class Replicator:
         suspects = frozenset(suspects)
         closed, open_ = await self._plan(vmd.value, suspects, force)
         if open_:
-            first_seen = self._open_seen.setdefault(ledger_id, time.monotonic())
-            waited = time.monotonic() - first_seen
+            first_seen = self._open_seen.setdefault(ledger_id, self.client.env.clock.monotonic_s())
+            waited = self.client.env.clock.monotonic_s() - first_seen
             if not fence_now and waited < self.settings.open_ledger_rereplication_grace_s:
                 if closed:
                     await self._repair(vmd, closed, suspects)
@@ -262,7 +264,7 @@ class Replicator:
         if keys.source == "password":
             await self._check_given_key(md, keys, repairs, suspects, available)
         check = _entry_check(md, keys)
-        t0 = time.monotonic()
+        t0 = self.client.env.clock.monotonic_s()
         # A replacement may be registered yet dead (killed less than a session timeout ago): when one refuses
         # or cannot take the copies, it is excluded and only the positions it was chosen for get another one.
         # Entries already on a replacement that is kept are not copied again.
@@ -298,7 +300,7 @@ class Replicator:
             len(plans),
             copied[0],
             copied[1],
-            time.monotonic() - t0,
+            self.client.env.clock.monotonic_s() - t0,
         )
 
     def _choose(
@@ -556,7 +558,7 @@ class ReplicationWorker:
             return
         if not await self.urm.is_enabled():
             return
-        now = time.monotonic()
+        now = self.client.env.clock.monotonic_s()
         marked = [
             lid
             for lid in await self.urm.list_marked()
@@ -568,7 +570,7 @@ class ReplicationWorker:
                 return
             if not await self.urm.try_lock(lid):
                 continue
-            task = asyncio.create_task(self._work(lid), name=f"replicate-{lid}")
+            task = self.client.env.spawn(self._work(lid), name=f"replicate-{lid}")
             self._active[lid] = task
 
     async def _work(self, lid: int) -> None:
@@ -581,7 +583,7 @@ class ReplicationWorker:
                 return
             outcome = await self.replicator.replicate(lid, mark.value)
             if outcome is Outcome.DEFERRED:
-                self._not_before[lid] = time.monotonic() + min(
+                self._not_before[lid] = self.client.env.clock.monotonic_s() + min(
                     self.settings.open_ledger_rereplication_grace_s, max(self.settings.poll_interval_s, 1.0)
                 )
                 await self.urm.release(lid)
@@ -613,7 +615,7 @@ class ReplicationWorker:
             log.log(level, "ledger %d: re-replication failed, will retry: %s", lid, e)
             n = self._failures[lid] = self._failures.get(lid, 0) + 1
             backoff = min(self.settings.retry_backoff_s * 2 ** (n - 1), self.settings.retry_backoff_s_max)
-            self._not_before[lid] = time.monotonic() + backoff
+            self._not_before[lid] = self.client.env.clock.monotonic_s() + backoff
             with contextlib.suppress(Exception):
                 await self.urm.release(lid)
         finally:

@@ -197,7 +197,8 @@ class LogWriter:
         await self._start_segment()
         assert self._segment is not None
         self._first_position = Position(self._segment.info.seq, 0, 0)
-        self._sender = asyncio.get_running_loop().create_task(self._send_loop(), name=f"writer {self._name}")
+        # Owned by the client's Env: a simulated crash of the writer's node stops its sender with it.
+        self._sender = self._env.spawn(self._send_loop(), name=f"writer {self._name}")
 
     async def _recover_previous(self) -> None:
         assert self._md is not None
