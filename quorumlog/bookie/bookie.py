@@ -36,7 +36,15 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
-from quorumlog.bookie.journal import Journal, JournalPosition, Record, RecordType, record_header
+from quorumlog.bookie.journal import (
+    REC_HEADER_SIZE,
+    Journal,
+    JournalPosition,
+    Record,
+    RecordType,
+    add_record_header,
+    record_header,
+)
 from quorumlog.bookie.storage import LedgerStorage
 from quorumlog.env import Env, default_env
 from quorumlog.errors import CookieError
@@ -49,7 +57,6 @@ log = logging.getLogger(__name__)
 
 _I64 = struct.Struct(">q")
 _EOK = StatusCode.EOK
-_ADD = RecordType.ADD
 _AddResponse = m.AddResponse
 _IDS = struct.Struct(">qq")
 Reply = Callable[[Any], None]
@@ -399,55 +406,55 @@ class Bookie:
             room = max(room, len(adds[0][3]))  # an empty cache takes any one entry
         records: list[Record] = []
         keys: list[tuple[int, int]] = []
-        accepted: list[FastAdd] = []
-        runs: list[
-            tuple[int, int, int]
-        ] = []  # (ledger, last entry, largest LAC) per run of one ledger's adds
+        refused: list[int] = []  # indices of adds answered at once
+        runs: list[tuple[int, int, int]] = []  # (ledger, last entry, largest LAC) of each run of one ledger
         nbytes = 0  # entry bytes accepted (what the connection counts)
-        record_bytes = 0
         run_lid = run_last = run_lac = -1
         run_key = b""
         status = _EOK
-        parked_from = -1
-        for i, a in enumerate(adds):
-            body = a[3]
+        parked_from = 0 if self._parked else -1  # later adds queue behind parked ones
+        header_for = add_record_header
+        for i, (lid, eid, key, body, lac, _, _) in enumerate(adds if parked_from < 0 else ()):
             size = len(body)
-            if size > room or self._parked:
+            if size > room:
                 parked_from = i  # bounded memory: this add and every later one wait for the checkpoint
                 break
-            lid = a[0]
-            if lid != run_lid or a[2] != run_key:
+            if lid != run_lid or key != run_key:
                 if run_last >= 0:
                     runs.append((run_lid, run_last, run_lac))
                 run_last = run_lac = -1
                 try:
-                    verdict = book.check_add(lid, a[2], False)
+                    verdict = book.check_add(lid, key, False)
                 except (CorruptEntryError, IndexError_, OSError) as exc:
                     log.error("add failed on storage: %r", exc)
                     run_lid = -1
-                    sink.adds_answered([a], size, StatusCode.EIO, tag)
+                    refused.append(i)
+                    sink.adds_answered([adds[i]], size, StatusCode.EIO, tag)
                     continue
-                run_lid, run_key, status = lid, a[2], verdict.status
+                run_lid, run_key, status = lid, key, verdict.status
                 if verdict.created:
                     # Journaled before the batch's ADD records, which are staged after this loop.
-                    journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + a[2], None)
+                    journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + key, None)
             if status is not _EOK:
-                sink.adds_answered([a], size, status, tag)
+                refused.append(i)
+                sink.adds_answered([adds[i]], size, status, tag)
                 continue
-            header = record_header(_ADD, body)
-            records.append((header, body))
-            keys.append((lid, a[1]))
-            accepted.append(a)
+            records.append((header_for(body), body))
+            keys.append((lid, eid))
             nbytes += size
-            record_bytes += size + len(header)
-            room -= size + len(header)
-            if a[1] > run_last:
-                run_last = a[1]
-            if a[4] > run_lac:
-                run_lac = a[4]
+            room -= size + REC_HEADER_SIZE
+            if eid > run_last:
+                run_last = eid
+            if lac > run_lac:
+                run_lac = lac
         if run_last >= 0:
             runs.append((run_lid, run_last, run_lac))
         if records:
+            accepted = adds if parked_from < 0 else adds[:parked_from]
+            if refused:
+                skip = set(refused)
+                accepted = [a for i, a in enumerate(accepted) if i not in skip]
+            record_bytes = nbytes + REC_HEADER_SIZE * len(records)
             journal.append_records(
                 records, record_bytes, _partial(self._adds_durable, sink, accepted, nbytes, tag)
             )
@@ -498,7 +505,7 @@ class Bookie:
         if verdict.created:
             journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
 
-        header = record_header(_ADD, body)
+        header = add_record_header(body)
         # A partial, not a closure: one object per add instead of a function and five cells.
         journal.append_parts(header, body, _partial(self._add_durable, reply, lid, eid, txn))
         storage.put(lid, eid, header, body)

@@ -114,6 +114,23 @@ def record_header(rtype: int, payload: bytes | memoryview) -> bytes:
     return _REC_HEADER.pack(crc32c.crc32c(payload, crc32c.crc32c(_LEN_TYPE.pack(n, rtype))), n, rtype)
 
 
+_ADD_TYPE = 1  # RecordType.ADD as a plain int (packing an IntEnum member costs more)
+_ADD_SEEDS_MAX = 4096
+_add_seeds: dict[int, int] = {}  # payload length -> CRC32C of an ADD record's (length, type) prefix
+
+
+def add_record_header(payload: bytes | memoryview) -> bytes:
+    """`record_header(RecordType.ADD, payload)`, with the CRC of the (length, type) prefix kept per length: a
+    writer's entries mostly have one size, so an add costs one CRC call instead of two."""
+    n = len(payload)
+    seed = _add_seeds.get(n)
+    if seed is None:
+        if len(_add_seeds) >= _ADD_SEEDS_MAX:
+            _add_seeds.clear()
+        seed = _add_seeds[n] = crc32c.crc32c(_LEN_TYPE.pack(n, _ADD_TYPE))
+    return _REC_HEADER.pack(crc32c.crc32c(payload, seed), n, _ADD_TYPE)
+
+
 def encode_record(rtype: int, payload: bytes | memoryview) -> bytes:
     """A record as it sits inside a batch: header + payload."""
     return record_header(rtype, payload) + payload

@@ -88,6 +88,8 @@ def varint(n: int) -> bytes:
         return bytes(((n & 0x7F) | 0x80, n >> 7))
     if n < 0x200000:
         return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, n >> 14))
+    if n < 0x10000000:  # entry ids and txnIds of a long-running writer: the next most common size
+        return bytes(((n & 0x7F) | 0x80, ((n >> 7) & 0x7F) | 0x80, ((n >> 14) & 0x7F) | 0x80, n >> 21))
     if n >= 1 << 63:
         return b""
     out = bytearray()
@@ -130,15 +132,16 @@ def decode_add_v3(body: bytes) -> FastAdd | None:
     start = match.end()
     n = len(body)
     hdr_len = body[1]
+    cached = _varints.get
     if (
         hdr_len != 5 + len(txn)
         or n - start < _ENTRY_HEADER_BYTES
-        or entry_len != _cached_varint(n - start)
+        or entry_len != (cached(n - start) or _cached_varint(n - start))
         or part_len != _cached_varint(n - 4 - hdr_len - len(part_len))
     ):
         return None
     lid, eid, lac = _IDS_LAC.unpack_from(body, start)
-    if lid_raw != _cached_varint(lid) or eid_raw != varint(eid):
+    if lid_raw != (cached(lid) or _cached_varint(lid)) or eid_raw != varint(eid):
         return None  # ids that the entry does not repeat: `v3` decodes it and the bookie answers EBADREQ
     return (lid, eid, key, body[start:], lac, txn, eid_raw)
 
