@@ -25,7 +25,9 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from itertools import chain
+from bisect import bisect_left
+from itertools import accumulate, chain, repeat
+from operator import add
 
 import crc32c
 
@@ -82,23 +84,21 @@ class EntryLogs:
         assert self._current is not None
         f = self._current
         log_id = self._current_id
-        locations = []
-        pack = LOCATION.pack
+        # Sizes, offsets and locations with C-level loops (map, accumulate): a checkpoint moves tens of
+        # thousands of records, and this runs holding the GIL the event loop needs.
+        lens = list(map(len, chain.from_iterable(records)))
+        sizes = list(map(add, lens[0::2], lens[1::2]))
+        offsets = list(accumulate(sizes, initial=self._current_size))
+        locations = list(map(LOCATION.pack, repeat(log_id), offsets, sizes))
         chunk_limit = self.flush_chunk_bytes
-        chunk_start = off = self._current_size
-        first = 0  # index of the first record of the pending chunk
-        for i, (header, body) in enumerate(records):
-            n = len(header) + len(body)
-            locations.append(pack(log_id, off, n))
-            off += n
-            if off - chunk_start >= chunk_limit:
-                f.pwrite(b"".join(chain.from_iterable(records[first : i + 1])), chunk_start)
-                f.fdatasync()
-                first, chunk_start = i + 1, off
-        if first < len(records):
-            f.pwrite(b"".join(chain.from_iterable(records[first:])), chunk_start)
+        first = 0  # index of the first record of the next chunk
+        while first < len(records):
+            # A chunk ends with the first record that takes it to `chunk_limit` bytes (or with the batch).
+            end = min(bisect_left(offsets, offsets[first] + chunk_limit, first + 1), len(records))
+            f.pwrite(b"".join(chain.from_iterable(records[first:end])), offsets[first])
             f.fdatasync()
-        self._current_size = off
+            first = end
+        self._current_size = offsets[-1]
         return locations
 
     def _roll(self) -> None:

@@ -24,8 +24,10 @@ Rules it keeps:
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import chain, starmap
 
 from quorumlog.bookie.compaction import LogUsage
 from quorumlog.bookie.entrylog import LOCATION, EntryLogs
@@ -33,6 +35,7 @@ from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
+_ENTRY_ID_MIN = -(1 << 63)
 SCAN_READ_AHEAD_MAX_BYTES = 4 << 20  # largest read-ahead of a sequential scan (one pread, parsed in memory)
 _SCAN_GAP_ENTRIES = 8  # a miss this close after the last read-ahead entry continues a scan
 _SCANS_TRACKED_MAX = 1024  # ledgers whose scan state is kept (least recently missed out first)
@@ -224,19 +227,21 @@ class LedgerStorage:
     def flush(self, cache: WriteCache, states: dict[int, bytes], checkpoint: JournalPosition | None) -> None:
         """Write `cache` to an entry log and commit the index (blocking; runs off the loop)."""
         keys = sorted(cache.entries)
-        locations: list[bytes] = []
-        if keys:
-            entries = cache.entries
-            locations = self.entry_logs.write_batch([entries[k] for k in keys])
+        entries = cache.entries
+        records = list(map(entries.__getitem__, keys))
+        locations = self.entry_logs.write_batch(records) if keys else []
         # Test-only crash point: the entries are in a synced log that no index entry points to yet.
         self.entry_logs.env.faults.hit("checkpoint.before-index")
-        pack = _IDS.pack
-        self.index.commit(zip([pack(*k) for k in keys], locations, strict=True), states, checkpoint)
+        self.index.commit(zip(list(starmap(_IDS.pack, keys)), locations, strict=True), states, checkpoint)
         if keys:
+            # Live bytes per ledger: the keys are sorted, so each ledger's records are one slice.
             per_ledger: dict[int, int] = {}
-            for k in keys:
-                header, body = entries[k]
-                per_ledger[k[0]] = per_ledger.get(k[0], 0) + len(header) + len(body)
+            i = 0
+            while i < len(keys):
+                lid = keys[i][0]
+                j = bisect_left(keys, (lid + 1, _ENTRY_ID_MIN), i)
+                per_ledger[lid] = sum(map(len, chain.from_iterable(records[i:j])))
+                i = j
             self.usage.add(LOCATION.unpack(locations[0])[0], per_ledger)  # one batch is in one log
         # Everything is readable through the index now: free the flushed entries here rather than on the
         # loop (dropping tens of thousands of objects takes milliseconds). A concurrent read that misses
