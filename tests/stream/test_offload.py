@@ -17,11 +17,17 @@ from quorumlog.meta.store import Versioned
 from quorumlog.stream.metadata import OffloadInfo, SegmentInfo, SegmentState
 from quorumlog.stream.offload import (
     STAGING_DIR,
+    check_file,
+    file_uri,
     free_segment,
+    is_local,
+    iter_offloaded_batches,
     offload_log,
     parse_duration,
     read_offloaded,
     read_offloaded_entries,
+    remote_root,
+    segment_file_name,
 )
 from quorumlog.stream.records import decode_batch
 
@@ -209,3 +215,51 @@ async def test_sealed_log_offloaded_then_truncated(client: Client, tmp_path: str
     assert deleted == [s.seq for s in segs[:-1]]
     exists = await asyncio.to_thread(lambda: [os.path.exists(files[s.seq]) for s in segs])
     assert exists == [False] * len(deleted) + [True]
+
+
+def test_a_file_without_the_stamp_is_checked_by_its_positions(tmp_path: str) -> None:
+    # What Spark's writer makes: the columns and their statistics, no quorumlog.offload key.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    info = SegmentInfo(7, 42, SegmentState.CLOSED, 1, 0, records=3, last_entry_id=1)
+    table = pa.table(
+        {
+            "segment": pa.array([7, 7, 7], pa.int64()),
+            "entry_id": pa.array([0, 0, 1], pa.int64()),
+            "slot": pa.array([0, 1, 0], pa.int32()),
+            "timestamp": pa.array([1, 2, 3], pa.timestamp("ms", tz="UTC")),
+            "payload": pa.array([b"a", b"b", b"c"]),
+        }
+    )
+    good = os.path.join(tmp_path, segment_file_name(7, 42))
+    pq.write_table(table, good)
+    assert check_file(file_uri(good), info) == os.path.getsize(good)
+    assert [
+        p for p, _, _ in read_offloaded(replace(info, offload=OffloadInfo(file_uri(good), 3, 1, 1, 1)))
+    ] == [
+        Position(7, 0, 0),
+        Position(7, 0, 1),
+        Position(7, 1, 0),
+    ]
+    with pytest.raises(ProtocolError, match="not segment 7's file"):
+        check_file(file_uri(good), replace(info, ledger_id=43))
+    other = os.path.join(tmp_path, "part-00000-x.parquet")
+    pq.write_table(table.set_column(0, "segment", pa.array([7, 8, 8], pa.int64())), other)
+    with pytest.raises(ProtocolError, match="not only segment 7"):
+        check_file(other, info)
+    pq.write_table(table.set_column(1, "entry_id", pa.array([0, 0, 2], pa.int64())), other)
+    with pytest.raises(ProtocolError, match=r"holds entries 0\.\.2"):
+        check_file(other, info)
+    with pytest.raises(ProtocolError, match="holds 3 records"):
+        check_file(good, replace(info, records=4))
+
+
+def test_a_uri_pyarrow_cannot_open_is_a_clear_error() -> None:
+    assert is_local("/a/b") and is_local("file:///a/b") and not is_local("s3a://bucket/a")
+    with pytest.raises(InvalidArgumentError, match=r"pyarrow\.fs cannot open .nosuchfs. URIs"):
+        list(iter_offloaded_batches("nosuchfs://host/lake/t/x/segment-1-2.parquet"))
+    for bad in ("hdfs://", "s3a://bucket/x?versionId=1"):
+        with pytest.raises(InvalidArgumentError):
+            remote_root(bad)
+    assert remote_root("s3a://bucket/lake/") == "s3a://bucket/lake"
