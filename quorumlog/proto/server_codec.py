@@ -32,7 +32,7 @@ import struct
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto import v2, v3
-from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, OversizedFrame
+from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES, FrameDecoder, OversizedFrame
 from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
     AddRequest,
@@ -123,35 +123,43 @@ def _cached_varint(n: int) -> bytes:
     return raw
 
 
-def decode_add_v3(body: bytes) -> FastAdd | None:
-    """A plain add in the canonical v3 layout as a `FastAdd`; None for anything else (decode it with `v3`)."""
-    match = _v3_add_match(body)
+def decode_add_v3(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
+    """A plain add in the canonical v3 layout as a `FastAdd`; None for anything else (decode it with `v3`).
+    The frame body is `body[pos:end]` (`end` -1: to the end), so frames are read in place in a chunk."""
+    if end < 0:
+        end = len(body)
+    match = _v3_add_match(body, pos, end)
     if match is None:
         return None
     txn, part_len, lid_raw, eid_raw, key, entry_len = match.groups()
     start = match.end()
-    n = len(body)
-    hdr_len = body[1]
+    n = end - pos
+    hdr_len = body[pos + 1]
     cached = _varints.get
     if (
         hdr_len != 5 + len(txn)
-        or n - start < _ENTRY_HEADER_BYTES
-        or entry_len != (cached(n - start) or _cached_varint(n - start))
+        or end - start < _ENTRY_HEADER_BYTES
+        or entry_len != (cached(end - start) or _cached_varint(end - start))
         or part_len != _cached_varint(n - 4 - hdr_len - len(part_len))
     ):
         return None
     lid, eid, lac = _IDS_LAC.unpack_from(body, start)
     if lid_raw != (cached(lid) or _cached_varint(lid)) or eid_raw != varint(eid):
         return None  # ids that the entry does not repeat: `v3` decodes it and the bookie answers EBADREQ
-    return (lid, eid, key, body[start:], lac, txn, eid_raw)
+    return (lid, eid, key, body[start:end], lac, txn, eid_raw)
 
 
-def decode_add_v2(body: bytes) -> FastAdd | None:
-    """A v2 ADD without flags as a `FastAdd` (v2 takes the ids from the entry); None for anything else."""
-    if len(body) < _V2_ADD_MIN or body[:4] != _V2_ADD_HEADER:
+def decode_add_v2(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
+    """A v2 ADD without flags as a `FastAdd` (v2 takes the ids from the entry); None for anything else.
+    The frame body is `body[pos:end]` (`end` -1: to the end)."""
+    if end < 0:
+        end = len(body)
+    if end - pos < _V2_ADD_MIN or body[pos : pos + 4] != _V2_ADD_HEADER:
         return None
-    lid, eid, lac = _IDS_LAC.unpack_from(body, 4 + MASTER_KEY_BYTES)
-    return (lid, eid, body[4 : 4 + MASTER_KEY_BYTES], body[4 + MASTER_KEY_BYTES :], lac, b"", b"")
+    key_at = pos + 4
+    entry_at = key_at + MASTER_KEY_BYTES
+    lid, eid, lac = _IDS_LAC.unpack_from(body, entry_at)
+    return (lid, eid, body[key_at:entry_at], body[entry_at:end], lac, b"", b"")
 
 
 def fast_add_request(add: FastAdd) -> AddRequest:
@@ -222,10 +230,68 @@ class BookieCodec:
     def receive(
         self, data: bytes | bytearray | memoryview, fast_adds: bool = True
     ) -> list[Request | FastAdd]:
-        """The requests in `data` (and what earlier chunks left over), in order. Raises `ProtocolError`."""
+        """The requests in `data` (and what earlier chunks left over), in order. Raises `ProtocolError`.
+
+        With `fast_adds`, whole canonical add frames are read in place in `data` (`_scan_adds`: no copy of
+        the frame, one of the entry); every other frame, and the end of a frame split across chunks, goes
+        through the frame decoder one frame at a time, and the scan resumes after it. Each turn consumes at
+        least one byte, so the loop ends within len(data) turns."""
+        if not fast_adds:
+            return self._decode(self._frames.feed(data), [], False)
+        if type(data) is not bytes:
+            data = bytes(data)  # entries must be bytes of their own, not views into a reused buffer
+        frames = self._frames
         out: list[Request | FastAdd] = []
+        pos = 0
+        n = len(data)
+        while pos < n:
+            want = frames.bytes_wanted()
+            if want is None:  # the decoder skips an oversized frame (or failed: it raises): it takes the rest
+                return self._decode(frames.feed(memoryview(data)[pos:]), out, True)
+            if want == 0:
+                pos = self._scan_adds(data, pos, n, out)
+                if pos == n:
+                    break
+                # Not a canonical add (or not whole in this chunk): this one frame through the decoder.
+                want = (
+                    FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
+                    if n - pos >= FRAME_PREFIX_BYTES
+                    else 1
+                )
+            take = min(want, n - pos)
+            self._decode(frames.feed(memoryview(data)[pos : pos + take]), out, True)
+            pos += take
+        return out
+
+    def _scan_adds(self, data: bytes, pos: int, n: int, out: list[Request | FastAdd]) -> int:
+        """Append the whole canonical add frames that start at `pos`, up to the first other frame; returns
+        where that one starts (or `n`)."""
+        limit = self._frames.max_frame_bytes
+        v3_side = self.version is not _V2
+        decode = decode_add_v3 if v3_side else decode_add_v2
         append = out.append
-        for body in self._frames.feed(data):
+        unpack = _LEN.unpack_from
+        start = pos
+        while n - pos >= FRAME_PREFIX_BYTES:
+            (length,) = unpack(data, pos)
+            end = pos + FRAME_PREFIX_BYTES + length
+            if end > n or length > limit:
+                break
+            add = decode(data, pos + FRAME_PREFIX_BYTES, end)
+            if add is None:
+                break
+            append(add)
+            pos = end
+        if v3_side and pos > start:
+            self.version = _V3  # (a v2 frame is never a canonical v3 add: the first one settles it)
+        return pos
+
+    def _decode(
+        self, bodies: list[bytes], out: list[Request | FastAdd], fast_adds: bool
+    ) -> list[Request | FastAdd]:
+        """Append the requests of whole frame bodies to `out` (and return it)."""
+        append = out.append
+        for body in bodies:
             if type(body) is OversizedFrame:
                 append(self._oversized(body))
                 continue
