@@ -23,7 +23,8 @@ recorded is never touched. Leftovers of killed runs under `_staging/` are remove
 (run one job per log at a time, as with the Arrow engine).
 
 `QUORUMLOG_OFFLOAD_CRASH_AT=job` makes the first task of the job kill the driver with SIGKILL once it has
-handed Spark its first rows (a kill mid-job, for the crash test); the other points are the shared ones.
+handed Spark its first rows; `job:<file>` makes it create the file and hold still instead, so a test can
+kill every process of the run at once (`_crash_mid_job`); the other points are the shared ones.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
 SOURCE_NAME = "quorumlog_offload_segments"
 SCHEMA = "segment LONG, entry_id LONG, slot INT, timestamp TIMESTAMP, payload BINARY"
 ROWS_PER_BATCH_BYTES_MAX = 8 << 20  # a task hands Spark a batch past this many payload bytes (bounds memory)
-CRASH_HOLD_S = 60.0  # how long the killing task waits for the JVM to go with its driver
+CRASH_HOLD_S = 120.0  # how long the crash hook's task holds still, waiting to be killed
 _PART = re.compile(r"^part-(\d{5})-.*\.parquet$")
 # The session settings the job needs, set for the job and put back after it.
 JOB_CONF = {
@@ -94,6 +95,7 @@ class _Reader(DataSourceReader):
         self.metadata = options["metadata"]
         self.segments: list[str] = json.loads(options["segments"])
         self.crash_pid = int(options.get("crash_pid", "0"))
+        self.crash_mark = options.get("crash_mark", "")
 
     def partitions(self) -> list[InputPartition]:
         return [SegmentPartition(i, s) for i, s in enumerate(self.segments)]
@@ -104,8 +106,19 @@ class _Reader(DataSourceReader):
         for n, batch in enumerate(segment_batches(self.metadata, info)):
             yield batch
             if n == 0 and self.crash_pid and partition.index == 0:
-                os.kill(self.crash_pid, signal.SIGKILL)
-                time.sleep(CRASH_HOLD_S)  # the JVM exits with its driver, and this worker with it
+                _crash_mid_job(self.crash_pid, self.crash_mark)
+
+
+def _crash_mid_job(driver_pid: int, mark: str) -> None:
+    """The `job` crash hook, in the first task once Spark has its first rows: `job` kills the driver with
+    SIGKILL (its JVM then exits, aborting the job); `job:<file>` creates the file and holds still, for a
+    test that kills the whole process group (driver, JVM, workers) at once, as a machine crash would."""
+    if mark:
+        with open(mark, "w"):
+            pass
+    else:
+        os.kill(driver_pid, signal.SIGKILL)
+    time.sleep(CRASH_HOLD_S)
 
 
 class SegmentsSource(DataSource):
@@ -249,8 +262,9 @@ class SparkEngine:
                     .option("metadata", self.metadata)
                     .option("segments", json.dumps([i.encode().decode() for i in with_rows]))
                 )
-                if os.environ.get(CRASH_ENV) == "job":
-                    reader = reader.option("crash_pid", str(os.getpid()))
+                point, _, mark = os.environ.get(CRASH_ENV, "").partition(":")
+                if point == "job":
+                    reader = reader.option("crash_pid", str(os.getpid())).option("crash_mark", mark)
                 reader.load().write.option("compression", "zstd").mode("errorifexists").parquet(out)
                 files = self._committed_files(out)
                 for index, info in enumerate(with_rows):

@@ -149,7 +149,7 @@ def test_a_file_that_does_not_hold_the_segment_is_refused(
     spark: Any, quorumlog_uri: str, tmp_path: Any
 ) -> None:
     uri = quorumlog_uri
-    write(uri, "checked", 60)
+    write(uri, "checked", 200)
     spark_offload(spark, uri, "checked", str(tmp_path), free_after_s=3600)
     segs = segments(uri, "checked")
     first, second = segs[0], segs[1]
@@ -173,7 +173,8 @@ def test_offload_process_killed_mid_job_leaves_the_segments_on_the_bookies_then_
     lake = tmp_path / "lake"
     log_dir = lake / "t" / "killed"
     env = env_without_settings()
-    env[CRASH_ENV] = "job"  # the job's first task SIGKILLs the driver once it has handed Spark rows
+    mark = tmp_path / "task-is-writing"
+    env[CRASH_ENV] = f"job:{mark}"  # the job's first task says when Spark has its first rows, and holds
     env["PYSPARK_PYTHON"] = sys.executable
     cmd = [sys.executable, "-m", "quorumlog", "offload", "--log", "t/killed", "--to", "file://" + str(lake)]
     cmd += ["--engine", "spark", "--master", "local[1]", "--free-after", "0s", "--metadata", uri]
@@ -188,13 +189,19 @@ def test_offload_process_killed_mid_job_leaves_the_segments_on_the_bookies_then_
         start_new_session=True,  # its own process group: the JVM and Python workers it starts are in it
     )
     try:
-        out, _ = proc.communicate(timeout=KILLED_RUN_TIMEOUT_S)
-        assert proc.returncode == -signal.SIGKILL, out.decode()[-3000:]
-        # The JVM exits when its driver's pipe closes, and the workers with it: wait for the whole group.
+        deadline = time.monotonic() + KILLED_RUN_TIMEOUT_S
+        while not mark.exists():  # the file is the event; the process ending first is a failure
+            assert proc.poll() is None, proc.communicate()[0].decode()[-3000:]
+            assert time.monotonic() < deadline, "the offload job never started writing"
+            time.sleep(0.1)
+        # kill -9 of the offload process mid-job, with its JVM and Python workers (a machine crash: no
+        # shutdown hook aborts the job, so its task files stay behind).
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=GROUP_EXIT_TIMEOUT_S) == -signal.SIGKILL
         deadline = time.monotonic() + GROUP_EXIT_TIMEOUT_S
         while _group_alive(proc.pid):
-            assert time.monotonic() < deadline, "the killed offload's JVM or workers outlived it"
-            time.sleep(0.2)
+            assert time.monotonic() < deadline, "a process of the killed offload outlived the kill"
+            time.sleep(0.1)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -202,9 +209,11 @@ def test_offload_process_killed_mid_job_leaves_the_segments_on_the_bookies_then_
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
-    # Killed mid-job: a task had started writing under _staging, nothing is visible or recorded.
+    # Killed mid-job: a task had started writing under _staging (its attempt's files are still there, the
+    # job never committed), nothing is visible or recorded.
     staged = [os.path.join(d, f) for d, _, fs in os.walk(log_dir / STAGING_DIR) for f in fs]
     assert any("_temporary" in p for p in staged), staged
+    assert not any(p.endswith("_SUCCESS") for p in staged), staged
     assert visible(str(log_dir)) == []
     assert all(s.offload is None for s in segments(uri, "killed"))
     ledgers_readable(uri, [s.ledger_id for s in segs])
