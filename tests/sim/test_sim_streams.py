@@ -119,3 +119,25 @@ def test_the_checker_catches_a_writer_that_opens_without_fencing_its_predecessor
     assert re.search(
         r"was fenced by the next writer's open, yet|writers interleave|at or after the first", message
     ), message
+
+
+def test_a_crash_of_the_writers_node_stops_its_sender() -> None:
+    """The log writer's sender is a task of the client's Env: a simulated crash of the writer's node cancels
+    it with the node's other tasks (it was a bare loop task that outlived the crash)."""
+
+    async def main() -> bool:
+        sim = Simulation(1, 0, mix=QUIET)
+        await init_cluster(sim.meta.session("admin"))
+        for i in range(BOOKIES):
+            await sim.start_bookie(f"bookie{i}")
+        client = await sim.new_client("writer")
+        log_ = await client.namespace("ns").create_log("l")
+        writer = await log_.open_writer()
+        await writer.write(b"one")
+        sender = writer._sender
+        assert sender is not None and not sender.done()
+        sim.world.crash("writer")
+        await asyncio.sleep(0.1)
+        return sender.cancelled()
+
+    assert run_simulation(main())
