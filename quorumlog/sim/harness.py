@@ -10,8 +10,8 @@ components the seed's `Mix` drew (`sim/swarm.py`): several concurrent ledger wri
 
 What this module owns: the cluster (bookies up and down, restarts, clients and their metadata sessions),
 the run's phases, and the shared record of ledgers the checkers judge. The phases:
-1. every component runs until the workloads have made `steps` steps (a step: one burst of appends); the
-   cheap checks of every component run after each step and after each fault;
+1. every component runs until the workloads have made `steps` steps (a step: one burst of appends), or
+   have made none for `STALL_S`; the cheap checks of every component run after each step and each fault;
 2. the nemeses stop and heal what they did; then every bookie comes back and the network heals;
 3. liveness: the workloads must finish what they have in flight within `LIVENESS_S` of virtual time;
 4. the final checks (full read-back, after recovery) with a fresh client, each recovery also bounded.
@@ -40,6 +40,7 @@ PORT = 3181
 SESSION_TIMEOUT_S = 4.0
 PASSWORD = b"sim"
 LIVENESS_S = 60.0  # once every fault is healed, pending work must finish within this (virtual time)
+STALL_S = 120.0  # no workload step for this long (virtual time): stop the faults, let liveness judge
 CRASH_POINTS = ("checkpoint.before-index", "checkpoint.before-release", "journal.roll")
 
 
@@ -101,6 +102,7 @@ class Simulation:
         self.stats = Stats(mix=self.mix.as_dict())
         self.stop = asyncio.Event()
         self._node_count = 0
+        self._last_step_s = 0.0
         self._history: list[str] = []
         self._restarts: list[asyncio.Task[None]] = []
         self.armed_at_start: list[tuple[str, str]] = []
@@ -219,6 +221,7 @@ class Simulation:
     def step(self) -> None:
         """A workload made a step: run the cheap checks; stop the run once it has made its steps."""
         self.stats.steps += 1
+        self._last_step_s = asyncio.get_running_loop().time()
         self.check_all()
         if self.stats.steps >= self.steps:
             self.stop.set()
@@ -262,7 +265,13 @@ class Simulation:
         nemesis_tasks = [self.world.spawn("swarm", n.run(self, self.stop)) for n in nemeses]
         work_tasks = [self.world.spawn("swarm", c.run(self, self.stop)) for c in others]
         stopped = self.world.spawn("swarm", self.stop.wait())
-        await self._wait(nemesis_tasks + work_tasks + [stopped], until=stopped)
+        loop = asyncio.get_running_loop()
+        while not await self._wait(nemesis_tasks + work_tasks + [stopped], until=stopped, timeout_s=STALL_S):
+            if loop.time() - self._last_step_s >= STALL_S:
+                # The workloads stopped making steps: end the faults, so that a hang is told from a slow
+                # fault -- liveness then reports what has not finished.
+                self.note(f"no step for {STALL_S:.0f} s: stopping the faults")
+                self.stop.set()
         # Phase 2: the nemeses finish their current fault and heal it; then everything comes back.
         await self._wait(nemesis_tasks, until=None)
         await self.heal_everything()

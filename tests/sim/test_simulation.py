@@ -16,6 +16,7 @@ import pytest
 
 from quorumlog.bookie.core import LedgerBook, Verdict
 from quorumlog.bookie.journal import Journal, RecordType
+from quorumlog.client.write_handle import WriteHandle
 from quorumlog.sim.harness import CRASH_POINTS, CheckFailed, Simulation, simulate
 from quorumlog.sim.loop import run_simulation
 from quorumlog.sim.swarm import NEMESES, Mix
@@ -108,3 +109,20 @@ def test_checkers_catch_a_bookie_that_acknowledges_adds_before_the_journal_sync(
     )
     assert re.search(r"acknowledged entry \d+ is|entries \[[\d, ]+\] were acknowledged", message), message
     assert f"--seed {seed} " in message
+
+
+def test_a_writer_that_hangs_after_the_faults_heal_is_a_liveness_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The liveness checker (issue 16): once every fault is healed, a workload's pending work must finish
+    within LIVENESS_S of virtual time; a close that never returns is reported with the reproducing command."""
+
+    async def close_never(self: WriteHandle) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(WriteHandle, "close", close_never)
+    with pytest.raises(CheckFailed) as info:
+        simulate(1, 5, mix=Mix(writers=1, readers_per_writer=0))
+    message = str(info.value)
+    assert message.startswith("liveness: workloads ['writer1'] still running 60 s")
+    assert "reproduce with: python -m quorumlog.sim --seed 1 --steps 5" in message
