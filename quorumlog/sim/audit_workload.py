@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from quorumlog.client.distribution import Quorum
-from quorumlog.errors import QuorumLogError
+from quorumlog.errors import NoSuchLedgerError, QuorumLogError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.proto.entry import DIGEST_BYTES, ENTRY_HEADER_BYTES, DigestType
 from quorumlog.proto.messages import ReadRequest
@@ -78,6 +78,7 @@ class AuditorWorkload:
         self.recovery: AutoRecovery | None = None
         self.ledgers: dict[int, _Ledger] = {}
         self.crashed: list[str] = []
+        self._stopped = False
         self._violations: list[str] = []
         self._counts = {
             "audit_ledgers_written": 0,
@@ -195,10 +196,14 @@ class AuditorWorkload:
         await self._settle(sim)
         lm = client.ledger_manager
         for lid in sorted([lid async for lid in lm.list_ledgers()]):
-            md = (await lm.read(lid)).value
+            try:
+                md = (await lm.read(lid)).value
+            except NoSuchLedgerError:
+                continue  # deleted after the listing
             if md.is_closed:
                 await self._check_ledger(sim, client, md)
         self.check(sim)
+        await self.close()  # the last of this component's work: nothing of it outlives the run
 
     async def _settle(self, sim: Any) -> None:
         """Liveness: a full check started after the heal, then no mark and no work left, in bounded time."""
@@ -303,7 +308,7 @@ class AuditorWorkload:
         return out
 
     async def close(self) -> None:
-        """Stop the auto-recovery process (after `check_final`)."""
-        if self.recovery is not None:
+        """Stop the auto-recovery process (`check_final` ends with it). Its counters stay readable."""
+        if self.recovery is not None and not self._stopped:
+            self._stopped = True
             await self.recovery.stop()
-            self.recovery = None

@@ -23,6 +23,7 @@ The promises (checked as the run goes, in `check`, and with a full read-back in 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 from dataclasses import dataclass, field
@@ -62,6 +63,9 @@ class _Session:
     node: str
     positions: list[Position] = field(default_factory=list)
     payloads: set[bytes] = field(default_factory=set)
+    gaps_checked: int = (
+        0  # positions[:gaps_checked] were checked for gaps by `check` (the final one redoes all)
+    )
 
 
 @dataclass
@@ -308,6 +312,10 @@ class StreamWorkload:
                     w.cancel()
                 await asyncio.gather(*waits, return_exceptions=True)
                 await self._close_client(client)
+            if reading.done() and not reading.cancelled():
+                exc = reading.exception()
+                if exc is not None and not isinstance(exc, QuorumLogError):
+                    self._violation(f"log {model.name}: reader {node} failed with an untyped error: {exc!r}")
             if session.positions:
                 start = session.positions[-1].next_slot()
             if not reading.cancelled() and isinstance(reading.exception(), LogTruncatedError):
@@ -398,35 +406,39 @@ class StreamWorkload:
 
     # --- checkers -------------------------------------------------------------------------------------------
 
-    def check(self, sim: Any) -> None:
+    def check(self, sim: Any, *, full: bool = False) -> None:
         if not self._violations:
-            self._check_gaps()
+            self._check_gaps(full)
         if self._violations:
             sim.fail(self._violations[0])
 
-    def _check_gaps(self) -> None:
+    def _check_gaps(self, full: bool) -> None:
+        """No reader skipped an acknowledged record between the first and the last it delivered. Called often,
+        it looks only at what was delivered since its last call; `full` (the final check) looks at everything,
+        also at acknowledgements that arrived after the reader had passed them."""
         for model in self.models.values():
             acked = sorted(model.acked)
             for session in model.sessions:
                 if not session.positions:
                     continue
-                first, last = session.positions[0], session.positions[-1]
-                seen = set(session.positions)
-                for pos in acked:
-                    if pos < first or pos > last or pos in seen:
-                        continue
-                    if pos.segment < model.truncate_before.segment:
-                        continue  # its segment may have been truncated under the reader
+                done = 0 if full else session.gaps_checked
+                session.gaps_checked = len(session.positions)
+                lo = session.positions[max(0, done - 1)]
+                hi = session.positions[-1]
+                seen = set(session.positions[max(0, done - 1) :])
+                for pos in acked[bisect.bisect_left(acked, lo) : bisect.bisect_right(acked, hi)]:
+                    if pos in seen or pos.segment < model.truncate_before.segment:
+                        continue  # delivered, or its segment may have been truncated under the reader
                     self._violation(
-                        f"log {model.name}: reader {session.node} delivered {first}..{last} but skipped "
-                        f"acknowledged record {model.acked[pos]!r} at {pos}"
+                        f"log {model.name}: reader {session.node} delivered {session.positions[0]}..{hi} but "
+                        f"skipped acknowledged record {model.acked[pos]!r} at {pos}"
                     )
                     return
 
     async def check_final(self, sim: Any, client: Client) -> None:
         for model in self.models.values():
             await self._check_log(sim, client, model)
-        self.check(sim)
+        self.check(sim, full=True)
 
     async def _check_log(self, sim: Any, client: Client, model: _LogModel) -> None:
         log_ = await client.namespace(NAMESPACE).open_log(model.name)
