@@ -53,7 +53,9 @@ class EntryColumns:
 
 
 def _records(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(timestamps_ms, lengths, payload bytes) of one entry, or None for a control entry (END_OF_STREAM)."""
+    """(timestamps_ms, lengths, payload bytes) of one entry, or None for a control entry (END_OF_STREAM).
+    The payload bytes may be a `count x length` view into `data` (fixed-size records): `entry_columns`
+    copies them once, straight into the chunk's payload buffer."""
     size = len(data)
     batch_kind, count, _first = decode_header(data)
     body = size - HEADER_BYTES
@@ -66,7 +68,7 @@ def _records(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
             lengths = matrix[:, 8:12].copy().view(">u4").ravel()
             if bool((lengths == length).all()):
                 timestamps = matrix[:, :8].copy().view(">i8").ravel().astype(np.int64)
-                payloads = matrix[:, RECORD_OVERHEAD_BYTES:].ravel()  # a copy: rows are not contiguous
+                payloads = matrix[:, RECORD_OVERHEAD_BYTES:]  # a view: rows are not contiguous
                 return _data_only(batch_kind, timestamps, lengths.astype(np.int64), payloads)
     # Mixed lengths: one header walk, then one gather of the payload bytes.
     stamps = [0] * count
@@ -130,12 +132,18 @@ def entry_columns(entries: Sequence[Any]) -> EntryColumns:
     np.cumsum(all_lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ProtocolError(f"{offsets[-1]} payload bytes in one chunk of {len(ids)} entries (at most 2 GiB)")
+    # One copy of the payload bytes: each entry's (possibly strided) payloads go straight to their place.
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    at = 0
+    for part in datas:
+        data[at : at + part.size].reshape(part.shape)[...] = part
+        at += part.size
     return EntryColumns(
         np.repeat(np.asarray(ids, dtype=np.int64), count_arr),
         slots,
         np.concatenate(stamps),
         offsets.astype(np.int32),
-        np.concatenate(datas),
+        data,
     )
 
 

@@ -19,7 +19,13 @@ from quorumlog.stream.writer import STREAM_PASSWORD
 
 PARTITION_BYTES_MAX_DEFAULT = 64 << 20  # one read task covers at most this much of a segment (estimated)
 OPEN_SEGMENT_PARTITION_ENTRIES = 64  # entry sizes of an open segment are unknown: split by count
-READ_CHUNK_ENTRIES = 16  # entries fetched per read request inside a task (entries are <= 1 MiB each)
+READ_CHUNK_ENTRIES = 16  # entries per read request inside a task when their size is unknown (<= 1 MiB each)
+# Otherwise a read (and one Arrow batch) is about this many bytes: small enough that Spark's JVM consumes one
+# batch while the task reads and decodes the next (about Spark's own 10,000-row Arrow batches of 200 bytes).
+READ_CHUNK_BYTES = 2 << 20
+READ_CHUNK_ENTRIES_MAX = 1024  # (tiny entries: bounds the requests of one read)
+READ_FIRST_CHUNK_ENTRIES = 1  # a task's first read: Spark starts on the first Arrow batch sooner
+READ_AHEAD_CHUNKS = 2  # chunks read and decoded ahead of the one Spark is taking (bounds a task's memory)
 MIN_PARTITIONS_MAX = 100_000  # a read plans at most about this many partitions (each is a pickled task)
 
 KNOWN = {

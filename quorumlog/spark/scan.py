@@ -8,12 +8,14 @@ Rules it keeps:
   every task (and every retry of it) reads the same bytes.
 - Splits. Each partition is one segment's contiguous entry range, bounded by an estimated byte size
   (`partition_bytes_max`), so executors read in parallel and no task holds a whole segment.
-- Tasks open their own connection, read with plain ledger reads (fixed ranges: no tailing), decode the record
-  batches (`stream.records`) and emit Arrow record batches, then close the connection.
+- Tasks take a client from the process's pool (`connection.shared`), read with plain ledger reads (fixed
+  ranges: no tailing), decode the record batches (`columns`) in a helper thread a bounded number of chunks
+  ahead, and emit one Arrow record batch per chunk: a small first chunk, then about READ_CHUNK_BYTES each.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import itertools
@@ -31,7 +33,11 @@ from quorumlog.spark.connection import shared
 from quorumlog.spark.options import (
     BASE_NAMES,
     OPEN_SEGMENT_PARTITION_ENTRIES,
+    READ_AHEAD_CHUNKS,
+    READ_CHUNK_BYTES,
     READ_CHUNK_ENTRIES,
+    READ_CHUNK_ENTRIES_MAX,
+    READ_FIRST_CHUNK_ENTRIES,
     SourceOptions,
 )
 from quorumlog.stream.metadata import LogMetadata, SegmentInfo, SegmentState
@@ -80,6 +86,7 @@ class Span(InputPartition):
         last_entry: int,
         open_: bool,
         offload_uri: str | None = None,
+        entry_bytes: int = 0,
     ) -> None:
         self.seq = seq
         self.ledger_id = ledger_id
@@ -87,6 +94,7 @@ class Span(InputPartition):
         self.last_entry = last_entry
         self.open = open_
         self.offload_uri = offload_uri
+        self.entry_bytes = entry_bytes  # the segment's average entry size (0: unknown, an open segment)
 
     def __repr__(self) -> str:
         return f"Span(seq={self.seq}, ledger={self.ledger_id}, entries={self.first_entry}..{self.last_entry})"
@@ -306,13 +314,14 @@ def batch_spans(opts: SourceOptions, lv: LogView) -> list[Span]:
 def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> list[Span]:
     if last < first:
         return []
+    entry_bytes = 0
     if seg.open or seg.bytes <= 0 or seg.last_entry < 0:
         step = OPEN_SEGMENT_PARTITION_ENTRIES
     else:
-        entry_bytes = seg.bytes / (seg.last_entry + 1)
-        step = max(1, int(partition_bytes_max // max(1.0, entry_bytes)))
+        entry_bytes = max(1, round(seg.bytes / (seg.last_entry + 1)))
+        step = max(1, int(partition_bytes_max // entry_bytes))
     return [
-        Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open, seg.offload_uri)
+        Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open, seg.offload_uri, entry_bytes)
         for lo in range(first, last + 1, step)
     ]
 
@@ -331,7 +340,7 @@ def spread(spans: list[Span], min_partitions: int) -> list[Span]:
         pieces = max(1, -(-entries // step))
         bounds = [s.first_entry + entries * i // pieces for i in range(pieces + 1)]
         out.extend(
-            Span(s.seq, s.ledger_id, lo, hi - 1, s.open, s.offload_uri)
+            Span(s.seq, s.ledger_id, lo, hi - 1, s.open, s.offload_uri, s.entry_bytes)
             for lo, hi in itertools.pairwise(bounds)
         )
     return out
@@ -381,13 +390,36 @@ class RowFilter:
         return not (self.end_timestamp_ms is not None and ts >= self.end_timestamp_ms)
 
 
+def chunk_entries(entry_bytes: int) -> int:
+    """Entries per read (and per Arrow batch): about READ_CHUNK_BYTES of a segment whose average entry size
+    is known, else READ_CHUNK_ENTRIES."""
+    if entry_bytes <= 0:
+        return READ_CHUNK_ENTRIES
+    return max(1, min(READ_CHUNK_ENTRIES_MAX, READ_CHUNK_BYTES // entry_bytes))
+
+
+def chunk_bounds(first: int, last: int, first_entries: int, max_entries: int) -> list[tuple[int, int]]:
+    """Entry ranges of a span's reads: the first `first_entries`, then doubling up to `max_entries`, so the
+    first Arrow batch reaches Spark after one small read instead of a whole chunk of ~1 MiB entries."""
+    out = []
+    size = max(1, min(first_entries, max_entries))
+    lo = first
+    while lo <= last:
+        hi = min(last, lo + size - 1)
+        out.append((lo, hi))
+        lo = hi + 1
+        size = min(max_entries, size * 2)
+    return out
+
+
 def read_span(
     uri: str, password: bytes, span: Span, rows: RowFilter, schema_json: str, json_fields: bool
 ) -> Iterator[Any]:
     """Arrow record batches of one span, one per chunk of entries; the connection is closed at the end.
 
-    The next chunk is read from the bookies (on the client's loop thread) while this one is decoded: one
-    chunk ahead, so a task holds at most two chunks of entries."""
+    Chunks are read from the bookies and turned into Arrow batches by a helper thread, up to
+    READ_AHEAD_CHUNKS ahead of the batch Spark is taking, so a task holds a bounded number of chunks. Reads
+    start small and grow (chunk_bounds): Spark starts consuming after one entry, not after a whole chunk."""
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
@@ -416,37 +448,42 @@ def read_span(
             # Entries of an open segment up to the planned LAC are acknowledged but this handle's own LAC
             # may lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
             read = handle.read_unconfirmed if span.open else handle.read
+
+        def batch_of(entries: Any) -> Any:
+            cols = entry_columns(entries)
+            if not cols.rows:
+                return None
+            batch = pa.RecordBatch.from_arrays(base_arrays(cols, span.seq, base_schema), schema=base_schema)
+            keep = keep_mask(
+                cols, span.seq, rows.start, rows.end, rows.start_timestamp_ms, rows.end_timestamp_ms
+            )
+            if keep is not None:
+                batch = batch.filter(pa.array(keep))
+                if not batch.num_rows:
+                    return None
+            arrays = batch.columns
+            if decode_json is not None:
+                arrays = arrays + decode_json(batch.column(len(BASE_NAMES) - 1))  # the payloads
+            return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+        def fetch(lo: int, hi: int) -> Any:
+            return batch_of(read(lo, hi))
+
+        chunks = chunk_bounds(
+            span.first_entry, span.last_entry, READ_FIRST_CHUNK_ENTRIES, chunk_entries(span.entry_bytes)
+        )
+        pending: collections.deque[Any] = collections.deque()
         try:
-            chunks = [
-                (lo, min(span.last_entry, lo + READ_CHUNK_ENTRIES - 1))
-                for lo in range(span.first_entry, span.last_entry + 1, READ_CHUNK_ENTRIES)
-            ]
-            pending = ahead.submit(read, *chunks[0]) if chunks else None
             for i in range(len(chunks)):
-                assert pending is not None
-                entries = pending.result()
-                pending = ahead.submit(read, *chunks[i + 1]) if i + 1 < len(chunks) else None
-                cols = entry_columns(entries)
-                del entries
-                if not cols.rows:
-                    continue
-                batch = pa.RecordBatch.from_arrays(
-                    base_arrays(cols, span.seq, base_schema), schema=base_schema
-                )
-                keep = keep_mask(
-                    cols, span.seq, rows.start, rows.end, rows.start_timestamp_ms, rows.end_timestamp_ms
-                )
-                if keep is not None:
-                    batch = batch.filter(pa.array(keep))
-                    if not batch.num_rows:
-                        continue
-                arrays = batch.columns
-                if decode_json is not None:
-                    arrays = arrays + decode_json(batch.column(len(BASE_NAMES) - 1))  # the payloads
-                yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+                while len(pending) < READ_AHEAD_CHUNKS and i + len(pending) < len(chunks):
+                    pending.append(ahead.submit(fetch, *chunks[i + len(pending)]))
+                batch = pending.popleft().result()
+                if batch is not None:
+                    yield batch
         finally:
-            if pending is not None and not pending.cancel():
-                with contextlib.suppress(Exception):  # the task is failing or was stopped early
-                    pending.result()
+            for fut in pending:
+                if not fut.cancel():
+                    with contextlib.suppress(Exception):  # the task is failing or was stopped early
+                        fut.result()
             if handle is not None:
                 handle.close()

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from quorumlog import Position
 from quorumlog.errors import ProtocolError
 from quorumlog.spark.columns import _row_decoder, base_arrays, entry_columns, json_decoder, keep_mask
-from quorumlog.spark.scan import RowFilter, Span, spread
+from quorumlog.spark.options import READ_CHUNK_BYTES, READ_CHUNK_ENTRIES, READ_CHUNK_ENTRIES_MAX
+from quorumlog.spark.scan import RowFilter, SegmentView, Span, chunk_bounds, chunk_entries, split, spread
 from quorumlog.stream.records import BatchKind, decode_batch, encode_batch, encode_end_of_stream
 
 ARROW_BASE = pa.schema(
@@ -171,3 +172,26 @@ def test_a_one_range_read_is_spread_over_min_partitions() -> None:
     mixed = spread([Span(1, 1, 5, 5, False), Span(2, 2, 0, 59, True)], 4)
     assert len(mixed) >= 4 and all(s.open for s in mixed if s.seq == 2)
     assert sum(s.last_entry - s.first_entry + 1 for s in mixed) == 61
+
+
+def test_a_task_reads_a_small_chunk_first_then_chunks_of_about_two_mib() -> None:
+    # The first Arrow batch reaches Spark after one entry; later ones are ~READ_CHUNK_BYTES each, so the JVM
+    # consumes one while the task reads the next (a 16-entry first read of ~420 KB entries held Spark for
+    # 6.7 MB).
+    assert chunk_bounds(0, 20, 1, 4) == [(0, 0), (1, 2), (3, 6), (7, 10), (11, 14), (15, 18), (19, 20)]
+    assert chunk_bounds(5, 5, 1, 4) == [(5, 5)]
+    assert chunk_bounds(3, 2, 1, 4) == []
+    bounds = chunk_bounds(0, 999, 1, 16)
+    assert bounds[0] == (0, 0) and bounds[-1][1] == 999
+    assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(bounds))
+    assert chunk_entries(424_000) == READ_CHUNK_BYTES // 424_000 == 4
+    assert chunk_entries(0) == READ_CHUNK_ENTRIES  # unknown size (an open segment)
+    assert chunk_entries(10) == READ_CHUNK_ENTRIES_MAX  # tiny entries: requests per read stay bounded
+    assert chunk_entries(5 << 20) == 1
+
+
+def test_spans_carry_their_segments_entry_size() -> None:
+    seg = SegmentView(3, 30, 99, False, 100 * 424_000)
+    spans = spread(split(seg, 0, 99, 64 << 20), 4)
+    assert len(spans) == 4 and {s.entry_bytes for s in spans} == {424_000}
+    assert {s.entry_bytes for s in split(SegmentView(4, 40, 9, True, 0), 0, 9, 64 << 20)} == {0}
