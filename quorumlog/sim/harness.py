@@ -295,6 +295,10 @@ class Simulation:
         self.check_all()
         await checker.close()
         for component in self.components:
+            close = getattr(component, "close", None)  # a workload with a process of its own (auto-recovery)
+            if close is not None:
+                await close()
+        for component in self.components:
             for name, value in component.counters().items():
                 self.stats.counters[name] = self.stats.counters.get(name, 0) + value
         return self.stats

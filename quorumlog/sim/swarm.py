@@ -46,7 +46,10 @@ WRITERS_MAX = 4
 READERS_PER_WRITER_MAX = 2
 
 # name -> (module, class, probability). A module that does not exist (yet) is never drawn.
-OPTIONAL_WORKLOADS: dict[str, tuple[str, str, float]] = {}
+OPTIONAL_WORKLOADS: dict[str, tuple[str, str, float]] = {
+    "streams": ("quorumlog.sim.stream_workload", "StreamWorkload", 0.3),
+    "auditor": ("quorumlog.sim.audit_workload", "AuditorWorkload", 0.3),
+}
 
 
 @dataclass(frozen=True)
