@@ -43,6 +43,7 @@ from quorumlog.bookie.journal import (
     Record,
     RecordType,
     add_record_header,
+    add_record_headers,
     record_header,
 )
 from quorumlog.bookie.storage import LedgerStorage
@@ -404,7 +405,7 @@ class Bookie:
         room = storage.room_bytes()
         if not storage.active.entries:
             room = max(room, len(adds[0][3]))  # an empty cache takes any one entry
-        records: list[Record] = []
+        bodies: list[bytes] = []
         keys: list[tuple[int, int]] = []
         refused: list[int] = []  # indices of adds answered at once
         runs: list[tuple[int, int, int]] = []  # (ledger, last entry, largest LAC) of each run of one ledger
@@ -413,7 +414,6 @@ class Bookie:
         run_key = b""
         status = _EOK
         parked_from = 0 if self._parked else -1  # later adds queue behind parked ones
-        header_for = add_record_header
         for i, (lid, eid, key, body, lac, _, _) in enumerate(adds if parked_from < 0 else ()):
             size = len(body)
             if size > room:
@@ -439,7 +439,7 @@ class Bookie:
                 refused.append(i)
                 sink.adds_answered([adds[i]], size, status, tag)
                 continue
-            records.append((header_for(body), body))
+            bodies.append(body)
             keys.append((lid, eid))
             nbytes += size
             room -= size + REC_HEADER_SIZE
@@ -449,7 +449,8 @@ class Bookie:
                 run_lac = lac
         if run_last >= 0:
             runs.append((run_lid, run_last, run_lac))
-        if records:
+        if bodies:
+            records: list[Record] = list(zip(add_record_headers(bodies), bodies, strict=True))
             accepted = adds if parked_from < 0 else adds[:parked_from]
             if refused:
                 skip = set(refused)
