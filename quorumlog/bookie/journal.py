@@ -75,6 +75,7 @@ HEADER_SIZE = 4096  # records start on the second page, so a torn header write n
 _FILE_HEADER = struct.Struct(">4sIQI")  # magic, version, seq, crc32c(previous fields)
 _BATCH_HEADER = struct.Struct(">II")  # crc32c(seq salt, length, data), data length
 BATCH_HEADER_SIZE = _BATCH_HEADER.size
+_NO_BATCH_HEADER = bytes(BATCH_HEADER_SIZE)  # room for a batch header, filled in once the CRC is known
 _REC_HEADER = struct.Struct(">IIB")  # crc32c(length, type, payload), payload length, record type
 REC_HEADER_SIZE = _REC_HEADER.size
 _LEN_TYPE = struct.Struct(">IB")
@@ -831,8 +832,11 @@ class Journal:
         return batch
 
     def _write(self, batch: _Batch) -> None:
-        data = b"".join(chain.from_iterable(batch.records))
-        size = BATCH_HEADER_SIZE + len(data)
+        # The batch header's room is joined in with the records and filled in place: the batch's bytes are
+        # copied once (a join then `header + data` copied them twice).
+        buf = bytearray().join(chain((_NO_BATCH_HEADER,), chain.from_iterable(batch.records)))
+        size = len(buf)
+        data = size > BATCH_HEADER_SIZE
         if data and self._offset + size + _ROLL_BYTES > self._file_limit and self._offset > HEADER_SIZE:
             self._roll()
         elif self._offset > self._file_limit // 2 and not self._ready and not self._preparing:
@@ -840,7 +844,12 @@ class Journal:
         f = self._file
         assert f is not None
         if data:
-            f.pwrite(encode_batch(self._file_seq, data), self._offset)
+            n = size - BATCH_HEADER_SIZE
+            crc = crc32c.crc32c(
+                memoryview(buf)[BATCH_HEADER_SIZE:], crc32c.crc32c(_SALT.pack(self._file_seq, n))
+            )
+            _BATCH_HEADER.pack_into(buf, 0, crc, n)
+            f.pwrite(buf, self._offset)
             if self.sync:
                 started = self._timer()
                 f.fdatasync()
