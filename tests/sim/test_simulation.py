@@ -21,7 +21,8 @@ from quorumlog.sim.harness import CRASH_POINTS, CheckFailed, Simulation, simulat
 from quorumlog.sim.loop import run_simulation
 from quorumlog.sim.swarm import NEMESES, OPTIONAL_WORKLOADS, Mix
 
-FIXED_SEEDS = [1, 2, 3, 4, 5, 8]
+FIXED_SEEDS = [1, 2, 4, 5, 8]
+FIXED_STEPS = 40
 # (Seeds 1615 and 2497, regressions of the single-writer harness, name other runs since each seed draws a
 # mix; the recovery bug 2497 found is covered by tests/client/test_recovery_ensemble_change.py.)
 EXTRA_SEEDS = [int(s) for s in os.environ.get("QUORUMLOG_SIM_SEED", "").split(",") if s.strip()]
@@ -32,14 +33,14 @@ def test_fixed_seeds_keep_every_promise(seed: int, caplog: pytest.LogCaptureFixt
     """Each seed draws its own mix (sim/swarm.py); together these cover every nemesis and optional workload.
     No unretrieved-error noise either (asyncio's "... exception was never retrieved")."""
     caplog.set_level(logging.ERROR)
-    stats = simulate(seed, 60)
+    stats = simulate(seed, FIXED_STEPS)
     gc.collect()
     assert stats.appends_acked > 0 and stats.counters["ledgers_checked"] > 0
     assert [r.getMessage()[:200] for r in caplog.records if r.name == "asyncio"] == []
 
 
 def test_the_fixed_seeds_cover_every_nemesis_and_workload() -> None:
-    mixes = [Simulation(seed, 60).mix for seed in FIXED_SEEDS]
+    mixes = [Simulation(seed, FIXED_STEPS).mix for seed in FIXED_SEEDS]
     assert set().union(*(m.nemeses for m in mixes)) == set(NEMESES)
     assert set().union(*(m.workloads for m in mixes)) == set(OPTIONAL_WORKLOADS)
 
