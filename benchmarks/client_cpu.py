@@ -14,7 +14,12 @@ median and every round's client CPU µs per entry, the fakes' share, the time Py
 `gc.callbacks`), and entries/s (wall; with fake bookies this is a CPU bound, not a throughput claim).
 The process's GC is left as a library user has it unless `--gc` says otherwise (recorded in the JSON).
 
+`--ledgers N` (default 1) writes round robin over N open ledgers instead of one, as the `ledgers` benchmark
+does with real bookies: the client's per-ledger costs (state touched cold on every add, explicit LAC) without
+the bookies' share or the machine's load. Creating the ledgers is not measured.
+
     ./dev bench client_cpu [--entries 30000] [--rounds 3] [--cases E3W2A2,E1W1A1] [--protocols v3,v2]
+                           [--ledgers 1]
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from quorumlog.proto import messages as m
 from quorumlog.proto.codec import ServerConnection
 from quorumlog.proto.status import StatusCode
 from quorumlog.testing.cluster import LocalCluster
+
+CREATE_CONCURRENCY = 64  # ledger creations in flight (as benchmarks/ledgers.py)
 
 
 class CpuMeter(c.GcMeter):
@@ -140,15 +147,17 @@ def parse_case(text: str) -> tuple[int, int, int]:
         raise SystemExit(f"client_cpu: bad case {text!r}: expected E<n>W<n>A<n>, e.g. E3W2A2") from None
 
 
-async def append_n(handle: Any, n: int, outstanding: int, payload: bytes) -> None:
-    """Append `n` entries keeping `outstanding` in flight; each acknowledgement issues the next append."""
+async def append_n(handles: list[Any], n: int, outstanding: int, payload: bytes) -> None:
+    """Append `n` entries round robin over `handles`, keeping `outstanding` in flight; each acknowledgement
+    issues the next append."""
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
     state = {"issued": 0, "acked": 0}
+    count = len(handles)
 
     def issue() -> None:
+        handles[state["issued"] % count].append(payload).add_done_callback(acked)
         state["issued"] += 1
-        handle.append(payload).add_done_callback(acked)
 
     def acked(fut: asyncio.Future[int]) -> None:
         if finished.done():
@@ -176,12 +185,14 @@ async def measure_case(
     payload = os.urandom(args.payload_bytes)
     rounds = []
     async with await Client.connect(uri, env=env, protocol=protocol) as client:
-        handle = await client.create_ledger(e, w, a, password=b"bench")
-        await append_n(handle, args.entries, args.outstanding, payload)  # warm-up
+        handles = await c.bounded(
+            [lambda: client.create_ledger(e, w, a, password=b"bench")] * args.ledgers, CREATE_CONCURRENCY
+        )
+        await append_n(handles, args.entries, args.outstanding, payload)  # warm-up
         for _ in range(args.rounds):
             meter.reset()
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            await append_n(handle, args.entries, args.outstanding, payload)
+            await append_n(handles, args.entries, args.outstanding, payload)
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             per = 1e6 / args.entries
             rounds.append(
@@ -194,10 +205,12 @@ async def measure_case(
                     "loadavg_1m": c.loadavg()[0],
                 }
             )
-        await handle.close()
+        for handle in handles:
+            await handle.close()
     return {
         "protocol": protocol,
         "case": case.upper(),
+        "ledgers": args.ledgers,
         "entries_per_round": args.entries,
         "client_cpu_us_per_entry": statistics.median(r["client_cpu_us_per_entry"] for r in rounds),
         "gc_cpu_us_per_entry": statistics.median(r["gc_cpu_us_per_entry"] for r in rounds),
@@ -218,6 +231,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "rounds": args.rounds,
                 "outstanding": args.outstanding,
                 "payload_bytes": args.payload_bytes,
+                "ledgers": args.ledgers,
                 "gc": c.set_gc(args.gc),
             }
             gc.callbacks.append(meter)
@@ -238,10 +252,11 @@ def cli() -> None:
     p.add_argument("--entries", type=int, default=30_000, help="appends per round (and for the warm-up)")
     p.add_argument("--cases", default="E3W2A2,E1W1A1", help="comma-separated E<n>W<n>A<n>")
     p.add_argument("--protocols", default="v3,v2")
+    p.add_argument("--ledgers", type=int, default=1, help="open ledgers written round robin")
     args = p.parse_args()
     c.quick(args, p, entries=2000, rounds=1)
-    if args.entries < 1 or args.rounds < 1 or args.outstanding < 1:
-        p.error("--entries, --rounds and --outstanding must be >= 1")
+    if args.entries < 1 or args.rounds < 1 or args.outstanding < 1 or args.ledgers < 1:
+        p.error("--entries, --rounds, --outstanding and --ledgers must be >= 1")
     c.check_versions(p, "--protocols", args.protocols)
     args.max_ensemble = max(parse_case(k)[0] for k in args.cases.split(","))
     result = run(main(args))

@@ -40,9 +40,10 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from quorumlog.client.distribution import Quorum, ensemble_for, last_ensemble
 from quorumlog.errors import (
@@ -65,6 +66,8 @@ EnsembleChangeMode = Literal["immediate", "delayed", "disabled"]
 # Default bound on pending adds per handle (the benchmark's deepest pipeline is 1000 outstanding).
 OUTSTANDING_ADDS_MAX_DEFAULT = 10_000
 
+_NO_BOOKIES: frozenset[str] = frozenset()
+
 # Errors after which this writer can never succeed again: retrying or changing the ensemble cannot help.
 # None of them is the bookie's fault, so none counts as a bookie failure.
 _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
@@ -78,13 +81,16 @@ _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
 # --- actions and events --------------------------------------------------------------------------------------
 
 
-@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
-@dataclass(frozen=True, slots=True)
-class SendAdd:
-    """Send ADD of `entry_id` to `bookie_id` (ensemble index `index`). The driver keeps the entry bytes."""
+class SendAdd(NamedTuple):
+    """Send ADD of `entry_id` to `bookie_id` (ensemble index `index`). The driver keeps the entry bytes.
+
+    A named tuple rather than a frozen dataclass: the driver keeps one per replica until the bookie answers,
+    and a tuple of plain values is dropped from the cyclic GC's tracking at its first collection, where a
+    slotted object would be promoted and scanned by every full collection while its add is in flight (with
+    thousands of adds in flight, that scan is most of a many-ledger client's GC time)."""
 
     entry_id: int
-    index: int
+    index: int  # type: ignore[assignment]  # (shadows tuple.index, which nothing calls on an action)
     bookie_id: str
     recovery: bool = False
 
@@ -135,14 +141,15 @@ class Appended:
 
 
 class _Pending:
-    """One pending add. A plain slotted class, not a dataclass or an `AckSet` (distribution.py): one object
-    and two containers per add, on the hot path."""
+    """One pending add. A plain slotted class, not a dataclass or an `AckSet` (distribution.py), with the acks
+    as a bit mask rather than a set: every object an add in flight holds is one more for the cyclic GC to
+    count, promote and scan (docs/PERFORMANCE.md, "CPU per entry (session 6)")."""
 
     __slots__ = ("acked", "first_sent_s", "length", "recovery", "sent_s")
 
     def __init__(self, length: int, recovery: bool, first_sent_s: float) -> None:
-        # Ensemble indices (of the entry's write set) that acknowledged it.
-        self.acked: set[int] = set()
+        # Ensemble indices (of the entry's write set) that acknowledged it: bit i is index i.
+        self.acked = 0
         self.length = length
         self.recovery = recovery
         self.first_sent_s = first_sent_s
@@ -152,6 +159,38 @@ class _Pending:
 
 class AddTracker:
     """Pending adds of one open ledger handle (see the module docstring for the rules)."""
+
+    # Slots, no instance dict: a client with 10,000 open ledgers holds 10,000 trackers, and each object one
+    # holds is scanned by every full collection of the cyclic GC (docs/PERFORMANCE.md, "CPU per entry
+    # (session 6)"). For the same reason the set of failed bookies is a shared empty frozenset until a
+    # bookie fails.
+    __slots__ = (
+        "_ack_quorum",
+        "_changing",
+        "_closed",
+        "_ensemble_size",
+        "_error",
+        "_failed_bookies",
+        "_last_for",
+        "_last_list",
+        "_last_start",
+        "_pending",
+        "_write_sets",
+        "add_quorum_timeout_s",
+        "add_timeout_s",
+        "deferred_sync",
+        "ensembles",
+        "lac_sent_to_bookies",
+        "last_add_completed",
+        "last_add_confirmed",
+        "last_add_pushed",
+        "length_completed",
+        "length_confirmed",
+        "length_pushed",
+        "mode",
+        "outstanding_adds_max",
+        "quorum",
+    )
 
     def __init__(
         self,
@@ -195,7 +234,8 @@ class AddTracker:
         self.add_quorum_timeout_s = add_quorum_timeout_s
         self.mode: EnsembleChangeMode = ensemble_change
         self._pending: dict[int, _Pending] = {}  # insertion order == entry-id order
-        self._failed_bookies: set[str] = set()  # bookies of the last ensemble awaiting replacement
+        # Bookies of the last ensemble awaiting replacement (replaced whole, never changed in place).
+        self._failed_bookies: frozenset[str] = _NO_BOOKIES
         self._changing: EnsembleChangeNeeded | None = None
         self._error: QuorumLogError | None = None
         self._closed = False
@@ -206,7 +246,7 @@ class AddTracker:
         # is kept with its first entry id, valid while `self.ensembles` is the dict it was taken from.
         self._ack_quorum = quorum.ack_quorum
         self._ensemble_size = quorum.ensemble_size
-        self._write_sets = tuple(quorum.write_set(s) for s in range(quorum.ensemble_size))
+        self._write_sets = _write_sets(quorum.ensemble_size, quorum.write_quorum)
         self._last_for: dict[int, list[str]] | None = None
         self._last_start = 0
         self._last_list: Sequence[str] = ()
@@ -388,9 +428,9 @@ class AddTracker:
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
             return []
         pending.sent_s.pop(index, None)
-        acked = pending.acked
-        acked.add(index)
-        if len(acked) < self._ack_quorum:
+        acked = pending.acked | (1 << index)
+        pending.acked = acked
+        if acked.bit_count() < self._ack_quorum:
             # Most acks: this entry is not complete yet, so no entry can complete now (completion is in
             # order, and every other entry's acks are unchanged since the last drain).
             return []
@@ -466,14 +506,14 @@ class AddTracker:
         self.ensembles = {k: v for k, v in self.ensembles.items() if k < first_entry_id}
         self.ensembles[first_entry_id] = list(new_ensemble)
         self._changing = None
-        self._failed_bookies = {b for b in self._failed_bookies if b in new_ensemble}
+        self._failed_bookies = frozenset(b for b in self._failed_bookies if b in new_ensemble) or _NO_BOOKIES
         actions: list[AddAction] = []
         for entry_id, pending in self._pending.items():
             if entry_id < first_entry_id:
                 continue  # cannot happen while changing (LAC is frozen), kept for clarity
             for index in self.quorum.write_set(entry_id):
                 if index in replaced:
-                    pending.acked.discard(index)
+                    pending.acked &= ~(1 << index)
                     pending.sent_s[index] = now_s
                     actions.append(SendAdd(entry_id, index, new_ensemble[index], pending.recovery))
         actions.extend(self._drain_completions())
@@ -497,12 +537,12 @@ class AddTracker:
         if self.add_quorum_timeout_s > 0:
             for entry_id, pending in self._pending.items():
                 if (
-                    len(pending.acked) < self._ack_quorum
+                    pending.acked.bit_count() < self._ack_quorum
                     and now_s - pending.first_sent_s >= self.add_quorum_timeout_s
                 ):
                     return self._fail_all(
                         AddQuorumTimeoutError(
-                            f"entry {entry_id} had {len(pending.acked)} of {self.quorum.ack_quorum} acks "
+                            f"entry {entry_id} had {pending.acked.bit_count()} of {self.quorum.ack_quorum} acks "
                             f"after add_quorum_timeout_s={self.add_quorum_timeout_s}"
                         )
                     )
@@ -523,7 +563,7 @@ class AddTracker:
         """The earliest time at which `check_timeouts` may have something to do (None: nothing scheduled)."""
         deadlines: list[float] = []
         for pending in self._pending.values():
-            if self.add_quorum_timeout_s > 0 and len(pending.acked) < self._ack_quorum:
+            if self.add_quorum_timeout_s > 0 and pending.acked.bit_count() < self._ack_quorum:
                 deadlines.append(pending.first_sent_s + self.add_quorum_timeout_s)
             if self.add_timeout_s > 0 and pending.sent_s:
                 deadlines.append(min(pending.sent_s.values()) + self.add_timeout_s)
@@ -571,7 +611,7 @@ class AddTracker:
         while self._pending:
             entry_id = next(iter(self._pending))
             pending = self._pending[entry_id]
-            if len(pending.acked) < self._ack_quorum:
+            if pending.acked.bit_count() < self._ack_quorum:
                 break
             del self._pending[entry_id]
             self.last_add_completed = entry_id
@@ -595,7 +635,7 @@ class AddTracker:
                     "(its unforced entries there could be lost); the writer stops"
                 )
             )
-        self._failed_bookies.add(bookie_id)
+        self._failed_bookies = self._failed_bookies | {bookie_id}
         return self._maybe_change()
 
     def _failed_indices(self) -> dict[int, str]:
@@ -606,12 +646,12 @@ class AddTracker:
         failed = set(self._failed_indices())
         last_start = max(self.ensembles)
         for entry_id, pending in self._pending.items():
-            if entry_id < last_start or len(pending.acked) >= self._ack_quorum:
+            if entry_id < last_start or pending.acked.bit_count() >= self._ack_quorum:
                 continue
             alive = sum(
                 1
                 for i in self.quorum.write_set(entry_id)
-                if i not in failed or i in pending.acked  # an ack already received still counts
+                if i not in failed or pending.acked >> i & 1  # an ack already received still counts
             )
             if alive < self.quorum.ack_quorum:
                 return entry_id
@@ -642,6 +682,14 @@ class AddTracker:
         failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
         self._pending.clear()
         return failed
+
+
+@functools.cache
+def _write_sets(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...], ...]:
+    """The write set of each entry id modulo E (`Quorum.write_set`), one tuple shared by every tracker (at most
+    ENSEMBLE_SIZE_MAX squared of them are ever cached)."""
+    quorum = Quorum(ensemble_size, write_quorum, 1)
+    return tuple(quorum.write_set(s) for s in range(ensemble_size))
 
 
 # --- late bookies ------------------------------------------------------------------------------------------
