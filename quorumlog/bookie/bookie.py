@@ -15,7 +15,10 @@ Rules it keeps (docs/BOOKIE.md "Durability rules"):
   journal's own sync thread.
 
 Entry points: `handle(request, reply)` takes a typed request from `quorumlog.proto.messages` and calls
-`reply(response)` exactly once, now or later. The server (`server.py`) is only a transport around it.
+`reply(response)` exactly once, now or later. `add_batch(adds, sink, tag)` takes the canonical adds of one
+connection read (`proto.server_codec.FastAdd`) with the same effects and answers as one `add` each, but one
+journal callback for all (the per-add work is what bounds a bookie's adds/s: docs/PERFORMANCE.md, "CPU per
+add (session 6): bookie"). The server (`server.py`) is only a transport around them.
 """
 
 from __future__ import annotations
