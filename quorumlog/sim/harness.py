@@ -101,6 +101,7 @@ class Simulation:
         self.writers: dict[str, Any] = {}  # writer node -> its open WriteHandle (nemeses pick from these)
         self.stats = Stats(mix=self.mix.as_dict())
         self.stop = asyncio.Event()
+        self.burst_pushed = asyncio.Event()  # pulsed (set, cleared) when a writer has pushed a burst of adds
         self._node_count = 0
         self._last_step_s = 0.0
         self._history: list[str] = []

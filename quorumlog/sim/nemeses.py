@@ -100,14 +100,19 @@ class PowerLoss(Nemesis):
     name = "power_loss"
 
     async def inject(self, sim: Simulation) -> bool:
-        # Wait (bounded: 5 s) for every bookie to be up and a writer to have adds in flight, then strike within
-        # the next millisecond: the window between a bookie's answer and its sync is a fraction of that.
-        for _ in range(25_000):
-            busy = [h for _, h in sorted(sim.writers.items()) if h.last_add_pushed > h.last_add_confirmed]
-            if busy and len(sim.up_bookies()) == 5:
+        # Wait (bounded) for every bookie to be up, then for a writer to push a burst, and strike within the
+        # next millisecond: the window between a bookie's answer and its sync is a fraction of that.
+        for _ in range(100):
+            if len(sim.up_bookies()) == 5:
                 break
-            await asyncio.sleep(0.000_2)
+            await asyncio.sleep(0.05)
         else:
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await sim.burst_pushed.wait()
+        busy = [h for _, h in sorted(sim.writers.items()) if h.last_add_pushed > h.last_add_confirmed]
+        if not busy:
             return False
         handle = self.rng.choice(busy)
         await asyncio.sleep(self.rng.uniform(0.0, 0.001))

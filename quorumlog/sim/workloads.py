@@ -127,6 +127,9 @@ class LedgerWriterWorkload:
                 ok = False
                 break
             futures.append((payload, fut))
+        if futures:
+            sim.burst_pushed.set()  # wakes whoever waits for adds in flight (the power-loss nemesis)
+            sim.burst_pushed.clear()
         # Every future is awaited, also after a refused append: the ones already pushed may still be
         # acknowledged (the checkers must know), and a failed one nobody awaits is logged as an error.
         for payload, fut in futures:
