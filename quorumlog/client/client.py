@@ -191,7 +191,9 @@ class Client:
         owns = store is None
         if store is None:
             store = await open_cluster_store(uri)
-        registry = BookieRegistry(store)
+        env = env or default_env()
+        # Its watch loops are the client's tasks: a simulated node's crash must stop them with the client.
+        registry = BookieRegistry(store, spawn=env.spawn)
         try:
             await registry.start()
         except BaseException:
@@ -205,7 +207,7 @@ class Client:
                 registry,
                 config,
                 policy,
-                env or default_env(),
+                env,
                 owns_store=owns,
                 metrics_registry=metrics_registry,
             )

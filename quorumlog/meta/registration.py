@@ -228,11 +228,20 @@ class BookieRegistration:
 class BookieRegistry:
     """The client's view of bookie membership: writable and read-only ids, and id -> address.
 
-    `await start()` arms the watches; `on_change(cb)` runs `cb()` after every membership change.
+    `await start()` arms the watches; `on_change(cb)` runs `cb()` after every membership change. `spawn`
+    starts its watch loops (the owner's `Env.spawn`, so that a simulated crash of the owner stops them too);
+    by default plain loop tasks.
     """
 
-    def __init__(self, store: MetadataStore, *, root: str | None = None) -> None:
+    def __init__(
+        self,
+        store: MetadataStore,
+        *,
+        root: str | None = None,
+        spawn: Callable[..., asyncio.Task[None]] | None = None,
+    ) -> None:
         self.store = store
+        self._spawn = spawn
         self.root = root or store.ledgers_root
         self._writable: dict[str, BookieServiceInfo | None] = {}
         self._readonly: dict[str, BookieServiceInfo | None] = {}
@@ -247,7 +256,10 @@ class BookieRegistry:
             w = await self.store.watch_children(path)
             self._watches.append(w)
             await self._refresh(ro)
-            self._tasks.append(asyncio.create_task(self._follow(w, ro), name=f"bookie-registry-{path}"))
+            follow = self._follow(w, ro)
+            name = f"bookie-registry-{path}"
+            task = self._spawn(follow, name=name) if self._spawn else asyncio.create_task(follow, name=name)
+            self._tasks.append(task)
 
     async def _follow(self, watch: Watch, readonly: bool) -> None:
         options = self.store.options
