@@ -8,7 +8,9 @@ Rules it keeps:
   writer's recovery). Then the reader moves to the next segment, waiting on metadata watches if the writer
   has not announced it yet.
 - A start position before the log's truncation point is an error (`LogTruncatedError`), never a silent
-  skip to the first available record. `Position.HEAD` always means "the oldest record still kept".
+  skip to the first available record. `Position.HEAD` always means "the oldest record still kept". So is a
+  truncation that deletes records this reader has not delivered yet (it fell behind): the iteration raises
+  `LogTruncatedError` where it would otherwise jump to the next segment kept.
 - An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
 - `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
 - An offloaded segment (`stream.offload`) is read from its Parquet file, with the same positions. A ledger
@@ -99,6 +101,7 @@ class LogReader:
             if seg is None:
                 return  # sealed, and nothing after pos
             if seg.seq != pos.segment:
+                await self._raise_if_truncated(pos)  # the segments between were deleted under this reader
                 pos = Position(seg.seq, 0, 0)
                 if self._end is not None and pos >= self._end:
                     return
@@ -130,6 +133,7 @@ class LogReader:
                         self._log.namespace, self._log.name, seg.seq
                     )
                     if again is None or again.value.offload is None:
+                        await self._raise_if_truncated(pos)
                         raise
                     seg = again.value
             if ended or seg.end_of_stream:
@@ -191,6 +195,16 @@ class LogReader:
                 f"the oldest record kept is in segment {first_kept} (start at Position.HEAD to read from there)"
             )
         return start
+
+    async def _raise_if_truncated(self, owed: Position) -> None:
+        """LogTruncatedError if the log was truncated past `owed`, the next position this reader owes: records
+        it never delivered were deleted, and skipping them silently would break its exactly-once promise."""
+        md = (await self._log.log_store.read_log(self._log.namespace, self._log.name)).value
+        if owed < md.truncated_before:
+            raise LogTruncatedError(
+                f"log {self._log.namespace}/{self._log.name} was truncated before {md.truncated_before} while "
+                f"this reader still owed position {owed}: those records were deleted before it read them"
+            )
 
     async def _next_segment(self, seq: int) -> SegmentInfo | None:
         """The segment with the smallest sequence number >= seq, waiting for the writer to create it."""

@@ -131,6 +131,24 @@ async def test_truncate_deletes_whole_segments_and_their_ledgers(client: Client)
     assert first[0].position.segment == segs[2].seq
 
 
+async def test_a_reader_behind_a_truncation_gets_log_truncated_not_a_silent_skip(client: Client) -> None:
+    log = await client.namespace("ns").create_log("behind", **SMALL)
+    async with await log.open_writer() as writer:
+        await asyncio.gather(*[writer.write(b"z" * 100) for _ in range(400)])
+    segs = await log.segments()
+    assert len(segs) >= 4
+    reader = await log.open_reader(start=Position.HEAD)
+    got = await read_n(reader, 1)
+    assert await log.truncate(before=Position(segs[2].seq, 0, 0)) == [segs[0].seq, segs[1].seq]
+    # What it already fetched of segment 0 may still come; nothing of segment 2 may, before the error.
+    with pytest.raises(LogTruncatedError, match="still owed"):
+        async with asyncio.timeout(20):
+            async for rec in reader:
+                got.append(rec)
+    await reader.close()
+    assert {r.position.segment for r in got} == {segs[0].seq}
+
+
 async def test_reader_from_tail_sees_only_new_records(client: Client) -> None:
     log = await client.namespace("ns").create_log("tail")
     writer = await log.open_writer()
