@@ -188,6 +188,19 @@ async def _read_back(port: int, lid: int, eid: int) -> pb.Response:
         await c.close()
 
 
+async def _read_all(port: int, entries: dict[tuple[int, int], bytes]) -> None:
+    """Read every (ledger, entry) back over one connection: each must be the bytes that were sent."""
+    c = await Raw.open(port)
+    try:
+        keys = list(entries)
+        await c.send(b"".join(v3_read(i + 1, lid, e) for i, (lid, e) in enumerate(keys)))
+        for r in await c.v3(len(keys)):
+            key = keys[r.header.txnId - 1]
+            assert (r.status, r.readResponse.body) == (OK, entries[key]), key
+    finally:
+        await c.close()
+
+
 def _same_answers(got: list[Any], want: list[Any]) -> None:
     """Every request answered once as expected. A refusal is answered at once and an accepted add once
     durable, so refusals may overtake acceptances (as with BookKeeper's bookie); accepted adds keep their
@@ -238,9 +251,7 @@ async def test_v3_adds_in_any_field_order_or_with_optional_and_unknown_fields_ge
     await conn.send(b"".join(frames))
     answers = [_add_answer(r) for r in await conn.v3(len(frames))]
     assert answers == [(t + 1, OK, lid, t) for t in range(len(frames))]
-    for e, body in sent.items():
-        resp = await _read_back(bookie.port, lid, e)
-        assert (resp.status, resp.readResponse.body) == (OK, body), e
+    await _read_all(bookie.port, {(lid, e): body for e, body in sent.items()})
 
 
 async def test_v3_edge_ids_and_sizes_are_answered_with_their_own_txn_and_entry_ids(
@@ -263,9 +274,7 @@ async def test_v3_edge_ids_and_sizes_are_answered_with_their_own_txn_and_entry_i
     await conn.send(b"".join(v3_add(t, lid_, e, b) for t, lid_, e, b in cases))
     answers = [_add_answer(r) for r in await conn.v3(len(cases))]
     assert answers == [(t, OK, lid_, e) for t, lid_, e, _ in cases]
-    for _, lid_, e, b in cases:
-        resp = await _read_back(bookie.port, lid_, e)
-        assert (resp.status, resp.readResponse.body) == (OK, b), (lid_, e)
+    await _read_all(bookie.port, {(lid_, e): b for _, lid_, e, b in cases})
 
 
 async def test_v3_adds_the_bookie_must_refuse_fail_alone_in_the_middle_of_a_batch(conn: Raw) -> None:
@@ -398,9 +407,7 @@ async def test_v2_edge_ids_and_sizes(bookie: BookieProcess) -> None:
         await c.send(b"".join(v2_add(lid_, e, b, flags=f) for lid_, e, b, f in cases))
         got = [a[:4] for a in await c.v2(len(cases))]
         assert got == [(v2.V2OpCode.ADD_ENTRY, OK, lid_, e) for lid_, e, _, _ in cases]
-        for lid_, e, b, _ in cases:
-            resp = await _read_back(bookie.port, lid_, e)
-            assert (resp.status, resp.readResponse.body) == (OK, b), (lid_, e)
+        await _read_all(bookie.port, {(lid_, e): b for lid_, e, b, _ in cases})
     finally:
         await c.close()
 
@@ -537,6 +544,7 @@ async def test_an_oversized_add_between_canonical_adds_is_refused_alone(
             frames.append(v3_add(e + 1, lid, e, body) if version == "v3" else v2_add(lid, e, body))
         await c.send(b"".join(frames))
         want = [(e, StatusCode.EBADREQ if e == 5 else OK) for e in range(12)]
+        got: list[tuple[int, int]]
         if version == "v3":
             got = [(r.header.txnId - 1, r.status) for r in await c.v3(12)]
         else:
@@ -592,3 +600,49 @@ async def test_a_v3_add_is_answered_in_v3_even_if_a_v2_frame_follows_it(bookie: 
         assert len(v3_answers) == 3
     finally:
         await c.close()
+
+
+# --- what a batch journals survives a kill -9 ---------------------------------------------------------------
+
+
+async def test_a_batch_of_new_fenced_and_open_ledgers_replays_after_kill_9(tmp_path: str) -> None:
+    """One write creates ledger N (its master key journaled inside the batch), adds to open ledger O and is
+    refused on fenced ledger F; once every add is answered the bookie is killed -9 and restarted: every
+    acknowledged entry reads back as sent, N still refuses another master key, F is still fenced."""
+    proc = BookieProcess(os.path.join(tmp_path, "b"), free_port())
+    proc.start()
+    try:
+        f_lid, o_lid, n_lid = _ledger(), _ledger(), _ledger()
+        c = await Raw.open(proc.port)
+        await c.send(v3_add(1, f_lid, 0, entry(f_lid, 0, b"f")) + v3_add(2, o_lid, 0, entry(o_lid, 0, b"o")))
+        await c.v3(2)
+        await c.send(v3_read(3, f_lid, 0, fence=True))
+        assert [r.status for r in await c.v3(1)] == [OK]
+        frames: list[bytes] = []
+        want: list[tuple[int, int]] = []
+        sent: dict[tuple[int, int], bytes] = {}
+        for e in range(1, 60):
+            for lid in (n_lid, o_lid, f_lid):
+                body = entry(lid, e, os.urandom(e))
+                frames.append(v3_add(len(frames) + 10, lid, e, body))
+                status = StatusCode.EFENCED if lid == f_lid else OK
+                want.append((len(want) + 10, status))
+                if status == OK:
+                    sent[(lid, e)] = body
+        await c.send(b"".join(frames))
+        _same_answers([(r.header.txnId, r.status) for r in await c.v3(len(frames))], want)
+        await c.close()
+        proc.kill()
+        proc.start()
+        await _read_all(proc.port, sent)
+        c = await Raw.open(proc.port)
+        await c.send(
+            v3_add(1, n_lid, 100, entry(n_lid, 100, b"k"), OTHER_KEY)
+            + v3_add(2, f_lid, 100, entry(f_lid, 100, b"k"))
+            + v3_add(3, o_lid, 100, entry(o_lid, 100, b"k"))
+        )
+        got = sorted((r.header.txnId, r.status) for r in await c.v3(3))
+        assert got == [(1, StatusCode.EUA), (2, StatusCode.EFENCED), (3, OK)]
+        await c.close()
+    finally:
+        proc.kill()
