@@ -8,16 +8,18 @@ batching (JSON-object records of exactly --record-bytes bytes, ~1 MiB entries, t
 segment size, so 200,000 records of 200 bytes are one segment). Spark then writes the same payloads as JSON
 lines text files (one payload per line) in a temp dir.
 
-Two comparisons, each run once to warm up (Python workers, page cache) and then --rounds times, the two
-sides alternating and swapping which goes first every round, so that a change in the machine's load hits
-both alike:
-- plain: the log's `count(*)`, `sum(length(payload))` against `spark.read.text` with
-  `count(*)`, `sum(length(value))` (every payload materialised on both sides);
+Two comparisons, each run --warmup times to warm up (Python workers, page cache) and then --rounds times,
+the two sides alternating and swapping which goes first every round, so that a change in the machine's load
+hits both alike. Both sides must return the same aggregate row every round (the same records, every one
+materialised), or the benchmark stops:
+- plain: the log's `count(*)`, `sum(length(payload))`, `sum(crc32(payload))` against `spark.read.text` with
+  the same over `value`;
 - json_schema: the log with option json_schema against `spark.read.schema(...).json` with the same DDL,
   both aggregating the decoded columns.
 
 `speed_ratio` is the JSON-lines median time over the quorumlog median time: above 1.0 the log is read
-faster. The per-round ratios are reported too, with the load average before and after. With
+faster. The per-round ratios are reported too, with the load average before and after and the Spark
+settings that matter here (master, default parallelism, Python worker reuse, Arrow batch size). With
 --latency-seconds > 0 it also measures streaming latency from write to micro-batch (a foreachBatch sink
 takes, per row, the time it reached the driver minus the record's timestamp). Prints one JSON object.
 """
@@ -83,37 +85,55 @@ def load_log(uri: str, log: str, records: int, record_bytes: int) -> float:
     return time.perf_counter() - started
 
 
-def timed(make_df: Callable[[], Any], aggs: Callable[[], list[Any]], expected_rows: int, name: str) -> float:
+def timed(make_df: Callable[[], Any], aggs: Callable[[], list[Any]], expected_rows: int, name: str) -> Timed:
     started = time.perf_counter()
     row = make_df().agg(*aggs()).collect()[0]
     seconds = time.perf_counter() - started
     if row[0] != expected_rows:
         raise SystemExit(f"{name}: read {row[0]} rows, expected {expected_rows}")
-    return seconds
+    return seconds, tuple(row)
+
+
+Timed = tuple[float, tuple[Any, ...]]  # seconds, the aggregate row (count first, then checksums)
 
 
 def compare(
     name: str,
-    ours: Callable[[], float],
-    theirs: Callable[[], float],
+    ours: Callable[[], Timed],
+    theirs: Callable[[], Timed],
     rounds: int,
+    warmup: int,
 ) -> dict[str, Any]:
-    """Warm both up once, then `rounds` rounds of both, alternating which goes first."""
-    ours()
-    theirs()
+    """Warm both up, then `rounds` rounds of both, alternating which goes first. Both sides must return the
+    same aggregate row every time (row count and checksums over the columns read): the same records were
+    read, and every one was materialised."""
     ql: list[float] = []
     js: list[float] = []
+
+    def run(side: Callable[[], Timed], into: list[float] | None) -> tuple[Any, ...]:
+        seconds, row = side()
+        if into is not None:
+            into.append(seconds)
+        return row
+
+    rows = set()
+    for _ in range(warmup):
+        rows.add(run(ours, None))
+        rows.add(run(theirs, None))
     load_before = loadavg()
     for r in range(rounds):
         if r % 2 == 0:
-            ql.append(ours())
-            js.append(theirs())
+            rows.add(run(ours, ql))
+            rows.add(run(theirs, js))
         else:
-            js.append(theirs())
-            ql.append(ours())
+            rows.add(run(theirs, js))
+            rows.add(run(ours, ql))
+    if len(rows) != 1:
+        raise SystemExit(f"{name}: the two sides disagree: {sorted(rows)}")
     ql_median, js_median = statistics.median(ql), statistics.median(js)
     return {
         "case": name,
+        "aggregate_row": list(rows.pop()),
         "quorumlog_seconds": [round(s, 3) for s in ql],
         "json_lines_seconds": [round(s, 3) for s in js],
         "quorumlog_median_s": round(ql_median, 3),
@@ -216,6 +236,7 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=5, help="measured rounds per comparison (after a warm-up)"
     )
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured rounds of both sides first")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--min-partitions", type=int, default=None, help="the source's min_partitions option")
@@ -269,16 +290,30 @@ def main() -> None:
                         reader = reader.option("json_schema", json_schema)
                     return reader.load()
 
+                conf = spark.sparkContext.getConf()
+                spark_conf = {
+                    "spark.master": args.master,
+                    "spark.driver.memory": args.driver_memory,
+                    "default_parallelism": spark.sparkContext.defaultParallelism,
+                    "spark.python.worker.reuse": conf.get("spark.python.worker.reuse", "true (default)"),
+                    "spark.sql.execution.arrow.maxRecordsPerBatch": spark.conf.get(
+                        "spark.sql.execution.arrow.maxRecordsPerBatch"
+                    ),
+                    "spark.sql.files.maxPartitionBytes": spark.conf.get("spark.sql.files.maxPartitionBytes"),
+                    "min_partitions_option": args.min_partitions,
+                    "spark_version": spark.version,
+                }
                 partitions = from_log().rdd.getNumPartitions()
                 lines = os.path.join(work, "json")
                 from_log().selectExpr("cast(payload as string) as value").write.mode("overwrite").text(lines)
                 text_partitions = spark.read.text(lines).rdd.getNumPartitions()
 
+                # Count plus checksums of every byte read (crc32 of each payload): both sides must agree.
                 def plain_aggs() -> list[Any]:
-                    return [F.count("*"), F.sum(F.length("payload"))]
+                    return [F.count("*"), F.sum(F.length("payload")), F.sum(F.crc32("payload"))]
 
                 def text_aggs() -> list[Any]:
-                    return [F.count("*"), F.sum(F.length("value"))]
+                    return [F.count("*"), F.sum(F.length("value")), F.sum(F.crc32("value"))]
 
                 def decoded_aggs() -> list[Any]:
                     return [F.count("*"), F.sum("n"), F.sum(F.length("user")), F.count("page")]
@@ -289,6 +324,7 @@ def main() -> None:
                         lambda: timed(from_log, plain_aggs, records, "quorumlog"),
                         lambda: timed(lambda: spark.read.text(lines), text_aggs, records, "text"),
                         args.rounds,
+                        args.warmup,
                     ),
                     compare(
                         "json_schema",
@@ -297,6 +333,7 @@ def main() -> None:
                             lambda: spark.read.schema(JSON_DDL).json(lines), decoded_aggs, records, "json"
                         ),
                         args.rounds,
+                        args.warmup,
                     ),
                 ]
                 if args.latency_seconds > 0:
@@ -320,9 +357,11 @@ def main() -> None:
         "commit": git_commit(),
         "cores": os.cpu_count(),
         "load_seconds": round(load_s, 1),
+        "spark_conf": spark_conf,
         "log_partitions": partitions,
         "json_lines_partitions": text_partitions,
         "comparisons": results,
+        "loadavg_end": loadavg(),
     }
     if latency is not None:
         out["streaming_latency"] = latency
