@@ -646,3 +646,39 @@ async def test_a_batch_of_new_fenced_and_open_ledgers_replays_after_kill_9(tmp_p
         await c.close()
     finally:
         proc.kill()
+
+
+async def test_a_fence_from_another_connection_lands_in_the_middle_of_a_stream_of_batches(
+    bookie: BookieProcess,
+) -> None:
+    """Connection A streams 600 adds of 1 KiB (many reads, many batches); connection B fences the ledger
+    while the second half is on its way and, once the fence is answered, reads every entry (what a recovery
+    sees). A's answers are EOK up to some entry and EFENCED after it (never EOK after an EFENCED), and every
+    entry A got EOK for is one B could read after the fence: an add acknowledged after a fence is one the
+    recovery sees."""
+    lid = _ledger()
+    n = 600
+    a = await Raw.open(bookie.port)
+    b = await Raw.open(bookie.port)
+    try:
+        bodies = [entry(lid, e, bytes([e % 256]) * 1024) for e in range(n)]
+        half = n // 2
+        a.writer.write(b"".join(v3_add(e + 1, lid, e, bodies[e]) for e in range(half)))
+        answers = [(r.header.txnId - 1, r.status) for r in await a.v3(half // 3)]
+        # The fence and the second half go out together: the bookie reads them interleaved.
+        b.writer.write(v3_read(1, lid, 0, fence=True))
+        a.writer.write(b"".join(v3_add(e + 1, lid, e, bodies[e]) for e in range(half, n)))
+        (fence,) = await b.v3(1)
+        assert fence.status == OK
+        await b.send(b"".join(v3_read(e + 10, lid, e) for e in range(n)))
+        seen = {r.header.txnId - 10 for r in await b.v3(n) if r.status == OK}
+        answers += [(r.header.txnId - 1, r.status) for r in await a.v3(n - half // 3)]
+        assert sorted(e for e, _ in answers) == list(range(n))
+        statuses = [s for _, s in sorted(answers)]
+        assert set(statuses) <= {OK, StatusCode.EFENCED}
+        acked = [e for e, s in sorted(answers) if s == OK]
+        assert acked == list(range(len(acked))), "an EOK after an EFENCED"
+        assert set(acked) <= seen
+    finally:
+        await a.close()
+        await b.close()
