@@ -273,9 +273,21 @@ class Simulation:
                 # fault -- liveness then reports what has not finished.
                 self.note(f"no step for {STALL_S:.0f} s: stopping the faults")
                 self.stop.set()
-        # Phase 2: the nemeses finish their current fault and heal it; then everything comes back.
-        await self._wait(nemesis_tasks, until=None)
-        await self.heal_everything()
+        # Phase 2: the nemeses finish their current fault and heal it; then everything comes back. Each wait
+        # is bounded: a fault that never ends (a recovery that hangs) is a liveness violation, not a run
+        # that never ends.
+        if not await self._wait(nemesis_tasks, until=None, timeout_s=STALL_S):
+            self.note(f"nemeses still injecting {STALL_S:.0f} s after the stop: healing under them")
+        try:
+            async with asyncio.timeout(LIVENESS_S):
+                await self.heal_everything()
+        except TimeoutError:
+            self.fail(f"liveness: restarting every bookie took over {LIVENESS_S:.0f} s (virtual)")
+        if not await self._wait(nemesis_tasks, until=None, timeout_s=LIVENESS_S):
+            names = [n.name for n, t in zip(nemeses, nemesis_tasks, strict=True) if not t.done()]
+            self.fail(
+                f"liveness: nemeses {names} still running {LIVENESS_S:.0f} s (virtual) after every fault healed"
+            )
         # Phase 3 (liveness): with every fault healed, what the workloads have in flight finishes promptly.
         healed_at = asyncio.get_running_loop().time()
         pending = [t for t in work_tasks if not t.done()]
