@@ -320,7 +320,7 @@ class WriteHandle(LedgerHandle):
             unanswered[action.entry_id] = now
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
-                # turn (see bookie_client._CallbackWaiter): this runs for every replica of every entry.
+                # turn (see bookie_client._Waiter): this runs for every replica of every entry.
                 # The action is the callback's context: no closure per request.
                 bookie = bookies.get(action.bookie_id)
                 if bookie is None:
