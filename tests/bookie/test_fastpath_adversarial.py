@@ -19,11 +19,15 @@ from typing import Any
 
 import pytest
 
+from quorumlog.bookie import server as server_mod
+from quorumlog.proto import messages as m
 from quorumlog.proto import v2
 from quorumlog.proto.entry import DigestManager, DigestType
 from quorumlog.proto.generated import bookkeeper_pb2 as pb
 from quorumlog.proto.status import StatusCode, from_v2
-from tests.bookie.helpers import KEY, PASSWORD, BookieProcess, free_port
+from tests.bookie.conftest import StartBookie
+from tests.bookie.helpers import KEY, PASSWORD, BookieProcess, RawClient, free_port
+from tests.bookie.helpers import entry as client_entry
 
 OK = StatusCode.EOK
 OTHER_KEY = bytes(range(20))
@@ -727,3 +731,43 @@ async def test_a_request_after_adds_over_the_pending_limit_is_served_after_them(
     finally:
         await c.close()
         proc.kill()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="server.py _serve (1de72e6): adds refused over a limit (_serve_adds -> inner _serve) that fill the "
+    "output are backlogged, the fencing read after them is served at once, and the backlogged adds -- sent "
+    "before the fence -- are then served after it and answered EFENCED",
+)
+async def test_adds_sent_before_a_fence_are_never_answered_efenced(
+    start_bookie: StartBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process, to hold the journal 'full' for exactly one read: the first chunk's adds are refused
+    ETOOMANYREQUESTS until the (shrunk) output limit is reached, the rest wait; by the time they are served
+    the journal has room. Served in order, they come before the fence: EOK or ETOOMANYREQUESTS, never
+    EFENCED."""
+    svc = await start_bookie()
+    assert svc.bookie is not None
+    journal = svc.bookie.journal
+    monkeypatch.setattr(server_mod, "OUTPUT_BYTES_MAX", 100)
+    serve_backlog = server_mod.BookieConnection._serve_backlog
+
+    def journal_has_room_again(self: Any) -> None:
+        journal.max_pending_bytes = 64 << 20
+        serve_backlog(self)
+
+    monkeypatch.setattr(server_mod.BookieConnection, "_serve_backlog", journal_has_room_again)
+    c = await RawClient.connect(*svc.address)
+    try:
+        lid = 5
+        assert (await c.call(m.AddRequest(lid, 0, KEY, client_entry(lid, 0, b"x")))).status == OK
+        journal.max_pending_bytes = -1  # 'full' until the backlog is served
+        reqs: list[Any] = [m.AddRequest(lid, e, KEY, client_entry(lid, e, b"y")) for e in range(1, 21)]
+        reqs.append(m.ReadRequest(lid, 0, fence=True, master_key=KEY))
+        answers = await asyncio.wait_for(asyncio.gather(*c.send_many(reqs)), 10)
+        assert answers[-1].status == OK
+        statuses = [a.status for a in answers[:-1]]
+        assert StatusCode.ETOOMANYREQUESTS in statuses  # (the journal was 'full' as planned)
+        assert StatusCode.EFENCED not in statuses, statuses
+    finally:
+        await c.close()
