@@ -345,3 +345,30 @@ async def test_pipelined_adds_over_ledgers_one_fenced_half_way_on_a_real_bookie(
     assert c.unmatched_responses == 0
     await c.close()
     await fencer.close()
+
+
+async def test_v2_duplicated_and_stray_answers_call_each_callback_once(raw: RawBookie) -> None:
+    """v2 matches answers by (op, ledger, entry): the same entry sent twice is answered twice in order of
+    sending, a third copy of its answer and answers for entries never sent are counted unmatched."""
+    port = int(raw.server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    c = BookieClient(OsEnv(), "b1", static_resolver({"b1": ("127.0.0.1", port)}), version=ProtocolVersion.V2)
+    calls = Calls(12)
+    for e in range(10):
+        c.send_with_callback(_add(9, e), calls, e, timeout_s=0)
+    c.send_with_callback(_add(9, 3), calls, "3 again", timeout_s=0)
+    c.send_with_callback(_add(9, 3), calls, "3 third", timeout_s=0)
+    await raw.wait(12)
+
+    def v2_ok(lid: int, eid: int) -> bytes:
+        return struct.pack(">IIiqq", 24, (2 << 24) | (1 << 16), 0, lid, eid)
+
+    chunk = [v2_ok(9, e) for e in range(10)] + [v2_ok(9, 3)] * 3 + [v2_ok(9, 77), v2_ok(10, 0)]
+    raw.write(b"".join(chunk))
+    await asyncio.wait_for(calls.done.wait(), 10)
+    assert sorted(map(str, (ctx for ctx, _, _ in calls.got))) == sorted(
+        [str(e) for e in range(10)] + ["3 again", "3 third"]
+    )
+    assert [ctx for ctx, _, _ in calls.got if ctx in (3, "3 again", "3 third")] == [3, "3 again", "3 third"]
+    assert all(err is None for _, _, err in calls.got)
+    assert c.unmatched_responses == 3
+    await c.close()
