@@ -208,6 +208,12 @@ class BookieConnection(asyncio.Protocol):
                 if adds:
                     written += self._serve_adds(adds, journal_full)
                     adds = []
+                    if self._backlog:
+                        # Adds over a limit were answered one by one and filled the output: the rest of
+                        # them wait in the backlog, and this request must wait behind them (served in order:
+                        # a fence must never overtake the adds sent before it).
+                        self._backlog.extend(requests[i:])
+                        return
                 self._pending += 1
                 if not self.authenticated and type(req) is not _StartTLS:
                     self._unauthenticated(req)

@@ -688,13 +688,6 @@ async def test_a_fence_from_another_connection_lands_in_the_middle_of_a_stream_o
         await b.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server.py _serve: when the adds before a non-add request go over the pending limit "
-    "(_serve_adds -> _serve of AddRequests) and the output fills up half-way, the inner _serve backlogs the "
-    "rest of the adds and returns, and the outer loop then serves the current request at once, ahead of "
-    "those earlier adds (1de72e6; before it the per-request loop backlogged it behind them)",
-)
 async def test_a_request_after_adds_over_the_pending_limit_is_served_after_them(tmp_path: str) -> None:
     """One chunk: a read whose answer leaves the connection's output 60 bytes short of OUTPUT_BYTES_MAX,
     20 adds to a bookie that takes 8 pending requests (8 accepted, then ETOOMANYREQUESTS answers fill the
@@ -733,12 +726,6 @@ async def test_a_request_after_adds_over_the_pending_limit_is_served_after_them(
         proc.kill()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server.py _serve (1de72e6): adds refused over a limit (_serve_adds -> inner _serve) that fill the "
-    "output are backlogged, the fencing read after them is served at once, and the backlogged adds -- sent "
-    "before the fence -- are then served after it and answered EFENCED",
-)
 async def test_adds_sent_before_a_fence_are_never_answered_efenced(
     start_bookie: StartBookie, monkeypatch: pytest.MonkeyPatch
 ) -> None:
