@@ -51,7 +51,14 @@ from quorumlog.env import Env, Server
 from quorumlog.errors import ConfigError, ProtocolError
 from quorumlog.proto import messages as m
 from quorumlog.proto.messages import ProtocolVersion
-from quorumlog.proto.server_codec import BookieCodec, FastAdd, encode_add_oks, fast_add_request, varint_value
+from quorumlog.proto.server_codec import (
+    BookieCodec,
+    FastAdd,
+    add_answer,
+    encode_add_oks,
+    fast_add_request,
+    varint_value,
+)
 from quorumlog.proto.status import StatusCode
 from quorumlog.proto.v3fast import encode_add_response
 from quorumlog.security.auth import TOKEN_PLUGIN, AuthenticationError, TokenFile, TokenServerSession
@@ -296,14 +303,14 @@ class BookieConnection(asyncio.Protocol):
                     stats.observe("ADD_ENTRY", True, ms)
         if self.transport is None:
             return
+        # Each add is answered in the protocol version it came in, not the connection's version now.
         if status is _EOK:
-            encode_add_oks(self.codec.version, adds, self._out)
+            encode_add_oks(adds, self._out)
             self._out_bytes += n * _ADD_OK_BYTES_MAX
         else:
             for a in adds:
-                resp = _AddResponse(status, a[0], a[1], varint_value(a[5]) if a[5] else 0)
+                resp, frame = add_answer(a, status)
                 stats.count(resp)
-                frame = self.codec.send(resp)
                 self._out.append(frame)
                 self._out_bytes += len(frame)
         if not self._flush_scheduled:

@@ -21,8 +21,9 @@ API:
   so re-encoding them gives the same bytes; `b""` over v2). Its entry is at least 32 bytes and its header's
   ids are the request's: a tuple is an add that passed the codec's share of the checks.
 * `fast_add_request(add)` -- the `AddRequest` a `FastAdd` stands for (slow paths: errors, parking).
-* `encode_add_oks(version, adds, out)` -- appends to `out` the pieces of one EOK `AddResponse` frame per add,
-  byte for byte what `v3.encode_response` / `v2.encode_response` give.
+* `encode_add_oks(adds, out)` -- appends to `out` the pieces of one EOK `AddResponse` frame per add, in the
+  add's own protocol version, byte for byte what `v3.encode_response` / `v2.encode_response` give;
+  `add_answer(add, status)` -- any other answer to one add, as a response and its frame.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from quorumlog.proto.messages import (
     Request,
     Response,
 )
+from quorumlog.proto.status import StatusCode
 
 FastAdd = tuple[int, int, bytes, bytes, int, bytes, bytes]
 
@@ -193,22 +195,35 @@ def _template(lid: int, txn_len: int, eid_len: int) -> tuple[bytes, bytes]:
     return head, middle
 
 
-def encode_add_oks(version: ProtocolVersion | None, adds: list[FastAdd], out: list[bytes]) -> None:
-    """Append to `out` one EOK AddResponse frame per add (in pieces: `b"".join(out)` is the wire bytes)."""
-    if version is _V2:
+def encode_add_oks(adds: list[FastAdd], out: list[bytes]) -> None:
+    """Append to `out` one EOK AddResponse frame per add (in pieces: `b"".join(out)` is the wire bytes), each
+    in the protocol version its add came in (BookKeeper answers each request in its own version, also when
+    a later frame turned the connection to v2: a v3 add carries its txnId varint, a v2 add none)."""
+    if not adds[0][5]:  # all v2 (a connection never goes from v2 back to v3)
         pack = _V2_ADD_OK.pack
         header = _V2_ADD_OK_HEADER
         out += [pack(24, header, 0, a[0], a[1]) for a in adds]
         return
+    mixed = not adds[-1][5]
     templates = _templates
     extend = out.extend
     for a in adds:
         txn = a[5]
+        if mixed and not txn:
+            out.append(_V2_ADD_OK.pack(24, _V2_ADD_OK_HEADER, 0, a[0], a[1]))
+            continue
         eid = a[6]
         t = templates.get((a[0], len(txn), len(eid)))
         if t is None:
             t = _template(a[0], len(txn), len(eid))
         extend((t[0], txn, t[1], eid))
+
+
+def add_answer(add: FastAdd, status: StatusCode) -> tuple[AddResponse, bytes]:
+    """The answer to one add with `status`, and its frame in the protocol version the add came in."""
+    txn = add[5]
+    resp = AddResponse(status, add[0], add[1], varint_value(txn) if txn else 0)
+    return resp, (v3.encode_response(resp) if txn else v2.encode_response(resp))
 
 
 # --- the connection's codec -----------------------------------------------------------------------------------

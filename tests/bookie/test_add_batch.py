@@ -18,6 +18,7 @@ from quorumlog.bookie.server import BookieConnection, BookieServer
 from quorumlog.bookie.service import BookieService
 from quorumlog.env import OsDisk, OsEnv
 from quorumlog.proto import messages as m
+from quorumlog.proto import v3
 from quorumlog.proto.codec import ClientConnection, ServerConnection
 from quorumlog.proto.status import StatusCode
 from tests.bookie.conftest import SMALL, StartBookie
@@ -71,6 +72,42 @@ async def test_one_chunk_of_mixed_requests_gets_each_request_its_own_answer(
     conn = _connection(svc)
     assert (conn._pending, conn._pending_bytes, conn._add_bytes) == (0, 0, {})
     await c.close()
+
+
+async def test_v3_adds_are_answered_in_v3_when_a_v2_frame_follows_them(start_bookie: StartBookie) -> None:
+    """A connection turns v2 for good at its first v2 frame; adds read before it are still answered in v3
+    (BookKeeper answers each request in its own version), though their answers come after it."""
+    svc = await start_bookie()
+    c = await RawClient.connect(*svc.address, V3)
+    v3_frames = [c.codec.send(m.AddRequest(5, e, KEY, entry(5, e, b"x"), txn_id=e + 1)) for e in range(3)]
+    v2_frame = ClientConnection(V2).send(m.ReadRequest(5, 0))
+    got: list[bytes] = []
+    arrived = asyncio.Event()
+
+    class _Answers(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            got.append(data)
+            arrived.set()
+
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_connection(_Answers, *svc.address)
+    try:
+        transport.write(b"".join(v3_frames) + v2_frame)
+        frames: list[bytes] = []
+        for _ in range(200):  # bounded: until the four answers are in
+            frames = _frames(b"".join(got))
+            if len(frames) >= 4:
+                break
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), 10)
+        v3_answers = [v3.decode_response(f) for f in frames if f[:1] == b"\x0a"]
+        assert [(type(a), a.status, a.txn_id) for a in v3_answers] == [
+            (m.AddResponse, OK, e + 1) for e in range(3)
+        ]
+        assert len(frames) == 4
+    finally:
+        transport.close()
+        await c.close()
 
 
 @pytest.mark.parametrize("version", [V2, V3])
@@ -253,6 +290,18 @@ async def test_batched_adds_answer_as_one_add_at_a_time_does(
     finally:
         await batched.close()
         await reference.close()
+
+
+def _frames(data: bytes) -> list[bytes]:
+    """The whole frame bodies in `data`."""
+    out, pos = [], 0
+    while pos + 4 <= len(data):
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        if pos + 4 + n > len(data):
+            break
+        out.append(data[pos + 4 : pos + 4 + n])
+        pos += 4 + n
+    return out
 
 
 def _answers(transport: _Transport, version: m.ProtocolVersion) -> list[Any]:

@@ -588,12 +588,6 @@ async def test_a_batch_over_the_pending_request_limit_answers_every_add_once(
 # --- found while writing these tests (not in the fast path: the per-add path answers the same way) -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a v3 add is answered in the connection's version at answer time: a v2 frame that arrives "
-    "before the add is durable turns the connection to v2 and the v3 add gets a v2 answer (BookKeeper "
-    "answers each request in its own version); server.py adds_answered/reply encode with codec.version",
-)
 async def test_a_v3_add_is_answered_in_v3_even_if_a_v2_frame_follows_it(bookie: BookieProcess) -> None:
     c = await Raw.open(bookie.port)
     try:

@@ -152,15 +152,28 @@ def test_a_chunk_mixing_adds_and_other_requests_keeps_its_order() -> None:
     assert sc.BookieCodec().receive(data, fast_adds=False) == reqs
 
 
-@given(lid=ids, eid=ids, txn=u64)
-def test_eok_answers_are_the_reference_bytes(lid: int, eid: int, txn: int) -> None:
+@given(lid=ids, eid=ids, txn=u64, v2_after=st.integers(0, 3))
+def test_eok_answers_are_the_reference_bytes_in_each_adds_own_version(
+    lid: int, eid: int, txn: int, v2_after: int
+) -> None:
+    """v3 adds (which carry their txnId varint) then v2 adds (none), as a connection that turned v2 sends
+    them: each answered in its own version."""
     raw_txn = sc.varint(txn) if txn < 2**63 else b"\xff" * 9 + b"\x01"
-    add = (lid, eid, b"k" * 20, b"", 0, raw_txn, sc.varint(eid))
-    for version, encode in ((V3, v3.encode_response_pb), (V2, v2.encode_response)):
+    v3_add = (lid, eid, b"k" * 20, b"", 0, raw_txn, sc.varint(eid))
+    v2_add = (lid, eid, b"k" * 20, b"", 0, b"", b"")
+    v3_ok = v3.encode_response_pb(m.AddResponse(StatusCode.EOK, lid, eid, txn))
+    v2_ok = v2.encode_response(m.AddResponse(StatusCode.EOK, lid, eid, 0))
+    for adds, want in (
+        ([v3_add, v3_add], v3_ok * 2),
+        ([v2_add, v2_add], v2_ok * 2),
+        ([v3_add] * v2_after + [v2_add], v3_ok * v2_after + v2_ok),
+    ):
         out: list[bytes] = []
-        sc.encode_add_oks(version, [add, add], out)
-        want = encode(m.AddResponse(StatusCode.EOK, lid, eid, txn if version is V3 else 0))
-        assert b"".join(out) == want + want
+        sc.encode_add_oks(adds, out)
+        assert b"".join(out) == want
+    for status in (StatusCode.EFENCED, StatusCode.EIO):
+        assert sc.add_answer(v3_add, status)[1] == v3.encode_response_pb(m.AddResponse(status, lid, eid, txn))
+        assert sc.add_answer(v2_add, status)[1] == v2.encode_response(m.AddResponse(status, lid, eid, 0))
 
 
 @given(n=st.integers(0, 2**63 - 1))
