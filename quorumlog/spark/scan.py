@@ -329,20 +329,30 @@ def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> 
 def spread(spans: list[Span], min_partitions: int) -> list[Span]:
     """Split entry ranges further until there are at least `min_partitions` (as long as ranges have more
     than one entry), keeping log order: a one-segment log still gets a task per core (Kafka's
-    `minPartitions`). Each range is cut into pieces of about total / min_partitions entries."""
+    `minPartitions`). The ranges, taken end to end, are cut at the points that divide their entries into
+    `min_partitions` equal parts (and at their own ends), so one range becomes exactly `min_partitions`."""
     if len(spans) >= min_partitions:
         return spans
     total = sum(s.last_entry - s.first_entry + 1 for s in spans)
-    step = max(1, total // min_partitions)
+    cuts = sorted({total * k // min_partitions for k in range(1, min_partitions)})
     out: list[Span] = []
+    base = 0  # entries of the ranges before this one
     for s in spans:
         entries = s.last_entry - s.first_entry + 1
-        pieces = max(1, -(-entries // step))
-        bounds = [s.first_entry + entries * i // pieces for i in range(pieces + 1)]
+        bounds = [0, *(c - base for c in cuts if base < c < base + entries), entries]
         out.extend(
-            Span(s.seq, s.ledger_id, lo, hi - 1, s.open, s.offload_uri, s.entry_bytes)
+            Span(
+                s.seq,
+                s.ledger_id,
+                s.first_entry + lo,
+                s.first_entry + hi - 1,
+                s.open,
+                s.offload_uri,
+                s.entry_bytes,
+            )
             for lo, hi in itertools.pairwise(bounds)
         )
+        base += entries
     return out
 
 

@@ -195,3 +195,14 @@ def test_spans_carry_their_segments_entry_size() -> None:
     spans = spread(split(seg, 0, 99, 64 << 20), 4)
     assert len(spans) == 4 and {s.entry_bytes for s in spans} == {424_000}
     assert {s.entry_bytes for s in split(SegmentView(4, 40, 9, True, 0), 0, 9, 64 << 20)} == {0}
+
+
+def test_one_range_is_spread_into_exactly_min_partitions() -> None:
+    # 15 entries over 2 cores were cut into pieces of 15 // 2 = 7 entries: 3 tasks for 2 cores, the third
+    # running alone after the first two (seen on the standalone-cluster test).
+    for entries, wanted in ((15, 2), (15, 4), (100, 3), (7, 7), (1000, 16)):
+        out = spread([Span(1, 10, 0, entries - 1, False)], wanted)
+        assert len(out) == wanted, (entries, wanted)
+        sizes = [s.last_entry - s.first_entry + 1 for s in out]
+        assert max(sizes) - min(sizes) <= 1 and sum(sizes) == entries
+    assert len(spread([Span(1, 10, 0, 2, False)], 8)) == 3  # no range smaller than one entry
