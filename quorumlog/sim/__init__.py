@@ -1,6 +1,8 @@
 """Deterministic simulation: a virtual-time event loop, a simulated network and disk behind `Env`.
 
 `World(seed)` builds simulated nodes; the same client and bookie code runs on them as in production.
+`harness.simulate(seed, steps)` runs one swarm-tested simulation: the seed draws its mix of workloads and
+nemeses (`swarm.py`; `workloads.py`, `nemeses.py`, `checkers.py`, `stream_workload.py`, `audit_workload.py`).
 """
 
 from quorumlog.sim.disk import SimDisk
