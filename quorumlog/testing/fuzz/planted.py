@@ -12,8 +12,6 @@ from quorumlog.proto import messages as m
 from quorumlog.testing.fuzz import requests
 from quorumlog.testing.fuzz.requests import one_input
 
-REPLY_WAIT_S = 0.2  # the dropped reply never comes: do not wait the real target's bound for it
-
 
 def _plant(bookie: Bookie) -> None:
     handle = bookie.handle
@@ -27,7 +25,6 @@ def _plant(bookie: Bookie) -> None:
 
 
 def prepare() -> None:
-    requests.REPLY_WAIT_S = REPLY_WAIT_S
     requests.harness().hooks.append(_plant)
     requests.prepare()
 

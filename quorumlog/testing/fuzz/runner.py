@@ -89,8 +89,12 @@ def run_target(
     per_input_timeout_s: int = PER_INPUT_TIMEOUT_S,
     rss_limit_mb: int = RSS_LIMIT_MB,
     max_len_bytes: int = MAX_LEN_BYTES,
+    runs: int | None = None,
 ) -> FuzzResult:
-    """Fuzz `target` for `seconds` (at least 1); findings and the grown corpus go under `workdir/target`."""
+    """Fuzz `target` for `seconds` (at least 1), or until `runs` inputs ran if that comes first; findings and
+    the grown corpus go under `workdir/target`. With a fixed `seed` the inputs come in the same order on every
+    run, so a bound in inputs (`runs`), unlike one in seconds, finds the same things however loaded the
+    machine is."""
     if target not in TARGETS:
         raise ValueError(f"unknown fuzz target {target!r}: one of {', '.join(TARGETS)}")
     base = os.path.join(workdir, target)
@@ -109,6 +113,7 @@ def run_target(
         f"-max_len={max_len_bytes}",
         f"-artifact_prefix={artifacts}{os.sep}",
         "-print_final_stats=1",
+        *([f"-runs={runs}"] if runs is not None else []),
         corpus,
         seeds_dir,
     )
