@@ -65,7 +65,9 @@ def test_the_scan_takes_every_canonical_eok_add_response(resp: m.AddResponse) ->
 
 
 @given(_add_ok, st.data())
-def test_a_corrupted_frame_decodes_or_fails_as_protobuf_does(resp: m.AddResponse, data: st.DataObject) -> None:
+def test_a_corrupted_frame_decodes_or_fails_as_protobuf_does(
+    resp: m.AddResponse, data: st.DataObject
+) -> None:
     frame = bytearray(v3fast.encode_add_response(resp))
     index = data.draw(st.integers(0, len(frame) - 1))
     frame[index] = data.draw(st.integers(0, 255))
