@@ -199,14 +199,21 @@ def test_ctrl_c_in_simpletest_deletes_its_ledger_and_reports_it(cluster: Running
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
-        env=env_without_settings(),
+        # Faulthandler: if the command hangs after Ctrl-C, SIGABRT makes it print every thread's stack, so a
+        # failure here says where it hung (it did once in CI, not reproduced since).
+        env={**env_without_settings(), "PYTHONFAULTHANDLER": "1"},
         cwd=ROOT,
         preexec_fn=_die_with_parent,
     )
     try:
         ledger = asyncio.run(_wait_new_ledger(cluster.uri, before, 30.0))
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"simpletest still running 30 s after Ctrl-C; its threads:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
