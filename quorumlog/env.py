@@ -19,7 +19,9 @@ Rules the rest of the code keeps:
 - Blocking work (fdatasync, large reads) runs through `env.run_blocking`, never directly on the loop.
 - Key-value stores (the bookie's location index and ledger state): `env.disk.open_kv` -- LMDB under `OsEnv`,
   an in-memory store under the simulator that keeps exactly the committed transactions across a crash.
-- Background work: `env.spawn` for tasks (a simulated crash cancels a node's tasks). A component with a
+- Background work: `env.spawn` for tasks (a simulated crash cancels a node's tasks); stop them with
+  `cancel_and_wait`, never `task.cancel()` + `suppress(CancelledError)`, which swallows a cancellation of the
+  caller that arrives meanwhile. A component with a
   worker thread (the journal's sync thread) asks `env.threads`: under the simulator everything runs on the
   one event loop, so it runs its worker as a task instead.
 - Test-only crash points in storage code (`env.faults.hit(point)`, FoundationDB's BUGGIFY idea): no-ops in
@@ -407,6 +409,28 @@ def default_env() -> OsEnv:
     if _default_env is None:
         _default_env = OsEnv()
     return _default_env
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel `tasks` and return once every one of them has finished, whatever their outcome.
+
+    The usual `task.cancel(); with suppress(CancelledError): await task` cannot tell the task's cancellation
+    from one aimed at the caller while it waits: it swallows the caller's, and the caller runs on as if never
+    cancelled (a tailing reader stopped just as it replaced its long poll went on tailing forever, and its
+    owner's `await` with it). Here only the tasks' outcomes are dropped -- retrieved, so asyncio logs none
+    of them -- and a cancellation of the caller propagates.
+    """
+    for task in tasks:
+        task.cancel()
+        task.add_done_callback(_drop_outcome)
+    pending = {task for task in tasks if not task.done()}
+    if pending:
+        await asyncio.wait(pending)  # raises only when the caller itself is cancelled
+
+
+def _drop_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def run(main: Coroutine[Any, Any, T], *, debug: bool = False) -> T:

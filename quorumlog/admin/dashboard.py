@@ -39,6 +39,7 @@ import aiohttp
 from aiohttp import web
 
 from quorumlog.admin.http import ApiError, json_errors, metadata_json, serve_app
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -362,9 +363,7 @@ class Dashboard:
 
     async def stop(self) -> None:
         if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
+            await cancel_and_wait(self._sampler)
             self._sampler = None
         if self._runner is not None:
             await self._runner.cleanup()

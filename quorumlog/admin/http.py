@@ -38,6 +38,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
     MetadataNotFoundError,
@@ -310,15 +311,9 @@ class AdminServer:
         log.info("admin HTTP API on http://%s:%d", self.host, self.port)
 
     async def stop(self) -> None:
-        for job in self._jobs.values():
-            job.task.cancel()
-        for job in self._jobs.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await job.task
+        await cancel_and_wait(*(job.task for job in self._jobs.values()))
         if self._force_gc is not None:
-            self._force_gc.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._force_gc
+            await cancel_and_wait(self._force_gc)
             self._force_gc = None
         if self._runner is not None:
             await self._runner.cleanup()

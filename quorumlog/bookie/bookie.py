@@ -50,7 +50,7 @@ from quorumlog.bookie.journal import (
     record_header,
 )
 from quorumlog.bookie.storage import LedgerStorage
-from quorumlog.env import Env, default_env
+from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
 from quorumlog.proto.server_codec import FastAdd
@@ -241,9 +241,7 @@ class Bookie:
             return
         self._closed = True
         if self._periodic is not None:
-            self._periodic.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._periodic
+            await cancel_and_wait(self._periodic)
         while self._checkpoint_task is not None and not self._checkpoint_task.done():
             with contextlib.suppress(Exception):
                 await self._checkpoint_task

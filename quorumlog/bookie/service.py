@@ -30,7 +30,7 @@ from quorumlog.admin.metrics import bookie_registry
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.server import BookieServer, ServerAuth
-from quorumlog.env import Env, default_env
+from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import ConfigError
 from quorumlog.security.tls import TLSContextSource
 
@@ -240,11 +240,9 @@ class BookieService:
         if self.http is not None:
             await self.http.stop()
             self.http = None
-        for task in (self._disk_checker, self._gc_task, self._failure_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(
+            *(t for t in (self._disk_checker, self._gc_task, self._failure_task) if t is not None)
+        )
         self._disk_checker = self._gc_task = self._failure_task = None
         if self.registration is not None:
             with contextlib.suppress(Exception):

@@ -36,6 +36,7 @@ from typing import Any
 import click
 
 from quorumlog.cli.common import CliError, console, quiet_logging, run_async
+from quorumlog.env import cancel_and_wait
 
 STEP_TIMEOUT_S = 30.0
 """Longest any one step may wait; the whole tour takes about 10-20 s on a 2-core machine."""
@@ -146,8 +147,7 @@ class _Writer:
 
     async def wait_exit(self) -> None:
         await self.proc.wait()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait({self._task})
 
     def log_tail(self) -> str:
         try:
@@ -163,9 +163,7 @@ class _Writer:
                 self.proc.send_signal(signal.SIGCONT)
                 self.proc.kill()
             await self.proc.wait()
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait(self._task)
 
 
 async def _wait_metadata(client: Any, ledger_id: int, predicate: Callable[[Any], bool], what: str) -> Any:
@@ -223,9 +221,7 @@ class _Tail:
             raise DemoFailed(f"the tailing reader failed: {type(exc).__name__}: {exc}")
 
     async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await self.task
+        await cancel_and_wait(self.task)
 
 
 class _Out:

@@ -31,7 +31,7 @@ from quorumlog.client.ledger_handle import ReadHandle, WriteHandle, recover_ledg
 from quorumlog.client.metrics import ClientCollector, ClientStats, timed
 from quorumlog.client.placement import BookieInfo, PlacementPolicy
 from quorumlog.client.ticker import EXPLICIT_LAC_VISITS_PER_S_MAX, Ticker
-from quorumlog.env import Env, default_env
+from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import (
     ClientClosedError,
     DigestMismatchError,
@@ -435,11 +435,7 @@ class Client:
             writer._abandon(
                 ClientClosedError("the client was closed with this ledger still open for writing")
             )
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._tasks)
         for bookie in self._bookies.values():
             await bookie.close()
         self._bookies.clear()

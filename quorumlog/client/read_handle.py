@@ -15,7 +15,6 @@ Rules the readers keep:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -43,6 +42,7 @@ from quorumlog.client.read_logic import (
     SendReadLac,
     check_read_range,
 )
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     BookieUnavailableError,
     ClientClosedError,
@@ -620,9 +620,7 @@ class LedgerHandle:
                     changed.cancel()
                 if not poll.done():
                     # The metadata changed (closed, new ensemble): stop this poll and look again.
-                    poll.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, QuorumLogError):
-                        await poll
+                    await cancel_and_wait(poll)
                     continue
                 try:
                     _, polled = poll.result()
@@ -637,9 +635,7 @@ class LedgerHandle:
                     next_id += 1
         finally:
             if watch_task is not None:
-                watch_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch_task
+                await cancel_and_wait(watch_task)
 
     def watch_metadata(self) -> None:
         """Follow this ledger's metadata until it is closed (BookKeeper's ReadOnlyLedgerHandle registers a

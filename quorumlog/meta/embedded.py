@@ -38,7 +38,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from quorumlog.env import Env, default_env
+from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import (
     MetadataExistsError,
     MetadataNotFoundError,
@@ -611,11 +611,7 @@ class EmbeddedStore(MetadataStore):
         if self._closed:
             return
         self._closed = True
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
         for w in list(self._watches):
             w.close()
         with contextlib.suppress(sqlite3.Error, OSError, MetadataStoreError):

@@ -51,6 +51,7 @@ from typing import Any
 
 import aiohttp
 
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     MetadataExistsError,
     MetadataNotFoundError,
@@ -735,11 +736,7 @@ class EtcdStore(MetadataStore):
             return
         for w in list(self._watches):
             w.close()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(min(2.0, self.options.op_timeout_s)):
                 await self._post("/v3/lease/revoke", {"ID": self._lease})

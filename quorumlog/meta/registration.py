@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf import message as _message
 
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     BookieUnavailableError,
     MetadataExistsError,
@@ -357,10 +358,6 @@ class BookieRegistry:
     async def close(self) -> None:
         for w in self._watches:
             w.close()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         self._watches.clear()

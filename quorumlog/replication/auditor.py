@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.placement import RackAwarePlacement
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, QuorumLogError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import UnderReplicationManager
@@ -168,14 +169,9 @@ class Auditor:
                     try:
                         await asyncio.wait([*waits, serve], timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
                     finally:
-                        for t in waits:
-                            t.cancel()
-                            with contextlib.suppress(BaseException):
-                                await t
+                        await cancel_and_wait(*waits)
         finally:
-            serve.cancel()
-            with contextlib.suppress(BaseException):
-                await serve
+            await cancel_and_wait(serve)
             self._set_elected(False)
 
     def _set_elected(self, elected: bool) -> None:
@@ -223,11 +219,7 @@ class Auditor:
                         await self._kick.wait()
         finally:
             unsub()
-            for t in watchers:
-                t.cancel()
-            for t in watchers:
-                with contextlib.suppress(BaseException):
-                    await t
+            await cancel_and_wait(*watchers)
 
     async def _guarded(self, fn: Callable[[], Awaitable[Any]]) -> None:
         try:

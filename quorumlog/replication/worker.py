@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.ledger_handle import recover_ledger
-from quorumlog.env import Clock
+from quorumlog.env import Clock, cancel_and_wait
 from quorumlog.errors import (
     DigestMismatchError,
     MetadataVersionError,
@@ -535,11 +535,7 @@ class ReplicationWorker:
                     log.warning("replication worker: listing or locking marks failed: %s", e)
                 await self._idle()
         finally:
-            for t in list(self._active.values()):
-                t.cancel()
-            for t in list(self._active.values()):
-                with contextlib.suppress(BaseException):
-                    await t
+            await cancel_and_wait(*self._active.values())
 
     async def _idle(self) -> None:
         waits = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(self._slot_freed.wait())]

@@ -402,9 +402,11 @@ class LogWriter:
             self._linger = None
         if self._sender is not None:
             self._queue.put_nowait(None)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sender
+            sender = self._sender
+            await asyncio.wait({sender})  # unlike `await sender`, a cancellation of ours is not lost
             self._sender = None
+            if not sender.cancelled():  # cancelled by a (simulated) crash of its node: nothing to report
+                sender.result()
 
     # --- the sender: batches → entries, in order ----------------------------------------------------------
 
