@@ -15,7 +15,13 @@ took (by `gc.callbacks`), and adds/s (wall). `--gc tuned` applies the bookie pro
 default` leaves Python's. `--seconds S` instead runs adds for S seconds and samples RSS every second: the
 check that a GC policy does not let memory grow.
 
-    ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|tuned|off]
+`--ledgers N` spreads the adds round robin over N ledgers (ids 7, 8, ...; each with its own entry ids, every
+entry piggybacking the previous one as LAC), as the `ledgers` benchmark sends them: then every add is a run of
+one ledger, and the per-ledger work (verdicts, state, templates, per-ledger checkpoint state) is paid per add.
+The warm-up sends at least one add to every ledger, so creating the ledgers (their MASTER_KEY records) is
+not measured.
+
+    ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|tuned|off] [--ledgers N]
     ./dev bench bookie_cpu --versions v3 --gc tuned --seconds 60     # RSS over a long run
 """
 
@@ -53,18 +59,36 @@ def rss_mib() -> float:
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+class Ledgers:
+    """The ledgers the feeder writes, round robin, and each one's next entry id (kept across rounds and
+    protocol versions: the bookie sees one writer per ledger that goes on where it stopped)."""
+
+    def __init__(self, count: int) -> None:
+        self.digests = [DigestManager(LEDGER_ID + i, DigestType.CRC32C, PASSWORD) for i in range(count)]
+        self.next_entry = [0] * count
+        self.turn = 0
+
+    def next(self) -> tuple[DigestManager, int]:
+        """The ledger of the next add and its entry id."""
+        i = self.turn
+        self.turn = (i + 1) % len(self.digests)
+        eid = self.next_entry[i]
+        self.next_entry[i] = eid + 1
+        return self.digests[i], eid
+
+
 class Feeder(asyncio.Transport):
     """The transport under the bookie's connection, and the client at its other end: keeps `outstanding`
     adds in flight until `total` are answered (or until `stop` is set), counting its own CPU in `cpu_s`."""
 
-    def __init__(self, version: m.ProtocolVersion, payload: bytes, first_entry: int) -> None:
+    def __init__(self, version: m.ProtocolVersion, payload: bytes, ledgers: Ledgers) -> None:
         super().__init__()
         self.codec = ClientConnection(version)
         self.v3 = version is m.ProtocolVersion.V3
-        self.dm = DigestManager(LEDGER_ID, DigestType.CRC32C, PASSWORD)
+        self.ledgers = ledgers
         self.key = master_key(PASSWORD)
         self.payload = payload
-        self.next_entry = first_entry
+        self.txn = 0
         self.cpu_s = 0.0
         self.sent = self.answered = self.errors = 0
         self.total = 0
@@ -88,11 +112,12 @@ class Feeder(asyncio.Transport):
         """The next `n` add frames (entry bodies with digests, as a client sends them)."""
         frames = []
         size = len(self.payload)
+        ledgers = self.ledgers
         for _ in range(n):
-            eid = self.next_entry
-            self.next_entry += 1
-            body = self.dm.encode_entry(eid, eid - 1, (eid + 1) * size, self.payload)
-            req = m.AddRequest(LEDGER_ID, eid, self.key, body, txn_id=eid + 1 if self.v3 else 0)
+            dm, eid = ledgers.next()
+            self.txn += 1
+            body = dm.encode_entry(eid, eid - 1, (eid + 1) * size, self.payload)
+            req = m.AddRequest(dm.ledger_id, eid, self.key, body, txn_id=self.txn if self.v3 else 0)
             frames.append(self.codec.send(req))
         return frames
 
@@ -155,21 +180,22 @@ class Feeder(asyncio.Transport):
 
 
 async def measure(
-    server: BookieServer, version: str, args: argparse.Namespace, first_entry: int, bar: Any
-) -> tuple[dict[str, Any], int]:
+    server: BookieServer, version: str, args: argparse.Namespace, ledgers: Ledgers, bar: Any
+) -> dict[str, Any]:
     v = m.ProtocolVersion.V3 if version == "v3" else m.ProtocolVersion.V2
     payload = os.urandom(args.payload_bytes)
     meter = c.GcMeter()
 
     def connect() -> tuple[Feeder, BookieConnection]:
-        feeder = Feeder(v, payload, first_entry)
+        feeder = Feeder(v, payload, ledgers)
         conn = BookieConnection(server)
         conn.connection_made(feeder)
         return feeder, conn
 
     feeder, conn = connect()
-    feeder.prepare(max(1000, args.adds // 4))
-    await feeder.run(conn, max(1000, args.adds // 4), args.outstanding)  # warm-up
+    warmup = max(1000, args.adds // 4, args.ledgers)  # every ledger created before timing
+    feeder.prepare(warmup)
+    await feeder.run(conn, warmup, args.outstanding)
     gc.callbacks.append(meter)
     rounds = []
     rss: list[float] = []
@@ -209,7 +235,7 @@ async def measure(
     }
     if rss:
         out["rss_mib_every_s"] = rss
-    return out, feeder.next_entry
+    return out
 
 
 def _round(feeder: Feeder, cpu_s: float, wall_s: float, meter: c.GcMeter) -> dict[str, Any]:
@@ -241,14 +267,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "seconds": args.seconds,
                 "outstanding": args.outstanding,
                 "payload_bytes": args.payload_bytes,
+                "ledgers": args.ledgers,
                 "gc": c.set_gc(args.gc),  # after start-up, as `quorumlog bookie` does
             }
             results = []
-            next_entry = 0
+            ledgers = Ledgers(args.ledgers)
             with c.progress(not args.no_progress) as bar:
                 for version in args.versions.split(","):
-                    point, next_entry = await measure(server, version, args, next_entry, bar)
-                    results.append(point)
+                    results.append(await measure(server, version, args, ledgers, bar))
         finally:
             await bookie.close()
         result["results"] = results
@@ -260,10 +286,11 @@ def cli() -> None:
     p.add_argument("--adds", type=int, default=50_000, help="adds per round (a quarter of it warms up)")
     p.add_argument("--seconds", type=float, default=0.0, help="one timed run with RSS samples instead")
     p.add_argument("--versions", default="v3,v2")
+    p.add_argument("--ledgers", type=int, default=1, help="adds round robin over this many ledgers")
     args = p.parse_args()
     c.quick(args, p, adds=3000, rounds=1)
-    if args.adds < 1 or args.rounds < 1 or args.outstanding < 1 or args.seconds < 0:
-        p.error("--adds, --rounds and --outstanding must be >= 1, --seconds >= 0")
+    if args.adds < 1 or args.rounds < 1 or args.outstanding < 1 or args.seconds < 0 or args.ledgers < 1:
+        p.error("--adds, --rounds, --outstanding and --ledgers must be >= 1, --seconds >= 0")
     c.check_versions(p, "--versions", args.versions)
     result = run(main(args))
     print(f"bookie_cpu: {len(result['results'])} points", file=sys.stderr)
