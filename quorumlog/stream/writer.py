@@ -14,9 +14,11 @@ Rules it keeps (DESIGN.md §2 "Streams"):
 - A linked batch of segments left pending in the log node (a Spark commit that stopped half-way, see
   `stream.metadata`) is completed before this writer starts a segment of its own: its keys are written in
   sequence order, then the pending record is cleared with the same CAS that clears `open_segment`.
-- Segments roll by size (`roll_bytes`) and age (`roll_age_s`). Roll order: close the ledger, mark the
-  segment CLOSED, create the next ledger, announce it in the log node (CAS), then write its segment key. A
-  crash between any two steps leaves a state the next writer's recovery completes.
+- Segments roll by size (`roll_bytes`) and age (`roll_age_s`). Roll order: create the next ledger, close the
+  open one, mark its segment CLOSED, announce the next in the log node (CAS), then write its segment key. A
+  crash between any two steps leaves a state the next writer's recovery completes (a ledger created but
+  never announced is an orphan: nothing refers to it). A roll that cannot create its ledger is not a
+  failure: the writer keeps its segment and tries again later (DistributedLog's behaviour).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ log = logging.getLogger(__name__)
 
 PENDING_BYTES_MAX_DEFAULT = 64 << 20
 CAS_RETRIES_MAX = 16
+# After a roll that could not create its ledger, the writer stays on its segment at least this long.
+ROLL_RETRY_S = 1.0
 STREAM_PASSWORD = b"quorumlog-stream"
 
 
@@ -171,6 +175,7 @@ class LogWriter:
         self._closed = False
         self._sealed = False
         self._first_position = Position.HEAD
+        self._roll_retry_at_s = 0.0
 
     @property
     def first_position(self) -> Position:
@@ -243,11 +248,10 @@ class LogWriter:
         self._fail(err)
         return err
 
-    async def _start_segment(self) -> None:
+    async def _create_segment_ledger(self, seq: int) -> Any:
         assert self._md is not None
         settings = self._md.value.settings
-        seq = self._md.value.next_seq
-        handle = await self._client.create_ledger(
+        return await self._client.create_ledger(
             ensemble_size=settings.ensemble_size,
             write_quorum=settings.write_quorum,
             ack_quorum=settings.ack_quorum,
@@ -258,20 +262,32 @@ class LogWriter:
                 "quorumlog.segment": b"%d" % seq,
             },
         )
+
+    async def _start_segment(self, handle: Any = None) -> None:
+        """Announce segment `next_seq` (on `handle`, a ledger created for it beforehand, or a new one) and
+        make it the segment this writer appends to."""
+        assert self._md is not None
+        seq = self._md.value.next_seq
+        if handle is None:
+            handle = await self._create_segment_ledger(seq)
         try:
             await self._cas_log(
                 lambda md: replace(md, next_seq=seq + 1, open_segment=OpenSegment(seq, handle.ledger_id))
             )
         except WriterFencedError:
-            with contextlib.suppress(QuorumLogError):
-                await handle.close()
-                await self._client.delete_ledger(handle.ledger_id)
+            await self._discard_ledger(handle)
             raise
         info = SegmentInfo(
             seq, handle.ledger_id, SegmentState.OPEN, self._md.value.writer_epoch, self._env.clock.wall_ms()
         )
         created = await self._store.create_segment(self._ns, self._name, info)
         self._segment = _Segment(info, created.version, handle, self._env.clock.monotonic_s())
+
+    async def _discard_ledger(self, handle: Any) -> None:
+        """Delete a ledger created for a segment that was never announced (nothing refers to it)."""
+        with contextlib.suppress(QuorumLogError):
+            await handle.close()
+            await self._client.delete_ledger(handle.ledger_id)
 
     async def _close_segment(self, *, end_of_stream: bool = False) -> None:
         seg = self._segment
@@ -435,18 +451,44 @@ class LogWriter:
         seg = self._segment
         assert seg is not None and self._md is not None
         settings = self._md.value.settings
+        if self._env.clock.monotonic_s() < self._roll_retry_at_s:
+            return False  # the last roll could not create a ledger: keep the segment we have a while longer
         if seg.pushed_bytes >= settings.roll_bytes:
             return True
         age = self._env.clock.monotonic_s() - seg.opened_s
         return settings.roll_age_s > 0 and age >= settings.roll_age_s and seg.records > 0
 
     async def _roll(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*list(self._inflight), return_exceptions=True)
-        if self._error is not None:
-            raise self._error
-        await self._close_segment()
-        await self._start_segment()
+        """Close the open segment and start the next, or, if the next segment's ledger cannot be created,
+        keep writing to the open one (as DistributedLog does) and try again after `ROLL_RETRY_S`.
+
+        The ledger is created before the open segment is closed: a roll is an optimisation (bounded segments,
+        retention by whole segments), and a failure to allocate must not stop a writer whose own segment is
+        healthy. The ledger is deleted again if this writer turns out to be fenced before announcing it."""
+        assert self._md is not None
+        try:
+            handle = await self._create_segment_ledger(self._md.value.next_seq)
+        except QuorumLogError as exc:
+            self._roll_retry_at_s = self._env.clock.monotonic_s() + ROLL_RETRY_S
+            log.warning(
+                "log %s/%s: cannot start a new segment (%s); writing on to segment %d, retrying in %.0f s",
+                self._ns,
+                self._name,
+                exc,
+                self._segment.info.seq if self._segment else -1,
+                ROLL_RETRY_S,
+            )
+            return
+        try:
+            if self._inflight:
+                await asyncio.gather(*list(self._inflight), return_exceptions=True)
+            if self._error is not None:
+                raise self._error
+            await self._close_segment()
+        except BaseException:
+            await self._discard_ledger(handle)
+            raise
+        await self._start_segment(handle)
         with contextlib.suppress(QuorumLogError):
             await self._log.enforce_retention()
 
