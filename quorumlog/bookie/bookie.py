@@ -415,7 +415,7 @@ class Bookie:
         run_key = b""
         status = _EOK
         parked_from = 0 if self._parked else -1  # later adds queue behind parked ones
-        for i, (lid, eid, key, body, lac, _, _) in enumerate(adds if parked_from < 0 else ()):
+        for i, (lid, eid, key, body, lac, _, _, _) in enumerate(adds if parked_from < 0 else ()):
             size = len(body)
             if size > room:
                 parked_from = i  # bounded memory: this add and every later one wait for the checkpoint

@@ -16,14 +16,19 @@ API:
   version detection per frame, oversized frames as `BadRequest`, `send(response)`), except that
   `receive(data, fast_adds=True)` returns each canonical non-recovery add as a `FastAdd` tuple instead of
   an `AddRequest`.
-* `FastAdd` = `(ledger_id, entry_id, master_key, entry, lac, txn_raw, entry_raw)`: `lac` is the LAC the
-  entry carries, `txn_raw` and `entry_raw` the varints of the v3 txnId and entryId as received (canonical,
-  so re-encoding them gives the same bytes; `b""` over v2). Its entry is at least 32 bytes and its header's
-  ids are the request's: a tuple is an add that passed the codec's share of the checks.
+* `FastAdd` = `(ledger_id, entry_id, master_key, entry, lac, txn_raw, entry_raw, ledger_raw)`: `lac` is the
+  LAC the entry carries, `txn_raw`, `entry_raw` and `ledger_raw` the varints of the v3 txnId, entryId and
+  ledgerId as received (canonical, so re-encoding them gives the same bytes; `b""` over v2). Its entry is at
+  least 32 bytes and its header's ids are the request's: a tuple is an add that passed the codec's share of
+  the checks.
 * `fast_add_request(add)` -- the `AddRequest` a `FastAdd` stands for (slow paths: errors, parking).
 * `encode_add_oks(adds, out)` -- appends to `out` the pieces of one EOK `AddResponse` frame per add, in the
   add's own protocol version, byte for byte what `v3.encode_response` / `v2.encode_response` give;
   `add_answer(add, status)` -- any other answer to one add, as a response and its frame.
+
+Nothing here is cached per ledger: a bookie written round robin over 10,000 ledgers gets a different ledger
+in every add, and a per-ledger cache of a few thousand entries missed on every one of them (docs/PERFORMANCE.md,
+"Session 7"). The ledgerId's varint comes from the request itself; what is cached is keyed by lengths only.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ from quorumlog.proto.messages import (
 )
 from quorumlog.proto.status import StatusCode
 
-FastAdd = tuple[int, int, bytes, bytes, int, bytes, bytes]
+FastAdd = tuple[int, int, bytes, bytes, int, bytes, bytes, bytes]
 
 _V2 = ProtocolVersion.V2
 _V3 = ProtocolVersion.V3
@@ -110,8 +115,8 @@ def varint_value(raw: bytes) -> int:
     return value
 
 
-# Varints of lengths and ledger ids seen: a connection sends the same few over and over. Bounded: cleared
-# when full, so a peer sending ever new values costs a recomputation, never memory.
+# Varints of lengths seen: a connection sends the same few over and over. Bounded: cleared when full, so a
+# peer sending ever new values costs a recomputation, never memory. (Not ledger ids: see the docstring.)
 _VARINTS_CACHED_MAX = 4096
 _varints: dict[int, bytes] = {}
 
@@ -146,9 +151,9 @@ def decode_add_v3(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     ):
         return None
     lid, eid, lac = _IDS_LAC.unpack_from(body, start)
-    if lid_raw != (cached(lid) or _cached_varint(lid)) or eid_raw != varint(eid):
+    if lid_raw != varint(lid) or eid_raw != varint(eid):
         return None  # ids that the entry does not repeat: `v3` decodes it and the bookie answers EBADREQ
-    return (lid, eid, key, body[start:end], lac, txn, eid_raw)
+    return (lid, eid, key, body[start:end], lac, txn, eid_raw, lid_raw)
 
 
 def decode_add_v2(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
@@ -161,37 +166,34 @@ def decode_add_v2(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     key_at = pos + 4
     entry_at = key_at + MASTER_KEY_BYTES
     lid, eid, lac = _IDS_LAC.unpack_from(body, entry_at)
-    return (lid, eid, body[key_at:entry_at], body[entry_at:end], lac, b"", b"")
+    return (lid, eid, body[key_at:entry_at], body[entry_at:end], lac, b"", b"", b"")
 
 
 def fast_add_request(add: FastAdd) -> AddRequest:
-    lid, eid, key, entry, _lac, txn, _eid_raw = add
+    lid, eid, key, entry, _lac, txn, _eid_raw, _lid_raw = add
     return AddRequest(lid, eid, key, entry, False, 0, 0, varint_value(txn) if txn else 0)
 
 
 # --- EOK answers ----------------------------------------------------------------------------------------------
 
-# (ledger id, txnId varint length, entryId varint length) -> the frame's bytes before the txnId and between
-# txnId and entryId. Bounded like `_varints`.
-_TEMPLATES_MAX = 1024
+# (txnId, ledgerId, entryId varint lengths) -> the frame's bytes before the txnId, and between the txnId and
+# the ledgerId. At most 10 * 10 * 10 of them (varints of values below 2**64 take 1 to 10 bytes).
 _templates: dict[tuple[int, int, int], tuple[bytes, bytes]] = {}
+_ENTRY_ID_TAG = b"\x18"  # AddResponse.entryId, field 3, varint
 _V2_ADD_OK = struct.Struct(">IIiqq")  # length, header, rc, ledgerId, entryId
 _V2_ADD_OK_HEADER = (v2.PROTOCOL_VERSION << 24) | (v2.V2OpCode.ADD_ENTRY << 16)
 
 
-def _template(lid: int, txn_len: int, eid_len: int) -> tuple[bytes, bytes]:
+def _template(txn_len: int, lid_len: int, eid_len: int) -> tuple[bytes, bytes]:
     """The fixed parts of an EOK v3 AddResponse frame (status 0 twice), in protobuf's field order."""
-    lid_raw = varint(lid)
-    if not lid_raw:
-        raise InvalidArgumentError(f"ledger id {lid} is out of its protobuf field's range")
+    if not lid_len:
+        raise InvalidArgumentError("a v3 add answered from its template needs its ledgerId varint")
     hdr_len = 5 + txn_len
-    part_len = 2 + 1 + len(lid_raw) + 1 + eid_len  # status, ledgerId, entryId with their tags
+    part_len = 2 + 1 + lid_len + 1 + eid_len  # status, ledgerId, entryId with their tags
     frame_len = 2 + hdr_len + 2 + 3 + part_len
     head = _LEN.pack(frame_len) + bytes((0x0A, hdr_len)) + b"\x08\x03\x10\x02\x18"
-    middle = b"\x10\x00\xaa\x06" + bytes((part_len,)) + b"\x08\x00\x10" + lid_raw + b"\x18"
-    if len(_templates) >= _TEMPLATES_MAX:
-        _templates.clear()
-    _templates[(lid, txn_len, eid_len)] = (head, middle)
+    middle = b"\x10\x00\xaa\x06" + bytes((part_len,)) + b"\x08\x00\x10"
+    _templates[(txn_len, lid_len, eid_len)] = (head, middle)
     return head, middle
 
 
@@ -213,10 +215,11 @@ def encode_add_oks(adds: list[FastAdd], out: list[bytes]) -> None:
             out.append(_V2_ADD_OK.pack(24, _V2_ADD_OK_HEADER, 0, a[0], a[1]))
             continue
         eid = a[6]
-        t = templates.get((a[0], len(txn), len(eid)))
+        lid = a[7]
+        t = templates.get((len(txn), len(lid), len(eid)))
         if t is None:
-            t = _template(a[0], len(txn), len(eid))
-        extend((t[0], txn, t[1], eid))
+            t = _template(len(txn), len(lid), len(eid))
+        extend((t[0], txn, t[1], lid, _ENTRY_ID_TAG, eid))
 
 
 def add_answer(add: FastAdd, status: StatusCode) -> tuple[AddResponse, bytes]:

@@ -50,7 +50,7 @@ def test_a_canonical_v3_add_is_a_fast_add_equal_to_the_reference(
     frame = v3.encode_request_pb(req)  # protobuf's own layout: what the fast path must recognise
     fast, reference = _receive(frame)
     assert type(fast[0]) is tuple
-    assert fast[0] == (lid, eid, key, req.body, lac, sc.varint(txn), sc.varint(eid))
+    assert fast[0] == (lid, eid, key, req.body, lac, sc.varint(txn), sc.varint(eid), sc.varint(lid))
     _same(fast, reference)
 
 
@@ -159,8 +159,8 @@ def test_eok_answers_are_the_reference_bytes_in_each_adds_own_version(
     """v3 adds (which carry their txnId varint) then v2 adds (none), as a connection that turned v2 sends
     them: each answered in its own version."""
     raw_txn = sc.varint(txn) if txn < 2**63 else b"\xff" * 9 + b"\x01"
-    v3_add = (lid, eid, b"k" * 20, b"", 0, raw_txn, sc.varint(eid))
-    v2_add = (lid, eid, b"k" * 20, b"", 0, b"", b"")
+    v3_add = (lid, eid, b"k" * 20, b"", 0, raw_txn, sc.varint(eid), sc.varint(lid))
+    v2_add = (lid, eid, b"k" * 20, b"", 0, b"", b"", b"")
     v3_ok = v3.encode_response_pb(m.AddResponse(StatusCode.EOK, lid, eid, txn))
     v2_ok = v2.encode_response(m.AddResponse(StatusCode.EOK, lid, eid, 0))
     for adds, want in (
