@@ -41,7 +41,7 @@ def test_answers_to_adds_of_many_ledgers_build_no_template_per_ledger(
     """The EOK answers of round-robin adds over 5,000 ledgers are the reference bytes, and their templates
     are keyed by varint lengths: a handful are built, not one per ledger per pass (a per-ledger cache of
     1,024 missed on every add and rebuilt its template each time)."""
-    built: list[tuple[int, int, int]] = []
+    built: list[tuple[int, ...]] = []
     template = sc._template
 
     def counting(*key: int) -> tuple[bytes, bytes]:
