@@ -10,6 +10,8 @@ saves the input and the runner reports it as a crash.
 
 Targets (one module each):
 - `requests` -- bytes from a peer through the codec into a real `Bookie` (docs/SECURITY.md "Fuzzing").
+- `connection` -- the same bytes through the bookie's production connection (its in-place add scan and
+  batched adds), judged against the reference codec.
 - `journal` -- journal replay from a damaged copy of a real journal.
 - `storage` -- entry-log reads through the index, both damaged.
 - `planted` -- `requests` with a bug planted on purpose (a reply dropped): proof the harness can fail.
@@ -23,11 +25,17 @@ from __future__ import annotations
 
 TARGETS: dict[str, str] = {
     "requests": "quorumlog.testing.fuzz.requests",
+    "connection": "quorumlog.testing.fuzz.connection",
     "journal": "quorumlog.testing.fuzz.journal",
     "storage": "quorumlog.testing.fuzz.storage",
     "planted": "quorumlog.testing.fuzz.planted",
 }
-DEFAULT_TARGETS = ("requests", "journal", "storage")  # "planted" fails by design: only the tests run it
+DEFAULT_TARGETS = (
+    "requests",
+    "connection",
+    "journal",
+    "storage",
+)  # "planted" fails by design: only the tests run it
 
 
 class FuzzFinding(AssertionError):
