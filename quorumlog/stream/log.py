@@ -4,7 +4,9 @@
 single writer and any number of readers, lists its segments, truncates, applies retention and keeps
 subscriptions (a committed position per name).
 
-Truncation and retention delete whole segments, oldest first, and never the open one. Order: record the
+Truncation and retention delete whole segments, oldest first, and never the open one; `truncate(before)`
+also hides the records before its point in the closed segment it falls inside (DistributedLog's partial
+truncation: the log node's `truncated_before` is that point, and readers start no earlier). Order: record the
 new truncation point in the log node first (so a reader asking for an older position gets a clear
 `LogTruncatedError`), then delete the segment's ledger, then its key -- a crash in between leaves a key whose
 ledger is gone, which the next truncation removes. An offloaded segment's Parquet file is deleted with its
@@ -119,7 +121,12 @@ class Log:
         return Subscription(self, check_name("subscription", name))
 
     async def truncate(self, before: Position) -> list[int]:
-        """Delete every closed segment that lies wholly before `before`; returns their sequence numbers."""
+        """Truncate the log before `before`: no reader from `Position.HEAD` sees a record before it any more,
+        and a reader started before it gets `LogTruncatedError` (DistributedLog's truncate(DLSN)). Every closed
+        segment wholly before it is deleted with its ledger (the sequence numbers are returned); a closed
+        segment it falls inside is truncated partially, its records before `before` hidden but kept until
+        the whole segment goes. The open segment is never truncated, partially or not (DistributedLog never
+        truncates an in-progress segment), and truncation never moves back."""
         return await self._truncate(lambda seg, _segs: seg.seq < before.segment, before)
 
     async def set_retention(self, *, max_age_s: float | None = None, max_bytes: int | None = None) -> None:
@@ -161,11 +168,23 @@ class Log:
             if not doomed(seg, segs):
                 break
             victims.append(seg)
-        if not victims:
-            return []
-        point = Position(victims[-1].seq + 1, 0, 0)
-        if before is not None:
-            point = min(point, before)
+        if before is None:
+            if not victims:
+                return []
+            point = Position(victims[-1].seq + 1, 0, 0)
+        else:
+            # Clamped at the first segment not closed (or where the next one will be): records of a segment
+            # still being written, and of segments not written yet, are never hidden.
+            md = await self.metadata()
+            limit = next(
+                (Position(s.seq, 0, 0) for s in segs if s.state != SegmentState.CLOSED),
+                Position(md.next_seq, 0, 0),
+            )
+            if md.open_segment is not None:  # announced before its key is written
+                limit = min(limit, Position(md.open_segment.seq, 0, 0))
+            point = min(before, limit)
+            if not victims and point <= md.truncated_before:
+                return []
         await self._update(lambda md: replace(md, truncated_before=max(md.truncated_before, point)))
         for seg in victims:
             await _delete_ledger(self.client, seg.ledger_id)

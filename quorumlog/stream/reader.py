@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from quorumlog.errors import LogTruncatedError, NoSuchLedgerError
+from quorumlog.errors import LogNotFoundError, LogTruncatedError, NoSuchLedgerError, QuorumLogError
 from quorumlog.stream.metadata import SegmentInfo, SegmentState
 from quorumlog.stream.position import Position
 from quorumlog.stream.records import BatchKind, RecordBatch, decode_batch
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
 READ_CHUNK_ENTRIES = 64
 # Watches are the wake-up; this bounds how long a missed notification could delay a reader.
 METADATA_RECHECK_S = 1.0
+# How often a reader looks whether its log still exists if no deletion event came (a missed watch).
+DELETION_RECHECK_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +51,14 @@ class Record:
 
 
 class LogReader:
-    """Use `await log.open_reader(...)`, then `async for record in reader`."""
+    """Use `await log.open_reader(...)`, then `async for record in reader`.
+
+    The iteration runs in a task of its own (one per entry fetched, not per record), so a read its caller
+    gives up -- `asyncio.wait_for(anext(reader), t)` bounding an idle wait, as DistributedLog's idle-reader
+    check does -- is not lost: the next read takes the same fetch over, and the reader goes on where it
+    was. Closing the reader ends a read pending in another task, and a deleted log fails it with
+    `LogNotFoundError`, instead of leaving it waiting for ever.
+    """
 
     def __init__(
         self, log_: Log, start: Position, start_timestamp_ms: int | None, end: Position | None = None
@@ -57,7 +67,12 @@ class LogReader:
         self._start = start
         self._end = end
         self._start_ts = start_timestamp_ms
-        self._gen: AsyncIterator[Record] | None = None
+        self._gen: AsyncIterator[list[Record]] | None = None
+        self._buffer: deque[Record] = deque()
+        self._fetch: asyncio.Task[list[Record] | None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._gone: LogNotFoundError | None = None
+        self._exhausted = False
         self.position: Position | None = None  # the next position this reader owes
         self._closed = False
 
@@ -71,14 +86,61 @@ class LogReader:
         return self
 
     async def __anext__(self) -> Record:
-        if self._closed:
-            raise StopAsyncIteration
-        if self._gen is None:
-            self._gen = self._records()
-        return await self._gen.__anext__()
+        while True:
+            if self._closed or self._exhausted:
+                raise StopAsyncIteration
+            if self._buffer:
+                record = self._buffer.popleft()
+                self.position = record.position.next_slot()
+                return record
+            if self._gone is not None:
+                raise self._gone
+            if self._gen is None:
+                self._gen = self._batches()
+                env = self._log.client.env
+                self._watcher = env.spawn(self._watch_deletion(), name=f"reader {self._log.name}: deletion")
+            fetch = self._fetch
+            if fetch is None:
+                fetch = self._fetch = self._log.client.env.spawn(
+                    self._next_batch(), name=f"reader {self._log.name}"
+                )
+            # Not `await fetch`: a cancelled caller must leave the fetch running for the next read.
+            await asyncio.wait({fetch})
+            self._fetch = None
+            if fetch.cancelled():  # by close() or by the deletion watch
+                self._stop_watcher()
+                if self._gone is not None:
+                    raise self._gone
+                raise StopAsyncIteration
+            try:
+                batch = fetch.result()
+            except BaseException:
+                self._stop_watcher()  # the iteration is over: nothing is left to wake
+                raise
+            if batch is None:
+                self._exhausted = True
+                self._stop_watcher()
+                raise StopAsyncIteration
+            self._buffer.extend(batch)
+
+    def _stop_watcher(self) -> None:
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+
+    async def _next_batch(self) -> list[Record] | None:
+        assert self._gen is not None
+        try:
+            return await self._gen.__anext__()
+        except StopAsyncIteration:
+            return None
 
     async def close(self) -> None:
         self._closed = True
+        tasks = [t for t in (self._fetch, self._watcher) if t is not None and not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
         if self._gen is not None:
             with contextlib.suppress(Exception):
                 await self._gen.aclose()  # type: ignore[attr-defined]
@@ -89,9 +151,36 @@ class LogReader:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def _watch_deletion(self) -> None:
+        """Fail a pending read with `LogNotFoundError` once the log is deleted (DistributedLog's readers
+        fail with LogNotFoundException): a reader waiting at the tail of a deleted log would wait for ever."""
+        store = self._log.log_store.store
+        ns, name = self._log.namespace, self._log.name
+        watch = await store.watch_data(self._log.log_store.layout.log(ns, name))
+        try:
+            while not self._closed:
+                try:
+                    await self._log.log_store.read_log(ns, name)
+                except LogNotFoundError as exc:
+                    self._gone = exc
+                    if self._fetch is not None:
+                        self._fetch.cancel()
+                    return
+                except QuorumLogError:
+                    pass  # the store is unreachable for now: look again at the next event or recheck
+                try:
+                    await watch.next(timeout_s=DELETION_RECHECK_S)
+                except TimeoutError:
+                    continue
+                except StopAsyncIteration:
+                    return  # the store closed the watch: the client is closing
+        finally:
+            watch.close()
+
     # --- the iteration --------------------------------------------------------------------------------------
 
-    async def _records(self) -> AsyncIterator[Record]:
+    async def _batches(self) -> AsyncIterator[list[Record]]:
+        """The records in position order, one list per entry read (never empty)."""
         pos = await self._resolve_start()
         seek_ts = self._start_ts
         while True:
@@ -112,6 +201,7 @@ class LogReader:
                         if batch.kind == BatchKind.END_OF_STREAM:
                             ended = True
                             break
+                        out: list[Record] = []
                         for slot, (ts, payload) in enumerate(batch.records):
                             if entry_id == pos.entry and slot < pos.slot:
                                 continue
@@ -121,11 +211,14 @@ class LogReader:
                                 seek_ts = None
                             here = Position(seg.seq, entry_id, slot)
                             if self._end is not None and here >= self._end:
+                                if out:
+                                    yield out
                                 return
-                            self.position = here.next_slot()
-                            yield Record(here, payload, ts)
+                            out.append(Record(here, payload, ts))
                             pos = here.next_slot()
                         pos = Position(seg.seq, entry_id + 1, 0)
+                        if out:
+                            yield out
                     break
                 except NoSuchLedgerError:
                     # Offloaded and freed after this reader looked the segment up: on from the file.
@@ -184,10 +277,12 @@ class LogReader:
                     or seg.max_timestamp_ms is None
                     or seg.max_timestamp_ms >= self._start_ts
                 ):
-                    return Position(seg.seq, 0, 0)
+                    return max(Position(seg.seq, 0, 0), md.truncated_before)
             return Position(md.next_seq, 0, 0)
         if start == Position.HEAD:
-            return Position(segments[0].seq, 0, 0) if segments else Position(md.next_seq, 0, 0)
+            # The oldest record kept: a partial truncation hides the first records of the first segment.
+            first = Position(segments[0].seq, 0, 0) if segments else Position(md.next_seq, 0, 0)
+            return max(first, md.truncated_before)
         first_kept = segments[0].seq if segments else md.next_seq
         if start < md.truncated_before or start.segment < first_kept:
             raise LogTruncatedError(
