@@ -21,7 +21,14 @@ one ledger, and the per-ledger work (verdicts, state, templates, per-ledger chec
 The warm-up sends at least one add to every ledger, so creating the ledgers (their MASTER_KEY records) is
 not measured.
 
+`--explicit-lac` (v3 only) also sends, for every add answered, a WRITE_LAC of its ledger with that entry as
+the LAC: what a writer with an explicit-LAC interval sends when each ledger gets less than one add per
+interval (10,000 ledgers round robin at 10,000 adds/s: one add per ledger per second, an interval of 0.1 s,
+every ensemble bookie gets one WRITE_LAC per entry). The CPU per add then includes those WRITE_LACs;
+`write_lacs` counts them.
+
     ./dev bench bookie_cpu [--adds 50000] [--rounds 3] [--versions v3,v2] [--gc default|tuned|off] [--ledgers N]
+                           [--explicit-lac]
     ./dev bench bookie_cpu --versions v3 --gc tuned --seconds 60     # RSS over a long run
 """
 
@@ -64,6 +71,7 @@ class Ledgers:
     protocol versions: the bookie sees one writer per ledger that goes on where it stopped)."""
 
     def __init__(self, count: int) -> None:
+        # Ledger i has id LEDGER_ID + i.
         self.digests = [DigestManager(LEDGER_ID + i, DigestType.CRC32C, PASSWORD) for i in range(count)]
         self.next_entry = [0] * count
         self.turn = 0
@@ -81,8 +89,13 @@ class Feeder(asyncio.Transport):
     """The transport under the bookie's connection, and the client at its other end: keeps `outstanding`
     adds in flight until `total` are answered (or until `stop` is set), counting its own CPU in `cpu_s`."""
 
-    def __init__(self, version: m.ProtocolVersion, payload: bytes, ledgers: Ledgers) -> None:
+    def __init__(
+        self, version: m.ProtocolVersion, payload: bytes, ledgers: Ledgers, explicit_lac: bool = False
+    ) -> None:
         super().__init__()
+        self.explicit_lac = explicit_lac
+        self.lacs_due: list[tuple[int, int]] = []  # (ledger, entry) of adds answered since the last send
+        self.write_lacs = 0
         self.codec = ClientConnection(version)
         self.v3 = version is m.ProtocolVersion.V3
         self.ledgers = ledgers
@@ -121,6 +134,17 @@ class Feeder(asyncio.Transport):
             frames.append(self.codec.send(req))
         return frames
 
+    def encode_lacs(self) -> list[bytes]:
+        """WRITE_LAC frames for the adds answered since the last send (each ledger's LAC: its entry)."""
+        frames = []
+        for lid, eid in self.lacs_due:
+            self.txn += 1
+            body = self.ledgers.digests[lid - LEDGER_ID].encode_lac(eid)
+            frames.append(self.codec.send(m.WriteLacRequest(lid, eid, self.key, body, txn_id=self.txn)))
+        self.write_lacs += len(frames)
+        self.lacs_due = []
+        return frames
+
     def prepare(self, total: int) -> None:
         self.ready = self.encode(total)
 
@@ -134,6 +158,8 @@ class Feeder(asyncio.Transport):
         else:
             frames = self.encode(n)
         self.sent += n
+        if self.lacs_due:
+            frames = frames + self.encode_lacs()
         data = b"".join(frames)
         self.cpu_s += time.process_time() - started
         if data and self.conn is not None:
@@ -147,7 +173,11 @@ class Feeder(asyncio.Transport):
         for resp in self.codec.receive(data):
             if resp.status != StatusCode.EOK:
                 self.errors += 1
+            if type(resp) is not m.AddResponse:
+                continue  # a WRITE_LAC's answer
             answered += 1
+            if self.explicit_lac and not self.stop:
+                self.lacs_due.append((resp.ledger_id, resp.entry_id))
         self.answered += answered
         self.cpu_s += time.process_time() - started
         assert self.finished is not None
@@ -187,7 +217,7 @@ async def measure(
     meter = c.GcMeter()
 
     def connect() -> tuple[Feeder, BookieConnection]:
-        feeder = Feeder(v, payload, ledgers)
+        feeder = Feeder(v, payload, ledgers, args.explicit_lac)
         conn = BookieConnection(server)
         conn.connection_made(feeder)
         return feeder, conn
@@ -218,6 +248,7 @@ async def measure(
             for _ in range(args.rounds):
                 feeder.prepare(args.adds)
                 feeder.cpu_s = 0.0
+                feeder.write_lacs = 0
                 meter.reset()
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 await feeder.run(conn, args.adds, args.outstanding)
@@ -249,6 +280,7 @@ def _round(feeder: Feeder, cpu_s: float, wall_s: float, meter: c.GcMeter) -> dic
         "gc_cpu_us_per_add": round(meter.seconds * per, 2),
         "gc_collections": meter.collections,
         "adds_per_s": round(n / wall_s),
+        "write_lacs": feeder.write_lacs,
         "loadavg_1m": c.loadavg()[0],
     }
 
@@ -268,6 +300,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "outstanding": args.outstanding,
                 "payload_bytes": args.payload_bytes,
                 "ledgers": args.ledgers,
+                "explicit_lac": args.explicit_lac,
                 "gc": c.set_gc(args.gc),  # after start-up, as `quorumlog bookie` does
             }
             results = []
@@ -287,8 +320,11 @@ def cli() -> None:
     p.add_argument("--seconds", type=float, default=0.0, help="one timed run with RSS samples instead")
     p.add_argument("--versions", default="v3,v2")
     p.add_argument("--ledgers", type=int, default=1, help="adds round robin over this many ledgers")
+    p.add_argument("--explicit-lac", action="store_true", help="a WRITE_LAC per add answered (v3 only)")
     args = p.parse_args()
     c.quick(args, p, adds=3000, rounds=1)
+    if args.explicit_lac and args.versions != "v3":
+        p.error("--explicit-lac needs --versions v3 (a v2 connection carries no WRITE_LAC)")
     if args.adds < 1 or args.rounds < 1 or args.outstanding < 1 or args.seconds < 0 or args.ledgers < 1:
         p.error("--adds, --rounds, --outstanding and --ledgers must be >= 1, --seconds >= 0")
     c.check_versions(p, "--versions", args.versions)
