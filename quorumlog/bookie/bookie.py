@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from functools import partial as _partial
+from operator import itemgetter
 from typing import Any, Protocol
 
 from quorumlog.admin.sketch import OpStats
@@ -64,6 +65,8 @@ _EOK = StatusCode.EOK
 _AddResponse = m.AddResponse
 _IDS = struct.Struct(">qq")
 Reply = Callable[[Any], None]
+# The fields of a `FastAdd` the add path reads for every add, as C-level getters.
+_ids_of, _entry_of = itemgetter(0, 1), itemgetter(3)
 
 
 def encode_availability(entry_ids: list[int]) -> bytes:
@@ -403,66 +406,38 @@ class Bookie:
         storage = self.storage
         book = self.book
         journal = self.journal
-        room = storage.room_bytes()
-        if not storage.active.entries:
-            room = max(room, len(adds[0][3]))  # an empty cache takes any one entry
-        bodies: list[bytes] = []
-        keys: list[tuple[int, int]] = []
-        refused: list[int] = []  # indices of adds answered at once
-        runs: list[tuple[int, int, int]] = []  # (ledger, last entry, largest LAC) of each run of one ledger
-        nbytes = 0  # entry bytes accepted (what the connection counts)
-        run_lid = run_last = run_lac = -1
-        run_key = b""
-        status = _EOK
-        parked_from = 0 if self._parked else -1  # later adds queue behind parked ones
-        for i, (lid, eid, key, body, lac, _, _, _) in enumerate(adds if parked_from < 0 else ()):
-            size = len(body)
-            if size > room:
-                parked_from = i  # bounded memory: this add and every later one wait for the checkpoint
-                break
-            if lid != run_lid or key != run_key:
-                if run_last >= 0:
-                    runs.append((run_lid, run_last, run_lac))
-                run_last = run_lac = -1
-                try:
-                    verdict = book.check_add(lid, key, False)
-                except (CorruptEntryError, IndexError_, OSError) as exc:
-                    log.error("add failed on storage: %r", exc)
-                    run_lid = -1
-                    refused.append(i)
-                    sink.adds_answered([adds[i]], size, StatusCode.EIO, tag)
-                    continue
-                run_lid, run_key, status = lid, key, verdict.status
-                if verdict.created:
-                    # Journaled before the batch's ADD records, which are staged after this loop.
-                    journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + key, None)
-            if status is not _EOK:
-                refused.append(i)
-                sink.adds_answered([adds[i]], size, status, tag)
-                continue
-            bodies.append(body)
-            keys.append((lid, eid))
-            nbytes += size
-            room -= size + REC_HEADER_SIZE
-            if eid > run_last:
-                run_last = eid
-            if lac > run_lac:
-                run_lac = lac
-        if run_last >= 0:
-            runs.append((run_lid, run_last, run_lac))
-        if bodies:
+        sizes = list(map(len, map(_entry_of, adds)))
+        # Bounded memory: the adds from the first that finds no room in the write cache on wait for the
+        # checkpoint (later adds queue behind parked ones, in arrival order).
+        parked_from = 0 if self._parked else -1
+        if parked_from < 0:
+            room = storage.room_bytes()
+            if not storage.active.entries:
+                room = max(room, sizes[0])  # an empty cache takes any one entry
+            if sum(sizes) + REC_HEADER_SIZE * (len(adds) - 1) > room:
+                for i, size in enumerate(sizes):
+                    if size > room:
+                        parked_from = i
+                        break
+                    room -= size + REC_HEADER_SIZE
+        taken = adds if parked_from < 0 else adds[:parked_from]
+        accepted = taken
+        if taken:
+            judge = book.check_adds(taken)
+            if judge:
+                accepted = self._judge_adds(taken, judge, sink, tag)
+        if accepted:
+            bodies = list(map(_entry_of, accepted))
+            nbytes = sum(sizes) if accepted is adds else sum(map(len, bodies))
             records: list[Record] = list(zip(add_record_headers(bodies), bodies, strict=True))
-            accepted = adds if parked_from < 0 else adds[:parked_from]
-            if refused:
-                skip = set(refused)
-                accepted = [a for i, a in enumerate(accepted) if i not in skip]
             record_bytes = nbytes + REC_HEADER_SIZE * len(records)
             journal.append_records(
                 records, record_bytes, _partial(self._adds_durable, sink, accepted, nbytes, tag)
             )
-            storage.put_many(keys, records, record_bytes)
-            for lid, last, lac in runs:
-                if book.record_adds(lid, last, lac):
+            storage.put_many(list(map(_ids_of, accepted)), records, record_bytes)
+            advanced = book.record_batch(accepted)
+            if self._watchers:
+                for lid in advanced:
                     self._wake(lid)
         if parked_from >= 0:
             for a in adds[parked_from:]:
@@ -470,6 +445,31 @@ class Bookie:
             self._start_checkpoint()
         elif storage.wants_flush():
             self._start_checkpoint()
+
+    def _judge_adds(self, adds: list[FastAdd], judge: list[int], sink: AddSink, tag: object) -> list[FastAdd]:
+        """The adds at indices `judge` one by one (`LedgerBook.check_add`, as `add` does): refusals are
+        answered now, created ledgers get their MASTER_KEY record (staged before the batch's ADD records);
+        returns the accepted adds, in order."""
+        book = self.book
+        journal = self.journal
+        refused: set[int] = set()
+        for i in judge:
+            lid, _, key, body = adds[i][:4]
+            try:
+                verdict = book.check_add(lid, key, False)
+            except (CorruptEntryError, IndexError_, OSError) as exc:
+                log.error("add failed on storage: %r", exc)
+                refused.add(i)
+                sink.adds_answered([adds[i]], len(body), StatusCode.EIO, tag)
+                continue
+            if verdict.status is not _EOK:
+                refused.add(i)
+                sink.adds_answered([adds[i]], len(body), verdict.status, tag)
+            elif verdict.created:
+                journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + key, None)
+        if not refused:
+            return adds
+        return [a for i, a in enumerate(adds) if i not in refused]
 
     def _adds_durable(
         self, sink: AddSink, adds: list[FastAdd], nbytes: int, tag: object, exc: BaseException | None

@@ -4,12 +4,25 @@ thrashes, no per-ledger work a batch can share -- and the answers stay the refer
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
 from quorumlog.proto import messages as m
 from quorumlog.proto import server_codec as sc
 from quorumlog.proto import v3
 from quorumlog.proto.status import StatusCode
+from tests.bookie.conftest import StartBookie
+from tests.bookie.helpers import KEY, RawClient, entry
+
+V2, V3 = m.ProtocolVersion.V2, m.ProtocolVersion.V3
+OK = StatusCode.EOK
+
+
+def _add(lid: int, eid: int, key: bytes = KEY) -> m.AddRequest:
+    return m.AddRequest(lid, eid, key, entry(lid, eid, b"x"))
+
 
 LEDGERS = 5000  # more than any per-ledger cache the codec ever had (1024 templates, 4096 varints)
 
@@ -59,3 +72,47 @@ def test_answers_to_adds_of_many_ledgers_build_no_template_per_ledger(
     )
     assert b"".join(out) == want
     assert len(built) <= 10, f"{len(built)} templates built for {len(adds)} answers"
+
+
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_adds_round_robin_over_ledgers_are_judged_in_one_pass(
+    start_bookie: StartBookie, version: m.ProtocolVersion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adds round robin over known ledgers, a fenced one, one another writer's key claims, and new ones, in
+    one chunk: each gets the answer it gets on its own, the entries are stored, and only the adds that are
+    not plainly accepted (new ledger, wrong key, fenced) get a verdict of their own -- a verdict per run of
+    one ledger cost a call and an object per add when every add is a run of its own."""
+    svc = await start_bookie()
+    c = await RawClient.connect(*svc.address, version)
+    known = list(range(10, 30))
+    await asyncio.wait_for(asyncio.gather(*c.send_many([_add(lid, 0) for lid in known])), 10)
+    fenced, claimed = known[0], known[1]
+    assert (await c.call(m.ReadRequest(fenced, 0, fence=True, master_key=KEY))).status is OK
+    judged: list[int] = []
+    check_add = svc.bookie.book.check_add
+
+    def counting(lid: int, key: bytes, recovery: bool) -> Any:
+        judged.append(lid)
+        return check_add(lid, key, recovery)
+
+    monkeypatch.setattr(svc.bookie.book, "check_add", counting)
+    reqs: list[m.Request] = []
+    want: list[StatusCode] = []
+    for eid in (1, 2):
+        for lid in [*known, 100 + eid]:  # a new ledger in each pass
+            if lid == claimed and eid == 2:
+                reqs.append(_add(lid, eid, key=bytes(20)))
+                want.append(StatusCode.EUA)
+            else:
+                reqs.append(_add(lid, eid if lid < 100 else 0))
+                want.append(StatusCode.EFENCED if lid == fenced else OK)
+    answers = await asyncio.wait_for(asyncio.gather(*c.send_many(reqs)), 10)
+    assert [a.status for a in answers] == want
+    assert sorted(judged) == sorted([fenced, fenced, claimed, 101, 102])
+    for req, status in zip(reqs, want, strict=True):
+        assert isinstance(req, m.AddRequest)
+        r = await c.call(m.ReadRequest(req.ledger_id, req.entry_id))
+        assert r.status is (OK if status is OK else StatusCode.ENOENTRY)  # refused: not stored
+        if status is OK:
+            assert r.body == req.body
+    await c.close()
