@@ -336,21 +336,44 @@ class LogWriter:
 
     def write(self, payload: bytes) -> asyncio.Future[Position]:
         """Queue one record; the future resolves to its Position once it is durable on an ack quorum."""
+        self._admit((payload,))
+        return self._enqueue(payload)
+
+    async def write_many(self, payloads: Sequence[bytes]) -> list[Position]:
+        """Write the records in order. All or nothing at admission: a list with a record that cannot be
+        taken (too large for a batch, or past `pending_bytes_max` as a whole) raises before any of it is
+        queued, so a caller that retries the list never duplicates its first records."""
+        payloads = list(payloads)
+        self._admit(payloads)
+        futures = [self._enqueue(p) for p in payloads]
+        return list(await asyncio.gather(*futures))
+
+    def _admit(self, payloads: Sequence[bytes]) -> None:
+        """Refuse (typed error, nothing queued) what this writer cannot take now."""
         self._check_writable()
-        if not isinstance(payload, bytes | bytearray | memoryview):
-            raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-        size = RECORD_OVERHEAD_BYTES + len(payload)
         assert self._md is not None
         settings = self._md.value.settings
-        if HEADER_BYTES + size > settings.batch_max_bytes:
+        total = 0
+        for payload in payloads:
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+            size = RECORD_OVERHEAD_BYTES + len(payload)
+            if HEADER_BYTES + size > settings.batch_max_bytes:
+                raise TooManyRequestsError(
+                    f"record of {len(payload)} bytes does not fit in a batch "
+                    f"(batch_max_bytes={settings.batch_max_bytes})"
+                )
+            total += size
+        if self._pending_bytes + total > self.pending_bytes_max:
             raise TooManyRequestsError(
-                f"record of {len(payload)} bytes does not fit in a batch (batch_max_bytes={settings.batch_max_bytes})"
+                f"{self._pending_bytes} bytes are waiting to be acknowledged and {total} more were offered "
+                f"(pending_bytes_max={self.pending_bytes_max}); await earlier writes before writing more"
             )
-        if self._pending_bytes + size > self.pending_bytes_max:
-            raise TooManyRequestsError(
-                f"{self._pending_bytes} bytes are waiting to be acknowledged (pending_bytes_max="
-                f"{self.pending_bytes_max}); await earlier writes before writing more"
-            )
+
+    def _enqueue(self, payload: bytes) -> asyncio.Future[Position]:
+        assert self._md is not None
+        settings = self._md.value.settings
+        size = RECORD_OVERHEAD_BYTES + len(payload)
         if self._batch.size_bytes + size > settings.batch_max_bytes:
             self._seal_batch()
         fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
@@ -362,10 +385,6 @@ class LogWriter:
         if self._linger is None:
             self._linger = asyncio.get_running_loop().call_later(settings.linger_s, self._seal_batch)
         return fut
-
-    async def write_many(self, payloads: Sequence[bytes]) -> list[Position]:
-        futures = [self.write(p) for p in payloads]
-        return list(await asyncio.gather(*futures))
 
     async def flush(self) -> None:
         """Send the open batch now and wait until everything written so far is acknowledged."""
