@@ -56,6 +56,7 @@ from quorumlog.proto.server_codec import (
     FastAdd,
     add_answer,
     encode_add_oks,
+    encode_write_lac_ok,
     fast_add_request,
     varint_value,
 )
@@ -72,6 +73,8 @@ _ADD_SAMPLE_MASK = ADD_SAMPLE_EVERY - 1
 _V3 = ProtocolVersion.V3
 _StartTLS = m.StartTLSRequest
 _Read = m.ReadRequest
+_WriteLac = m.WriteLacRequest
+_WriteLacResponse = m.WriteLacResponse
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # Answers one connection may have waiting in our hands before we stop serving its requests (the transport's
 # own high-water mark bounds what it holds; this bounds one event-loop turn's worth, e.g. a chunk of reads).
@@ -252,6 +255,11 @@ class BookieConnection(asyncio.Protocol):
                         # Plain reads are sampled like adds: catch-up readers send them by the thousand.
                         sampled = not req.entry_id & _ADD_SAMPLE_MASK  # type: ignore[union-attr]
                         handle(req, self._timed("READ_ENTRY", reply) if sampled else reply, self)
+                    elif type(req) is _WriteLac:
+                        # Sampled too: a writer sends one per ledger per explicit-LAC interval, thousands a
+                        # second at 10,000 ledgers. (The LAC moves with every one: it picks the sample.)
+                        sampled = not req.lac & _ADD_SAMPLE_MASK  # type: ignore[union-attr]
+                        handle(req, self._timed("WRITE_LAC", reply) if sampled else reply, self)
                     else:
                         handle(req, self._timed(_op_name(req), reply), self)
                 except Exception:  # a bug must cost one request, not the bookie
@@ -478,6 +486,8 @@ class BookieConnection(asyncio.Protocol):
             if type(response) is _AddResponse and self.codec.version is _V3:
                 # Every add is answered here: go straight to the hand-written encoder the codec would pick.
                 frame = encode_add_response(response)
+            elif type(response) is _WriteLacResponse and response.status is _EOK:
+                frame = encode_write_lac_ok(response.txn_id, response.ledger_id)  # (WRITE_LAC is v3 only)
             else:
                 frame = self.codec.send(response)
             self._out.append(frame)

@@ -22,6 +22,11 @@ API:
   least 32 bytes and its header's ids are the request's: a tuple is an add that passed the codec's share of
   the checks.
 * `fast_add_request(add)` -- the `AddRequest` a `FastAdd` stands for (slow paths: errors, parking).
+* `decode_write_lac_v3(body)` -- a WRITE_LAC in the layout BookKeeper's and our clients send, as the
+  `WriteLacRequest` protobuf decodes, without protobuf; `encode_write_lac_ok(txn_id, ledger_id)` -- its EOK
+  answer's frame. A writer with an explicit-LAC interval sends one per ledger per interval to each bookie of
+  the ensemble: written round robin over 10,000 ledgers that is about one per entry a bookie stores, and
+  through protobuf each cost the bookie more than the add itself (docs/PERFORMANCE.md, "Session 7").
 * `encode_add_oks(adds, out)` -- appends to `out` the pieces of one EOK `AddResponse` frame per add, in the
   add's own protocol version, byte for byte what `v3.encode_response` / `v2.encode_response` give;
   `add_answer(add, status)` -- any other answer to one add, as a response and its frame.
@@ -48,6 +53,7 @@ from quorumlog.proto.messages import (
     ReadResponse,
     Request,
     Response,
+    WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
 
@@ -82,6 +88,25 @@ _V3_ADD = re.compile(
     re.DOTALL,
 )
 _v3_add_match = _V3_ADD.match
+# A v3 Request holding only {header {version 3, WRITE_LAC, txnId}, writeLacRequest {ledgerId, lac, masterKey
+# (20 bytes), body}}, fields in number order: what a 4.14 client sends. Groups: txnId, the part's length,
+# ledgerId, lac, masterKey, body length; the body runs from the match's end to the frame's end. (A negative
+# lac takes 10 bytes and the slow path: writers send it only once the LAC is >= 0.)
+_V3_WRITE_LAC = re.compile(
+    rb"\x0a[\x06-\x0e]\x08\x03\x10\x06\x18("
+    + _VARINT
+    + rb")\xba\x06("
+    + _VARINT
+    + rb")\x08("
+    + _VARINT
+    + rb")\x10("
+    + _VARINT
+    + rb")\x1a\x14(.{20})\x22("
+    + _VARINT
+    + rb")",
+    re.DOTALL,
+)
+_v3_write_lac_match = _V3_WRITE_LAC.match
 _V2_ADD_HEADER = _LEN.pack((v2.PROTOCOL_VERSION << 24) | (v2.V2OpCode.ADD_ENTRY << 16))  # no flags
 _V2_ADD_MIN = 4 + MASTER_KEY_BYTES + _ENTRY_HEADER_BYTES
 _SMALL = [bytes((i,)) for i in range(128)]
@@ -156,6 +181,28 @@ def decode_add_v3(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     return (lid, eid, key, body[start:end], lac, txn, eid_raw, lid_raw)
 
 
+def decode_write_lac_v3(body: bytes, pos: int = 0, end: int = -1) -> WriteLacRequest | None:
+    """A WRITE_LAC in the canonical v3 layout, equal to what `v3.decode_request` gives; None for anything else
+    (decode it with `v3`). The frame body is `body[pos:end]` (`end` -1: to the end)."""
+    if end < 0:
+        end = len(body)
+    match = _v3_write_lac_match(body, pos, end)
+    if match is None:
+        return None
+    txn, part_len, lid_raw, lac_raw, key, body_len = match.groups()
+    start = match.end()
+    hdr_len = body[pos + 1]
+    if (
+        hdr_len != 5 + len(txn)
+        or body_len != varint(end - start)
+        or part_len != varint(end - pos - 4 - hdr_len - len(part_len))
+    ):
+        return None
+    return WriteLacRequest(
+        varint_value(lid_raw), varint_value(lac_raw), key, body[start:end], 0, varint_value(txn)
+    )
+
+
 def decode_add_v2(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     """A v2 ADD without flags as a `FastAdd` (v2 takes the ids from the entry); None for anything else.
     The frame body is `body[pos:end]` (`end` -1: to the end)."""
@@ -222,6 +269,31 @@ def encode_add_oks(adds: list[FastAdd], out: list[bytes]) -> None:
         extend((t[0], txn, t[1], lid, _ENTRY_ID_TAG, eid))
 
 
+# (txnId, ledgerId varint lengths) -> the EOK WriteLacResponse frame's bytes before the txnId, and between
+# the txnId and the ledgerId. At most 10 * 10 of them.
+_lac_templates: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+
+
+def encode_write_lac_ok(txn_id: int, ledger_id: int) -> bytes:
+    """The EOK WriteLacResponse frame for a WRITE_LAC with these ids, byte for byte `v3.encode_response`'s
+    (status 0 twice, fields in protobuf's order)."""
+    txn, lid = varint(txn_id), varint(ledger_id)
+    if not lid or not txn:
+        raise InvalidArgumentError(
+            f"ids out of their protobuf fields' range: txn {txn_id}, ledger {ledger_id}"
+        )
+    t = _lac_templates.get((len(txn), len(lid)))
+    if t is None:
+        hdr_len = 5 + len(txn)
+        part_len = 2 + 1 + len(lid)  # status, ledgerId with their tags
+        head = _LEN.pack(2 + hdr_len + 2 + 3 + part_len) + bytes((0x0A, hdr_len)) + b"\x08\x03\x10\x06\x18"
+        t = _lac_templates[(len(txn), len(lid))] = (
+            head,
+            b"\x10\x00\xba\x06" + bytes((part_len,)) + b"\x08\x00\x10",
+        )
+    return b"".join((t[0], txn, t[1], lid))
+
+
 def add_answer(add: FastAdd, status: StatusCode) -> tuple[AddResponse, bytes]:
     """The answer to one add with `status`, and its frame in the protocol version the add came in."""
     txn = add[5]
@@ -282,8 +354,8 @@ class BookieCodec:
         return out
 
     def _scan_adds(self, data: bytes, pos: int, n: int, out: list[Request | FastAdd]) -> int:
-        """Append the whole canonical add frames that start at `pos`, up to the first other frame; returns
-        where that one starts (or `n`)."""
+        """Append the whole canonical add (and v3 WRITE_LAC) frames that start at `pos`, up to the first other
+        frame; returns where that one starts (or `n`)."""
         limit = self._frames.max_frame_bytes
         v3_side = self.version is not _V2
         decode = decode_add_v3 if v3_side else decode_add_v2
@@ -297,7 +369,15 @@ class BookieCodec:
                 break
             add = decode(data, pos + FRAME_PREFIX_BYTES, end)
             if add is None:
-                break
+                if not v3_side:
+                    break
+                lac = decode_write_lac_v3(data, pos + FRAME_PREFIX_BYTES, end)
+                if lac is None:
+                    break
+                append(lac)
+                self.version = _V3
+                pos = end
+                continue
             append(add)
             pos = end
         if v3_side and pos > start:
@@ -317,6 +397,8 @@ class BookieCodec:
                 if body and body[0] == _V3_FIRST_BYTE:
                     if fast_adds:
                         add = decode_add_v3(body)
+                        if add is None:
+                            add = decode_write_lac_v3(body)  # type: ignore[assignment]
                         if add is not None:
                             self.version = _V3
                             append(add)

@@ -8,16 +8,22 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from quorumlog.errors import ProtocolError
 from quorumlog.proto import messages as m
 from quorumlog.proto import server_codec as sc
 from quorumlog.proto import v3
+from quorumlog.proto.codec import ServerConnection
 from quorumlog.proto.status import StatusCode
 from tests.bookie.conftest import StartBookie
 from tests.bookie.helpers import KEY, RawClient, entry
+from tests.proto.strategies import V3_REQUESTS, key20
 
 V2, V3 = m.ProtocolVersion.V2, m.ProtocolVersion.V3
 OK = StatusCode.EOK
+ids = st.integers(0, 2**63 - 1)
 
 
 def _add(lid: int, eid: int, key: bytes = KEY) -> m.AddRequest:
@@ -115,4 +121,62 @@ async def test_adds_round_robin_over_ledgers_are_judged_in_one_pass(
         assert r.status is (OK if status is OK else StatusCode.ENOENTRY)  # refused: not stored
         if status is OK:
             assert r.body == req.body
+    await c.close()
+
+
+@given(lid=ids, lac=ids, key=key20, txn=ids, digest=st.binary(max_size=24))
+def test_a_canonical_write_lac_is_decoded_and_answered_without_protobuf(
+    lid: int, lac: int, key: bytes, txn: int, digest: bytes
+) -> None:
+    """A WRITE_LAC as BookKeeper's and our clients send it (one per ledger per explicit-LAC interval: about
+    one per stored entry at 10,000 ledgers) is the request protobuf decodes, got without protobuf, and its
+    EOK answer is the reference frame."""
+    req = m.WriteLacRequest(lid, lac, key, _lac_body(lid, lac) + digest, txn_id=txn)
+    frame = v3.encode_request_pb(req)
+    calls: list[bytes] = []
+
+    def no_protobuf(body: bytes) -> m.Request:
+        calls.append(body)
+        return v3.decode_request_pb(body)
+
+    codec = sc.BookieCodec()
+    original, sc.v3.decode_request = sc.v3.decode_request, no_protobuf  # type: ignore[assignment]
+    try:
+        got = codec.receive(frame + frame[:5]) + codec.receive(frame[5:])  # in place, and through the decoder
+    finally:
+        sc.v3.decode_request = original  # type: ignore[assignment]
+    assert got == [req, req] and not calls
+    resp = m.WriteLacResponse(StatusCode.EOK, lid, txn)
+    assert sc.encode_write_lac_ok(txn, lid) == v3.encode_response_pb(resp) == codec.send(resp)
+
+
+def _lac_body(lid: int, lac: int) -> bytes:
+    return lid.to_bytes(8, "big") + lac.to_bytes(8, "big")
+
+
+@given(req=V3_REQUESTS[m.WriteLacRequest])
+def test_any_v3_write_lac_decodes_as_the_reference_does(req: m.WriteLacRequest) -> None:
+    frame = v3.encode_request(req)
+    try:
+        want = ServerConnection().receive(frame)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            sc.BookieCodec().receive(frame)
+        return
+    assert sc.BookieCodec().receive(frame) == want
+
+
+async def test_write_lacs_of_many_ledgers_are_durable_and_read_back(start_bookie: StartBookie) -> None:
+    """WRITE_LACs of many ledgers in one chunk, after their adds (decoded on the fast path): each answered
+    EOK with its own ledger id, and each READ_LAC gives the body back."""
+    svc = await start_bookie()
+    c = await RawClient.connect(*svc.address, V3)
+    ledgers = range(200, 260)
+    await asyncio.wait_for(asyncio.gather(*c.send_many([_add(lid, 0) for lid in ledgers])), 10)
+    lacs = [m.WriteLacRequest(lid, 0, KEY, _lac_body(lid, 0) + b"d" * 4) for lid in ledgers]
+    answers = await asyncio.wait_for(asyncio.gather(*c.send_many(lacs)), 10)
+    assert [(a.status, a.ledger_id) for a in answers] == [(OK, lid) for lid in ledgers]
+    for req in lacs:
+        r = await c.call(m.ReadLacRequest(req.ledger_id))
+        assert (r.status, r.lac_body) == (OK, req.body)
     await c.close()
