@@ -84,8 +84,10 @@ class _Segment:
     max_ts: int | None = None
 
 
-async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[SegmentInfo] | None) -> None:
+async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[SegmentInfo] | None) -> bool:
     """Close a segment a writer left open: fence + recover its ledger, then record its final statistics.
+    Returns whether the segment ends with an END_OF_STREAM entry: the writer died while sealing the log, and
+    its marker is durable, so readers already end there and the log must be treated as sealed.
 
     Statistics come from the ledger itself (length; the last entry's batch header gives the record count),
     so they are right whatever the dead writer had managed to write into metadata.
@@ -131,14 +133,15 @@ async def recover_segment(log_: Log, seq: int, ledger_id: int, known: Versioned[
     if known is None:
         try:
             await store.create_segment(ns, name, info)
-            return
+            return eos
         except MetadataExistsError:
             known = await store.read_segment(ns, name, seq)
             assert known is not None
     if known.value.state == SegmentState.CLOSED:
-        return
+        return eos
     with contextlib.suppress(MetadataVersionError):  # a concurrent recoverer wrote the same facts
         await store.write_segment(ns, name, info, version=known.version)
+    return eos
 
 
 async def complete_pending_link(log_: Log, pending: PendingLink) -> None:
@@ -214,13 +217,26 @@ class LogWriter:
         announced = self._md.value.open_segment
         if announced is not None and announced.seq not in segments:
             todo[announced.seq] = (announced.ledger_id, None)
+        # A previous writer that died while sealing the log leaves its END_OF_STREAM entry durable in a
+        # segment still open (or closed, with the log node not yet sealed). Readers already end at it, so
+        # the seal is completed here and this writer refused, as DistributedLog's recovery of such a segment
+        # ends the stream.
+        newest = segments[max(segments)].value if segments else None
+        ended = newest is not None and newest.state == SegmentState.CLOSED and newest.end_of_stream
         for seq, (ledger_id, known) in sorted(todo.items()):
             log.info("log %s/%s: recovering segment %d (ledger %d)", self._ns, self._name, seq, ledger_id)
-            await recover_segment(self._log, seq, ledger_id, known)
+            ended = await recover_segment(self._log, seq, ledger_id, known) or ended
         pending = self._md.value.pending_link
         if pending is not None:
             log.info("log %s/%s: completing linked commit %s", self._ns, self._name, pending.commit_id)
             await complete_pending_link(self._log, pending)
+        if ended:
+            await self._cas_log(lambda md: replace(md, open_segment=None, pending_link=None, sealed=True))
+            self._sealed = self._closed = True
+            raise EndOfStreamError(
+                f"log {self._ns}/{self._name} is sealed (end of stream, marked by a writer that died while "
+                "sealing it): no more writes"
+            )
         if announced is not None or pending is not None:
             await self._cas_log(lambda md: replace(md, open_segment=None, pending_link=None))
 
@@ -397,7 +413,12 @@ class LogWriter:
         await self._drain()
         seg = self._segment
         assert seg is not None and self._md is not None
-        await seg.handle.append(encode_end_of_stream(seg.records))
+        try:
+            await seg.handle.append(encode_end_of_stream(seg.records))
+        except LedgerFencedError:
+            # A newer writer recovered the segment: the same typed error as every other operation of a
+            # fenced writer, and the log stays unsealed (the marker never reached an ack quorum).
+            raise self._fence("its segment ledger was recovered by another writer") from None
         await self._close_segment(end_of_stream=True)
         await self._cas_log(lambda md: replace(md, open_segment=None, sealed=True))
         self._sealed = True

@@ -4,6 +4,7 @@ TestBKLogSegmentWriter and TestAppendOnlyStreamWriter."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -187,3 +188,60 @@ async def test_subscriptions_are_kept_per_subscriber(client: Client) -> None:
     other = await client.namespace("lm").open_log("subs")
     await other.subscription("subscriber-2").commit(Position(6, 35, 6))
     assert [await s.position() for s in subs] == [*marks[:2], Position(6, 35, 6)]
+
+
+async def test_two_writers_opening_at_once_leave_one_writer(client: Client) -> None:
+    """TestBKDistributedLogManager.testTwoWritersOnLockDisabled (here the log node's writer epoch is the lock):
+    two writers opened at the same time; whichever opened last is the only one whose writes succeed, and the
+    log holds only its records."""
+    log = await client.namespace("lm").create_log("two")
+    opened = await asyncio.gather(log.open_writer(), log.open_writer(), return_exceptions=True)
+    writers = [w for w in opened if not isinstance(w, BaseException)]
+    assert writers, opened
+    assert all(isinstance(e, WriterFencedError) for e in opened if isinstance(e, BaseException))
+    results = []
+    for i, w in enumerate(writers):
+        try:
+            results.append(await w.write(b"w%d" % i))
+        except WriterFencedError:
+            results.append(None)
+    winners = [i for i, r in enumerate(results) if r is not None]
+    assert len(winners) == 1, results
+    for w in writers:
+        with contextlib.suppress(WriterFencedError):
+            await w.close()
+    reader = await log.open_reader(Position.HEAD, end=Position(results[winners[0]].segment + 1, 0, 0))
+    assert [r.payload for r in await read_to_end(reader)] == [b"w%d" % winners[0]]
+
+
+async def test_close_sends_what_is_batched(client: Client) -> None:
+    """TestBKLogSegmentWriter.testCloseShouldFlush: records still in the open batch when the writer is closed
+    are written, and their futures resolve, before the segment is closed."""
+    log = await client.namespace("lm").create_log("close-flush", linger_s=5.0)
+    writer = await log.open_writer()
+    futures = [writer.write(b"c%d" % i) for i in range(10)]
+    assert not any(f.done() for f in futures)
+    await writer.close()
+    positions = [f.result() for f in futures]
+    seg = (await log.segments())[0]
+    assert seg.state == SegmentState.CLOSED and seg.records == 10
+    reader = await log.open_reader(Position.HEAD, end=Position(2, 0, 0))
+    assert [r.position for r in await read_to_end(reader)] == positions
+
+
+async def test_a_fenced_writer_cannot_mark_the_end_of_stream(client: Client) -> None:
+    """TestBKLogSegmentWriter.testNondurableWriteAfterLedgerIsFenced / TestBKDistributedLogManager
+    .testMarkEndOfStream, combined: a writer fenced by a newer one fails to mark the end of the stream with
+    WriterFencedError (as every other operation of a fenced writer does), and the log is not sealed: the new
+    writer writes on."""
+    log = await client.namespace("lm").create_log("eos-fenced")
+    old = await log.open_writer()
+    await old.write(b"old")
+    new = await log.open_writer()
+    with pytest.raises(WriterFencedError):
+        await old.mark_end_of_stream()
+    pos = await new.write(b"new")
+    await new.close()
+    assert not (await log.metadata()).sealed
+    reader = await log.open_reader(Position.HEAD, end=Position(pos.segment + 1, 0, 0))
+    assert [r.payload for r in await read_to_end(reader)] == [b"old", b"new"]
