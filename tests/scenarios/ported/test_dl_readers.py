@@ -182,3 +182,19 @@ async def test_a_read_given_up_by_its_caller_does_not_end_the_reader(client: Cli
     assert got.payload == b"second"
     await reader.close()
     await writer.close()
+
+
+async def test_reader_at_the_tail_sees_an_idle_writers_last_record(cluster: LocalCluster) -> None:
+    """TestAsyncReaderWriter.testSimpleAsyncReadWritePiggyBack / testSimpleAsyncReadWriteImmediateFlush: a
+    reader waiting at the tail gets the writer's last record although the writer writes nothing after it
+    (no later entry piggybacks its LAC), with the client's default settings."""
+    async with await Client.connect(cluster.uri) as client:
+        log = await client.namespace("rd").create_log("piggy")
+        writer = await log.open_writer()
+        reader = await log.open_reader(Position.TAIL)
+        for i in range(5):
+            pos = await writer.write(b"p%d" % i)
+            got = await read_n(reader, 1, timeout_s=10)
+            assert got[0].position == pos
+        await reader.close()
+        await writer.close()

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from quorumlog import Client, Position
@@ -123,3 +125,27 @@ async def test_retention_by_size_purges_old_segments_on_roll(client: Client) -> 
             await writer.write(b"p" * 1000 + b"%d" % i)
     segs = [s.seq for s in await log.segments()]
     assert 1 not in segs and 2 not in segs and segs == sorted(segs) and segs[-1] >= 7
+
+
+async def test_retention_by_age_purges_only_the_older_segments(client: Client) -> None:
+    """TestTruncate.testPurgeLogs: with a retention period, segments whose records are all older than it are
+    purged (with their ledgers) and the newer ones kept; the reader from the head starts at the first kept
+    segment."""
+    log = await client.namespace("tr").create_log("purge-age")
+    old = await populate(log, 3, 2, prefix="old")
+    gap_start_ms = client.env.clock.wall_ms()
+    await asyncio.sleep(0.3)  # not a synchronisation: the two groups of segments need distinct ages
+    new = await populate(log, 3, 2, prefix="new")
+    segs = await log.segments()
+    assert all((s.max_timestamp_ms or 0) < gap_start_ms + 1 for s in segs[:3])
+    # Everything written before the middle of the gap is past the retention period, nothing after it.
+    age_s = (client.env.clock.wall_ms() - (gap_start_ms + 150)) / 1000
+    await log.set_retention(max_age_s=age_s)
+    assert await log.enforce_retention() == [1, 2, 3]
+    for seg in segs[:3]:
+        with pytest.raises(NoSuchLedgerError):
+            await client.get_ledger_metadata(seg.ledger_id)
+    assert await first_record_from_head(log) == new[0][0]
+    with pytest.raises(LogTruncatedError):
+        reader = await log.open_reader(old[2][0])
+        await read_n(reader, 1)
