@@ -84,10 +84,10 @@ _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
 class SendAdd(NamedTuple):
     """Send ADD of `entry_id` to `bookie_id` (ensemble index `index`). The driver keeps the entry bytes.
 
-    A named tuple rather than a frozen dataclass: the driver keeps one per replica until the bookie answers,
-    and a tuple of plain values is dropped from the cyclic GC's tracking at its first collection, where a
-    slotted object would be promoted and scanned by every full collection while its add is in flight (with
-    thousands of adds in flight, that scan is most of a many-ledger client's GC time)."""
+    A named tuple: cheap to make, and the driver reads its fields. The driver must not keep it while the add
+    is in flight: the cyclic GC stops tracking a plain tuple of ints and strings at its first collection, but
+    never a tuple subclass, so one `SendAdd` per replica in flight was promoted and scanned like any object
+    (docs/PERFORMANCE.md, "Session 7: client CPU per entry"); `tuple(action)` is what it keeps."""
 
     entry_id: int
     index: int  # type: ignore[assignment]  # (shadows tuple.index, which nothing calls on an action)

@@ -89,6 +89,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quorumlog.client")
 
+# A `SendAdd`'s fields as a plain tuple: what an add in flight leaves with its connection (`_send_adds`).
+_SentAdd = tuple[int, int, str, bool]
+
 # Resends of one entry to one bookie after connection drops blamed on other requests (bookie_client); past it
 # the bookie counts as failed.
 SAME_BOOKIE_RESENDS_MAX = 3
@@ -321,20 +324,24 @@ class WriteHandle(LedgerHandle):
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._Waiter): this runs for every replica of every entry.
-                # The action is the callback's context: no closure per request.
+                # The callback's context is the action's fields as a plain tuple (no closure per request),
+                # not the `SendAdd` itself: the cyclic GC stops tracking a plain tuple of ints and strings at
+                # its first collection, but never a named tuple, and this one lives until the bookie
+                # answers -- long enough to be promoted with every add in flight (docs/PERFORMANCE.md,
+                # "Session 7: client CPU per entry").
                 bookie = bookies.get(action.bookie_id)
                 if bookie is None:
                     bookie = self._client.bookie(action.bookie_id)
-                bookie.send_with_callback(req, self._add_answered, action, timeout_s=0)
+                bookie.send_with_callback(req, self._add_answered, tuple(action), timeout_s=0)
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
                 continue
 
-    def _on_add_answer(self, action: SendAdd, response: Response | None, exc: QuorumLogError | None) -> None:
+    def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
         if self._abandoned is not None:
             return
-        entry_id, bookie_id = action.entry_id, action.bookie_id
+        entry_id, _, bookie_id, _ = sent
         unanswered = self._unanswered.get(bookie_id)
         if unanswered is not None:
             unanswered.pop(entry_id, None)
@@ -345,7 +352,7 @@ class WriteHandle(LedgerHandle):
             if (
                 isinstance(error, ConnectionDroppedError)
                 and error.retry_same_bookie
-                and self._resend_same_bookie(action)
+                and self._resend_same_bookie(SendAdd(*sent))
             ):
                 return
             if isinstance(error, BadRequestError):
@@ -427,6 +434,12 @@ class WriteHandle(LedgerHandle):
             if not self.deferred_sync:  # deferred sync: the LAC moves in force()
                 self._lac.observe(last_completed)
                 self._lac_moved()
+            if not self._tracker.pending_count and not any(self._unanswered.values()):
+                # Nothing left to time out: leave the add-timeout ticker now, while this handle is hot. Left
+                # to the tick, 10,000 ledgers written round robin each cost one visit per add -- a cold
+                # handle's check, made after its add completed, that finds nothing (docs/PERFORMANCE.md,
+                # "Session 7: client CPU per entry"). The next append joins again.
+                self._timeouts.discard(self)
         if sends:
             self._send_adds(sends)
         if self._tracker.error is not None:
