@@ -22,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from quorumlog.proto.messages import MASTER_KEY_BYTES
@@ -34,6 +35,7 @@ _STATE = struct.Struct(">BqqH")  # flags, lac, last entry, master key length
 _FLAG_FENCED = 1
 _LAC_OFFSET = 16  # lastAddConfirmed inside an entry: ledgerId i64 | entryId i64 | lac i64 | ...
 _I64 = struct.Struct(">q")
+_ledger_of = itemgetter(0)  # a `FastAdd`'s ledger id
 
 
 def entry_lac(body: bytes | memoryview) -> int:
@@ -204,7 +206,7 @@ class LedgerBook:
             if add[4] > st.lac:
                 st.lac = add[4]
                 advanced.append(lid)
-        self.dirty.update([add[0] for add in adds])
+        self.dirty.update(map(_ledger_of, adds))
         return advanced
 
     def record_explicit_lac(self, ledger_id: int, lac: int, body: bytes) -> bool:
