@@ -8,6 +8,9 @@ import pytest
 from quorumlog import Client
 from quorumlog.errors import LedgerFencedError
 from tests.scenarios.conftest import self_registering
+from tests.scenarios.ported.conftest import MODULE_LOOP
+
+pytestmark = MODULE_LOOP
 
 
 @pytest.mark.xfail(

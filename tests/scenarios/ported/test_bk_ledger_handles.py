@@ -10,6 +10,9 @@ import pytest
 from quorumlog import Client
 from quorumlog.errors import QuorumLogError, ReadBeyondLastAddConfirmedError
 from quorumlog.testing.cluster import LocalCluster
+from tests.scenarios.ported.conftest import MODULE_LOOP
+
+pytestmark = MODULE_LOOP
 
 
 async def test_all_writes_complete_on_a_ledger_fenced_under_them(client: Client) -> None:

@@ -13,7 +13,9 @@ import pytest
 from quorumlog import Client, Position
 from quorumlog.errors import ClientClosedError, EndOfStreamError
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.ported.conftest import read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def crash(*args: Any, **kwargs: Any) -> Any:
@@ -28,10 +30,11 @@ async def test_a_durable_end_of_stream_seals_the_log_after_a_crash(
     (`_close_segment`) or before the log node says sealed (`_cas_log`). Readers already end at the marker, so
     the log must be sealed: the next writer is refused with EndOfStreamError (and does not append records
     no reader would ever reach), and readers deliver every record, then end."""
-    log = await client.namespace("eos").create_log("crash")
+    name = "crash" + crash_at.replace("_", "-")
+    log = await client.namespace("eos").create_log(name)
     dying = await Client.connect(cluster.uri, explicit_lac_interval_s=0.02)
     try:
-        writer = await (await dying.namespace("eos").open_log("crash")).open_writer()
+        writer = await (await dying.namespace("eos").open_log(name)).open_writer()
         await writer.write_many([b"r%d" % i for i in range(5)])
         setattr(writer, crash_at, crash)  # the failpoint: the next step "crashes"
         with pytest.raises(ClientClosedError):

@@ -17,7 +17,9 @@ from quorumlog.errors import (
     WriterFencedError,
 )
 from quorumlog.stream.metadata import SegmentState
-from tests.scenarios.ported.conftest import SMALL_SEGMENTS, populate, read_n, read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, SMALL_SEGMENTS, populate, read_n, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def test_end_of_stream_ends_readers_and_refuses_writes(client: Client) -> None:

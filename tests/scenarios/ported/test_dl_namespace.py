@@ -9,7 +9,9 @@ import pytest
 from quorumlog import Client
 from quorumlog.errors import InvalidArgumentError, QuorumLogError
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.ported.conftest import populate
+from tests.scenarios.ported.conftest import MODULE_LOOP, populate
+
+pytestmark = MODULE_LOOP
 
 
 @pytest.mark.parametrize("name", [".test1", "/ test2", "\x00aaaaa", "aaa\x10aa", "a/b", ""])
@@ -17,7 +19,7 @@ async def test_invalid_log_names_are_refused(client: Client, name: str) -> None:
     """TestBKDistributedLogNamespace.testInvalidStreamName: reserved (leading '.') names, names with a '/',
     NUL or control characters are refused with a typed error (DL: InvalidStreamNameException) before any
     metadata is written."""
-    ns = client.namespace("names")
+    ns = client.namespace("names-refused")
     with pytest.raises(InvalidArgumentError):
         await ns.create_log(name)
     with pytest.raises(InvalidArgumentError):
@@ -28,7 +30,7 @@ async def test_invalid_log_names_are_refused(client: Client, name: str) -> None:
 async def test_valid_names_are_listed(client: Client) -> None:
     """TestBKDistributedLogNamespace.testInvalidStreamName (the valid part) / testCreateLogPath: logs with
     valid names are created, written and listed, exactly those."""
-    ns = client.namespace("names")
+    ns = client.namespace("names-valid")
     for name in ("test1", "test_2-3"):
         await populate(await ns.create_log(name), 1, 1)
     assert sorted(await ns.list_logs()) == ["test1", "test_2-3"]

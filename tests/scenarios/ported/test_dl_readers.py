@@ -10,7 +10,9 @@ import pytest
 from quorumlog import Client, Position
 from quorumlog.errors import LogNotFoundError
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.ported.conftest import SMALL_SEGMENTS, populate, read_n, read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, SMALL_SEGMENTS, populate, read_n, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def test_reader_opened_on_an_empty_log_gets_the_first_records(client: Client) -> None:

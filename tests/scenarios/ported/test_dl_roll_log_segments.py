@@ -10,7 +10,9 @@ import pytest
 from quorumlog import Client, Position
 from quorumlog.errors import NotEnoughBookiesError
 from quorumlog.stream.metadata import SegmentState
-from tests.scenarios.ported.conftest import SMALL_SEGMENTS, read_n, read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, SMALL_SEGMENTS, read_n, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def test_writer_keeps_its_segment_when_the_next_cannot_be_created(

@@ -10,7 +10,9 @@ import pytest
 from quorumlog import Client, Position
 from quorumlog.errors import LogTruncatedError, NoSuchLedgerError
 from quorumlog.stream.log import Log
-from tests.scenarios.ported.conftest import populate, read_n, read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, populate, read_n, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def first_record_from_head(log: Log) -> Position:

@@ -12,7 +12,9 @@ from quorumlog.errors import NotEnoughBookiesError, QuorumLogError
 from quorumlog.stream.log import Log
 from quorumlog.stream.writer import LogWriter
 from quorumlog.testing.cluster import LocalCluster
-from tests.scenarios.ported.conftest import read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def open_writer_once_bookies_are_seen(log: Log) -> LogWriter:

@@ -12,7 +12,9 @@ from quorumlog import Client, Position
 from quorumlog.errors import TooManyRequestsError, WriterFencedError
 from quorumlog.stream.metadata import SegmentState
 from quorumlog.stream.writer import STREAM_PASSWORD
-from tests.scenarios.ported.conftest import populate, read_n, read_to_end
+from tests.scenarios.ported.conftest import MODULE_LOOP, populate, read_n, read_to_end
+
+pytestmark = MODULE_LOOP
 
 
 async def test_bulk_write_with_an_oversized_record_writes_nothing(client: Client) -> None:
