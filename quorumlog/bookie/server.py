@@ -75,6 +75,7 @@ _StartTLS = m.StartTLSRequest
 _Read = m.ReadRequest
 _WriteLac = m.WriteLacRequest
 _WriteLacResponse = m.WriteLacResponse
+_WRITE_LAC_OP = int(m.OpCode.WRITE_LAC)
 TLS_HANDSHAKE_TIMEOUT_S = 10.0
 # Answers one connection may have waiting in our hands before we stop serving its requests (the transport's
 # own high-water mark bounds what it holds; this bounds one event-loop turn's worth, e.g. a chunk of reads).
@@ -89,6 +90,7 @@ class BookieConnection(asyncio.Protocol):
         self.bookie = server.bookie
         self.codec = BookieCodec(server.max_frame_bytes)
         self._add_samples = 0  # adds answered in batches since the last latency sample
+        self._lac_samples = 0  # WRITE_LACs answered in batches since the last latency sample
         self._stats = server.stats
         self.transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
@@ -204,17 +206,35 @@ class BookieConnection(asyncio.Protocol):
         stats = self._stats
         written = 0  # add bytes: one update of the stats per call, not one per add
         adds: list[FastAdd] = []
+        lacs: list[m.WriteLacRequest] = []  # consecutive WRITE_LACs, served as one batch (`_serve_lacs`)
         try:
             for i, req in enumerate(requests):
                 if self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX:
                     if adds:
                         written += self._serve_adds(adds, journal_full)
                         adds = []
+                    if lacs:
+                        self._serve_lacs(lacs)
                     self._backlog.extend(requests[i:])
                     return
                 if type(req) is tuple:
+                    if lacs:
+                        self._serve_lacs(lacs)
+                        lacs = []
                     adds.append(req)
                     continue
+                if type(req) is _WriteLac and self.authenticated and self.tls_refusal is None:
+                    if adds:
+                        written += self._serve_adds(adds, journal_full)
+                        adds = []
+                        if self._backlog:  # (as below: what follows waits behind the adds)
+                            self._backlog.extend(requests[i:])
+                            return
+                    lacs.append(req)  # type: ignore[arg-type]
+                    continue
+                if lacs:
+                    self._serve_lacs(lacs)
+                    lacs = []
                 if adds:
                     written += self._serve_adds(adds, journal_full)
                     adds = []
@@ -267,6 +287,8 @@ class BookieConnection(asyncio.Protocol):
                     reply(error_response(req, StatusCode.EIO))
             if adds:
                 written += self._serve_adds(adds, journal_full)
+            if lacs:
+                self._serve_lacs(lacs)
         finally:
             stats.write_bytes += written
 
@@ -291,6 +313,56 @@ class BookieConnection(asyncio.Protocol):
                 self._pending += 1
                 self.reply(_AddResponse(StatusCode.EIO, a[0], a[1], varint_value(a[5]) if a[5] else 0))
         return nbytes
+
+    def _serve_lacs(self, lacs: list[m.WriteLacRequest]) -> None:
+        """Hand consecutive WRITE_LACs to the bookie as one batch."""
+        n = len(lacs)
+        self._pending += n
+        if self._pending > self._max_pending:
+            # Over the limit: each judged on its own, as any other request (rare: no need to be fast).
+            self._pending -= n
+            for req in lacs:
+                self._pending += 1
+                if self._pending > self._max_pending:
+                    self.reply(error_response(req, StatusCode.ETOOMANYREQUESTS))
+                else:
+                    self.bookie.handle(req, self.reply, self)
+            return
+        try:
+            self.bookie.write_lac_batch(lacs, self, perf_counter())
+        except Exception:  # a bug must cost these requests, not the bookie
+            log.exception("a batch of %d WRITE_LACs failed", n)
+            self._pending -= n
+            for req in lacs:
+                self._pending += 1
+                self.reply(error_response(req, StatusCode.EIO))
+
+    def write_lacs_answered(self, reqs: list[m.WriteLacRequest], status: StatusCode, tag: object) -> None:
+        n = len(reqs)
+        self._pending -= n
+        stats = self._stats
+        key = (_WRITE_LAC_OP, int(status))
+        stats.responses[key] = stats.responses.get(key, 0) + n
+        # Latency sampled as adds are: one sample per ADD_SAMPLE_EVERY answered (counts stay exact).
+        self._lac_samples += n
+        if self._lac_samples >= ADD_SAMPLE_EVERY:
+            k, self._lac_samples = divmod(self._lac_samples, ADD_SAMPLE_EVERY)
+            ms = (perf_counter() - cast(float, tag)) * 1000.0
+            for _ in range(k):
+                stats.observe("WRITE_LAC", status is _EOK, ms)
+        if self.transport is None:
+            return
+        if status is _EOK:
+            frames = [encode_write_lac_ok(r.txn_id, r.ledger_id) for r in reqs]
+        else:
+            frames = [self.codec.send(_WriteLacResponse(status, r.ledger_id, r.txn_id)) for r in reqs]
+        self._out += frames
+        self._out_bytes += sum(map(len, frames))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        if self._reading_paused:
+            self._update_reading()
 
     # --- what the bookie calls back for a batch of adds (bookie.AddSink) ---------------------------------
 
