@@ -41,6 +41,8 @@ READ_CHUNK_ENTRIES = 64
 METADATA_RECHECK_S = 1.0
 # How often a reader looks whether its log still exists if no deletion event came (a missed watch).
 DELETION_RECHECK_S = 5.0
+# A read waiting this long for its next record starts watching for the log's deletion (until a record comes).
+DELETION_WATCH_AFTER_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,29 +99,30 @@ class LogReader:
                 raise self._gone
             if self._gen is None:
                 self._gen = self._batches()
-                env = self._log.client.env
-                self._watcher = env.spawn(self._watch_deletion(), name=f"reader {self._log.name}: deletion")
             fetch = self._fetch
             if fetch is None:
                 fetch = self._fetch = self._log.client.env.spawn(
                     self._next_batch(), name=f"reader {self._log.name}"
                 )
-            # Not `await fetch`: a cancelled caller must leave the fetch running for the next read.
-            await asyncio.wait({fetch})
+            # Not `await fetch`: a cancelled caller must leave the fetch running for the next read. Only a
+            # fetch that keeps waiting gets a deletion watch: a busy reader never pays for one, and a reader
+            # dropped without close() between records leaves nothing running.
+            done, _ = await asyncio.wait({fetch}, timeout=DELETION_WATCH_AFTER_S)
+            if not done:
+                if self._watcher is None or self._watcher.done():
+                    self._watcher = self._log.client.env.spawn(
+                        self._watch_deletion(), name=f"reader {self._log.name}: deletion"
+                    )
+                await asyncio.wait({fetch})
             self._fetch = None
+            self._stop_watcher()
             if fetch.cancelled():  # by close() or by the deletion watch
-                self._stop_watcher()
                 if self._gone is not None:
                     raise self._gone
                 raise StopAsyncIteration
-            try:
-                batch = fetch.result()
-            except BaseException:
-                self._stop_watcher()  # the iteration is over: nothing is left to wake
-                raise
+            batch = fetch.result()  # an error ends the iteration (the generator is finished)
             if batch is None:
                 self._exhausted = True
-                self._stop_watcher()
                 raise StopAsyncIteration
             self._buffer.extend(batch)
 
