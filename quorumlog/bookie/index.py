@@ -81,8 +81,10 @@ class LedgerIndex:
         try:
             with self._kv.write() as txn:
                 txn.put_many(_LOC, locations)
-                for ledger_id, raw in states.items():
-                    txn.put(_STATE, _LEDGER.pack(ledger_id), raw)
+                # In key order, in one call: at 10,000 ledgers written round robin every checkpoint holds
+                # every ledger's state, and a put each (in set order) cost 8 ms a checkpoint.
+                pack = _LEDGER.pack
+                txn.put_many(_STATE, [(pack(lid), states[lid]) for lid in sorted(states)])
                 if checkpoint is not None:
                     txn.put(_META, b"checkpoint", _CHECKPOINT.pack(checkpoint.seq, checkpoint.offset))
         except KVError as exc:

@@ -24,10 +24,10 @@ Rules it keeps:
 from __future__ import annotations
 
 import struct
-from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import chain, starmap
+from itertools import accumulate, chain, starmap
+from operator import itemgetter
 
 from quorumlog.bookie.compaction import LogUsage
 from quorumlog.bookie.entrylog import LOCATION, EntryLogs
@@ -35,7 +35,7 @@ from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
-_ENTRY_ID_MIN = -(1 << 63)
+_ledger_of = itemgetter(0)
 SCAN_READ_AHEAD_MAX_BYTES = 4 << 20  # largest read-ahead of a sequential scan (one pread, parsed in memory)
 _SCAN_GAP_ENTRIES = 8  # a miss this close after the last read-ahead entry continues a scan
 _SCANS_TRACKED_MAX = 1024  # ledgers whose scan state is kept (least recently missed out first)
@@ -69,6 +69,22 @@ class WriteCache:
     def clear(self) -> None:
         self.entries = {}
         self.size_bytes = 0
+
+
+def _bytes_per_ledger(keys: list[tuple[int, int]], records: list[Record]) -> dict[int, int]:
+    """Record bytes per ledger of a checkpoint's records, sorted by `keys`. In C-level passes over the
+    records and one Python step per ledger: a checkpoint of adds round robin over 10,000 ledgers holds
+    about as many ledgers as records (a bisect and a sum per ledger took 20-30 ms of each such checkpoint)."""
+    # Running totals, header and body alternating: the total through record i is at 2 * i + 1.
+    totals = list(accumulate(map(len, chain.from_iterable(records))))
+    last = dict(zip(map(_ledger_of, keys), range(len(keys)), strict=True))  # each ledger's last record
+    per_ledger: dict[int, int] = {}
+    before = 0
+    for lid, i in last.items():
+        through = totals[2 * i + 1]
+        per_ledger[lid] = through - before
+        before = through
+    return per_ledger
 
 
 class ReadAheadCache:
@@ -234,15 +250,7 @@ class LedgerStorage:
         self.entry_logs.env.faults.hit("checkpoint.before-index")
         self.index.commit(zip(list(starmap(_IDS.pack, keys)), locations, strict=True), states, checkpoint)
         if keys:
-            # Live bytes per ledger: the keys are sorted, so each ledger's records are one slice.
-            per_ledger: dict[int, int] = {}
-            i = 0
-            while i < len(keys):
-                lid = keys[i][0]
-                j = bisect_left(keys, (lid + 1, _ENTRY_ID_MIN), i)
-                per_ledger[lid] = sum(map(len, chain.from_iterable(records[i:j])))
-                i = j
-            self.usage.add(LOCATION.unpack(locations[0])[0], per_ledger)  # one batch is in one log
+            self.usage.add(LOCATION.unpack(locations[0])[0], _bytes_per_ledger(keys, records))  # one log
         # Everything is readable through the index now: free the flushed entries here rather than on the
         # loop (dropping tens of thousands of objects takes milliseconds). A concurrent read that misses
         # goes to the index; dict operations are atomic under the GIL.
