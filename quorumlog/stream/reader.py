@@ -75,7 +75,7 @@ class LogReader:
         self._watcher: asyncio.Task[None] | None = None
         self._gone: LogNotFoundError | None = None
         self._exhausted = False
-        self.position: Position | None = None  # the next position this reader owes
+        self._last: Record | None = None  # the record delivered last
         self._closed = False
 
     async def _pin_start(self) -> None:
@@ -92,8 +92,7 @@ class LogReader:
             if self._closed or self._exhausted:
                 raise StopAsyncIteration
             if self._buffer:
-                record = self._buffer.popleft()
-                self.position = record.position.next_slot()
+                record = self._last = self._buffer.popleft()
                 return record
             if self._gone is not None:
                 raise self._gone
@@ -125,6 +124,11 @@ class LogReader:
                 self._exhausted = True
                 raise StopAsyncIteration
             self._buffer.extend(batch)
+
+    @property
+    def position(self) -> Position | None:
+        """The next position this reader owes (None before its first record)."""
+        return None if self._last is None else self._last.position.next_slot()
 
     def _stop_watcher(self) -> None:
         if self._watcher is not None and not self._watcher.done():
@@ -218,7 +222,6 @@ class LogReader:
                                     yield out
                                 return
                             out.append(Record(here, payload, ts))
-                            pos = here.next_slot()
                         pos = Position(seg.seq, entry_id + 1, 0)
                         if out:
                             yield out
