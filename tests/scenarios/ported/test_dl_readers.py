@@ -200,3 +200,16 @@ async def test_reader_at_the_tail_sees_an_idle_writers_last_record(cluster: Loca
             assert got[0].position == pos
         await reader.close()
         await writer.close()
+
+
+async def test_empty_records_round_trip(client: Client) -> None:
+    """TestAsyncReaderWriter.testAsyncReadEmptyRecords: records with empty payloads are written, get positions
+    of their own and are read back, empty, in order, between non-empty ones."""
+    log = await client.namespace("rd").create_log("empty-records")
+    async with await log.open_writer() as writer:
+        payloads = [b"" if i % 2 else b"n%d" % i for i in range(20)]
+        positions = await writer.write_many(payloads)
+    assert len(set(positions)) == 20
+    reader = await log.open_reader(Position.HEAD, end=Position(2, 0, 0))
+    got = await read_to_end(reader)
+    assert [r.payload for r in got] == payloads and [r.position for r in got] == positions
