@@ -417,7 +417,8 @@ class LogWriter:
             await seg.handle.append(encode_end_of_stream(seg.records))
         except LedgerFencedError:
             # A newer writer recovered the segment: the same typed error as every other operation of a
-            # fenced writer, and the log stays unsealed (the marker never reached an ack quorum).
+            # fenced writer. The log stays unsealed: that recovery closed the segment before this marker,
+            # so even a copy of it on a bookie the fence did not reach is past the segment's end.
             raise self._fence("its segment ledger was recovered by another writer") from None
         await self._close_segment(end_of_stream=True)
         await self._cas_log(lambda md: replace(md, open_segment=None, sealed=True))
