@@ -8,11 +8,14 @@ Rules it keeps:
   writer's recovery). Then the reader moves to the next segment, waiting on metadata watches if the writer
   has not announced it yet.
 - A start position before the log's truncation point is an error (`LogTruncatedError`), never a silent
-  skip to the first available record. `Position.HEAD` always means "the oldest record still kept". So is a
+  skip to the first available record. `Position.HEAD` always means "the oldest record still kept" (after
+  a partial truncation, the truncation point inside the first kept segment). So is a
   truncation that deletes records this reader has not delivered yet (it fell behind): the iteration raises
   `LogTruncatedError` where it would otherwise jump to the next segment kept.
 - An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
 - `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
+- A read given up by its caller (cancelled) loses nothing, `close()` ends a read pending in another task, and
+  a deleted log fails a waiting read with `LogNotFoundError` (DistributedLog's readers do the same).
 - An offloaded segment (`stream.offload`) is read from its Parquet file, with the same positions. A ledger
   found deleted is looked up again: if the segment was offloaded meanwhile, reading goes on from the file at
   the position owed.
