@@ -87,6 +87,7 @@ class Span(InputPartition):
         open_: bool,
         offload_uri: str | None = None,
         entry_bytes: int = 0,
+        first_slot: int = 0,
     ) -> None:
         self.seq = seq
         self.ledger_id = ledger_id
@@ -95,6 +96,8 @@ class Span(InputPartition):
         self.open = open_
         self.offload_uri = offload_uri
         self.entry_bytes = entry_bytes  # the segment's average entry size (0: unknown, an open segment)
+        # Records of the first entry before this slot are not read: a partial truncation hides them.
+        self.first_slot = first_slot
 
     def __repr__(self) -> str:
         return f"Span(seq={self.seq}, ledger={self.ledger_id}, entries={self.first_entry}..{self.last_entry})"
@@ -297,21 +300,26 @@ def batch_spans(opts: SourceOptions, lv: LogView) -> list[Span]:
     """Partitions of a batch read: the options' position and timestamp bounds, split by size."""
     start, end = opts.start, opts.end
     check_start(opts, lv)
+    if opts.log is not None and start == Position.HEAD and lv.metadata is not None:
+        start = lv.metadata.truncated_before  # a partial truncation hides what is before it, as from the API
     spans: list[Span] = []
     for seg in lv.segments:
         if opts.log is not None and (seg.seq < start.segment or (end is not None and seg.seq > end.segment)):
             continue
         if not seg.open and _outside_time(seg, opts):
             continue
-        first = start.entry if opts.log is not None and seg.seq == start.segment else 0
+        at_start = opts.log is not None and seg.seq == start.segment
+        first = start.entry if at_start else 0
         last = seg.last_entry
         if end is not None and opts.log is not None and seg.seq == end.segment:
             last = min(last, end.entry)  # slot bounds are applied row by row in the task
-        spans.extend(split(seg, first, last, opts.partition_bytes_max))
+        spans.extend(split(seg, first, last, opts.partition_bytes_max, start.slot if at_start else 0))
     return spread(spans, opts.min_partitions)
 
 
-def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> list[Span]:
+def split(
+    seg: SegmentView, first: int, last: int, partition_bytes_max: int, first_slot: int = 0
+) -> list[Span]:
     if last < first:
         return []
     entry_bytes = 0
@@ -321,7 +329,16 @@ def split(seg: SegmentView, first: int, last: int, partition_bytes_max: int) -> 
         entry_bytes = max(1, round(seg.bytes / (seg.last_entry + 1)))
         step = max(1, int(partition_bytes_max // entry_bytes))
     return [
-        Span(seg.seq, seg.ledger_id, lo, min(last, lo + step - 1), seg.open, seg.offload_uri, entry_bytes)
+        Span(
+            seg.seq,
+            seg.ledger_id,
+            lo,
+            min(last, lo + step - 1),
+            seg.open,
+            seg.offload_uri,
+            entry_bytes,
+            first_slot if lo == first else 0,
+        )
         for lo in range(first, last + 1, step)
     ]
 
@@ -349,6 +366,7 @@ def spread(spans: list[Span], min_partitions: int) -> list[Span]:
                 s.open,
                 s.offload_uri,
                 s.entry_bytes,
+                s.first_slot if lo == 0 else 0,
             )
             for lo, hi in itertools.pairwise(bounds)
         )
@@ -459,14 +477,17 @@ def read_span(
             # may lag behind: read them as "unconfirmed", which is safe for ids <= a seen LAC.
             read = handle.read_unconfirmed if span.open else handle.read
 
+        start = rows.start
+        if span.first_slot:
+            hidden_before = Position(span.seq, span.first_entry, span.first_slot)
+            start = hidden_before if start is None or start < hidden_before else start
+
         def batch_of(entries: Any) -> Any:
             cols = entry_columns(entries)
             if not cols.rows:
                 return None
             batch = pa.RecordBatch.from_arrays(base_arrays(cols, span.seq, base_schema), schema=base_schema)
-            keep = keep_mask(
-                cols, span.seq, rows.start, rows.end, rows.start_timestamp_ms, rows.end_timestamp_ms
-            )
+            keep = keep_mask(cols, span.seq, start, rows.end, rows.start_timestamp_ms, rows.end_timestamp_ms)
             if keep is not None:
                 batch = batch.filter(pa.array(keep))
                 if not batch.num_rows:

@@ -219,6 +219,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # start=TAIL: the tail when this run first asked, and whether latestOffset has answered yet
         self.tail_start: tuple[int, int] | None = None
         self.answered = False
+        # start=HEAD on a partially truncated log: the truncation point batch 0 starts at (initialOffset).
+        self.head_floor: Position | None = None
         # The highest LAC seen per open ledger: offsets built from a fresh LAC read never move back.
         self.lac_floor: dict[int, int] = {}
         self.latest_seen: tuple[int, int] | None = None  # for reportLatestOffset (progress' latestOffset)
@@ -251,6 +253,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     ):
                         first = seg.seq
                         break
+            kept = lv.metadata.truncated_before
+            if (kept.segment, kept.entry) > (first, 0):
+                # A partial truncation hides the records before it, as from the streams API; the slot part of
+                # the point is applied to batch 0's first entry (offsets count whole entries).
+                self.head_floor = kept
+                return _offset(kept.segment, kept.entry)
             return _offset(first, 0)
         try:
             check_start(self.opts, lv)
@@ -354,7 +362,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             first = lo[1] if seg.seq == lo[0] else 0
             last = hi[1] - 1 if seg.seq == hi[0] else seg.last_entry
-            spans.extend(split(seg, first, last, self.opts.partition_bytes_max))
+            floor = self.head_floor
+            first_slot = (
+                floor.slot if floor is not None and (seg.seq, first) == (floor.segment, floor.entry) else 0
+            )
+            spans.extend(split(seg, first, last, self.opts.partition_bytes_max, first_slot))
         return list(spread(spans, self.opts.min_partitions))
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

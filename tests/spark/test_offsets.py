@@ -92,3 +92,61 @@ def _schema_json() -> dict[str, Any]:
 
 def _key(offset: dict[str, int]) -> tuple[int, int]:
     return offset["segment"], offset["entry"]
+
+
+def test_a_partial_truncation_hides_the_records_before_it_from_batch_and_stream_reads(
+    quorumlog_uri: str,
+) -> None:
+    """truncate(before=p) with p inside a closed segment, in the middle of an entry: reads from HEAD start at
+    p, slot included -- as the streams API's readers do (DistributedLog's partial truncation)."""
+    from pyspark.sql.types import StructType
+
+    from quorumlog.spark.source import BatchReader
+
+    with connect(quorumlog_uri) as conn:
+
+        async def setup(client: Any) -> Any:
+            log = await client.namespace("offsets").create_log(
+                "partial", batch_max_bytes=4096, roll_bytes=8192, linger_s=0.001
+            )
+            w = await log.open_writer()
+            written = await w.write_many([b"r%03d" % i + b"x" * 196 for i in range(120)])
+            segs = await log.segments()
+            closed = [s.seq for s in segs if s.state == "closed"]
+            # A record in the middle of an entry (slot > 0) of the second closed segment.
+            cut = next(
+                i for i, p in enumerate(written) if p.segment == closed[1] and p.slot > 0 and p.entry > 0
+            )
+            await log.truncate(before=written[cut])
+            return log, w, written, cut
+
+        log, writer, written, cut = conn.run(setup)
+        try:
+            schema = StructType.fromJson(_schema_json())
+            opts = parse_options({"metadata": quorumlog_uri, "namespace": "offsets", "log": "partial"})
+
+            def rows_of(reader: Any, spans: list[Any]) -> list[tuple[int, int, int]]:
+                out = []
+                for span in spans:
+                    for batch in reader.read(span):
+                        d = batch.to_pydict()
+                        out += list(zip(d["segment"], d["entry_id"], d["slot"], strict=True))
+                return out
+
+            expected = [(p.segment, p.entry, p.slot) for p in written[cut:]]
+            batch = BatchReader(opts, schema)
+            got = rows_of(batch, batch.partitions())
+            assert got[: len(expected)] == expected  # the open segment's tail may still grow: a prefix check
+
+            stream = StreamReader(opts, schema)
+            start = stream.initialOffset()
+            assert _key(start) == (written[cut].segment, written[cut].entry)
+            end = stream.latestOffset(start, None)
+            for _ in range(1000):  # the writer's LAC reaches readers shortly after the acknowledgement
+                if _key(end) > (written[-1].segment, written[-1].entry):
+                    break
+                end = stream.latestOffset(start, None)
+            got = rows_of(stream, stream.partitions(start, end))
+            assert got == expected[: len(got)] and len(got) >= len(expected) - 20
+        finally:
+            conn.run(lambda c: writer.close())
