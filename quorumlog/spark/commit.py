@@ -104,11 +104,32 @@ async def link_ledgers(
     announced = md.value.open_segment
     if announced is not None and announced.seq not in segments:
         open_ones[announced.seq] = (announced.ledger_id, None)
+    # A writer that died while sealing the log left its END_OF_STREAM entry durable: readers end there, so
+    # the seal is completed and nothing linked behind it (as `LogWriter` does on open).
+    newest = segments[max(segments)].value if segments else None
+    ended = newest is not None and newest.state == SegmentState.CLOSED and newest.end_of_stream
     for seq, (ledger_id, known) in sorted(open_ones.items()):
         log.info("log %s/%s: commit %s recovers segment %d (ledger %d)", ns, name, commit_id, seq, ledger_id)
-        await recover_segment(log_, seq, ledger_id, known)
+        ended = await recover_segment(log_, seq, ledger_id, known) or ended
     if md.value.pending_link is not None:
         await complete_pending_link(log_, md.value.pending_link)
+    if ended:
+        for _ in range(CAS_RETRIES_MAX):
+            if md.value.writer_epoch != epoch:
+                break  # a newer writer took over: sealing is its business now
+            try:
+                md = await store.write_log(
+                    ns,
+                    replace(md.value, open_segment=None, pending_link=None, sealed=True),
+                    version=md.version,
+                )
+                break
+            except MetadataVersionError:
+                md = await store.read_log(ns, name)
+        raise EndOfStreamError(
+            f"log {ns}/{name} is sealed (end of stream, marked by a writer that died while sealing it): "
+            "the write cannot be committed"
+        )
 
     # 3. decide (the commit point)
     pending: PendingLink | None = None

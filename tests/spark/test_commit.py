@@ -120,3 +120,30 @@ async def test_streaming_batch_is_linked_once(client: Client) -> None:
     await link_ledgers(log, [await task_ledger(client, 0, [b"b"])], mark=("q", 1), now_ms=3)
     assert await read_all(log) == [b"a", b"b"]
     assert (await log.metadata()).link_mark("q") == 1
+
+
+@pytest.mark.parametrize("crash_at", ["_close_segment", "_cas_log"])
+async def test_a_commit_after_a_writer_died_sealing_the_log_completes_the_seal(
+    client: Client, crash_at: str
+) -> None:
+    """A writer dies once its END_OF_STREAM entry is durable, before its segment is closed or the log node
+    says sealed. Readers already end at the marker, so a Spark commit must not link records behind it (no
+    reader would reach them): it completes the seal and fails, as a new writer does."""
+    from quorumlog.errors import ClientClosedError, EndOfStreamError
+
+    async def crash(*args: object, **kwargs: object) -> None:
+        raise ClientClosedError("crash injected by the test")
+
+    log = await client.namespace("ns").create_log("sealing" + crash_at)
+    writer = await log.open_writer()
+    await writer.write_many([b"w%d" % i for i in range(3)])
+    setattr(writer, crash_at, crash)
+    with pytest.raises(ClientClosedError):
+        await writer.mark_end_of_stream()
+    task = await task_ledger(client, 0, [b"spark"])
+    with pytest.raises(EndOfStreamError):
+        await link_ledgers(log, [task], now_ms=1)
+    md = await log.metadata()
+    assert md.sealed and md.pending_link is None
+    assert all(s.ledger_id != task.ledger_id for s in await log.segments())
+    assert await read_all(log) == [b"w%d" % i for i in range(3)]
