@@ -118,9 +118,9 @@ def test_a_partial_truncation_hides_the_records_before_it_from_batch_and_stream_
                 i for i, p in enumerate(written) if p.segment == closed[1] and p.slot > 0 and p.entry > 0
             )
             await log.truncate(before=written[cut])
-            return log, w, written, cut
+            return w, written, cut
 
-        log, writer, written, cut = conn.run(setup)
+        writer, written, cut = conn.run(setup)
         try:
             schema = StructType.fromJson(_schema_json())
             opts = parse_options({"metadata": quorumlog_uri, "namespace": "offsets", "log": "partial"})
