@@ -69,43 +69,40 @@ _ENTRY_HEADER_BYTES = 32
 
 # A canonical varint of at most 9 bytes (values below 2**63): no trailing zero group, as protobuf writes it.
 _VARINT = rb"(?:[\x00-\x7f]|[\x80-\xff]{1,8}[\x01-\x7f])"
-# A v3 Request holding only {header {version 3, ADD_ENTRY, txnId}, addRequest {ledgerId, entryId, masterKey
-# (20 bytes), body}}, fields in number order: what a 4.14 client sends for a plain add. Groups: txnId, the
-# add part's length, ledgerId, entryId, masterKey, body length; the body runs from the match's end to the
-# frame's end (a recovery flag or write flags after it fail the body-length check and take the slow path).
-_V3_ADD = re.compile(
-    rb"\x0a[\x06-\x0e]\x08\x03\x10\x02\x18("
-    + _VARINT
-    + rb")\xaa\x06("
-    + _VARINT
-    + rb")\x08("
-    + _VARINT
-    + rb")\x10("
-    + _VARINT
-    + rb")\x1a\x14(.{20})\x22("
-    + _VARINT
-    + rb")",
-    re.DOTALL,
-)
+
+
+def _v3_request(operation: bytes, part_tag: bytes) -> re.Pattern[bytes]:
+    """A v3 Request holding only {header {version 3, `operation`, txnId}, part `part_tag` {ledgerId, an int64,
+    masterKey (20 bytes), body}}, fields in number order, as a 4.14 client sends it. Groups: txnId, the part's
+    length, ledgerId, the int64, masterKey, body length; the body runs from the match's end to the frame's
+    end."""
+    return re.compile(
+        rb"\x0a[\x06-\x0e]\x08\x03\x10"
+        + re.escape(operation)
+        + rb"\x18("
+        + _VARINT
+        + rb")"
+        + re.escape(part_tag)
+        + rb"("
+        + _VARINT
+        + rb")\x08("
+        + _VARINT
+        + rb")\x10("
+        + _VARINT
+        + rb")\x1a\x14(.{20})\x22("
+        + _VARINT
+        + rb")",
+        re.DOTALL,
+    )
+
+
+# A plain add (ADD_ENTRY, addRequest = field 101) {ledgerId, entryId, masterKey, body}: a recovery flag or
+# write flags after the body fail the body-length check and take the slow path.
+_V3_ADD = _v3_request(b"\x02", b"\xaa\x06")
 _v3_add_match = _V3_ADD.match
-# A v3 Request holding only {header {version 3, WRITE_LAC, txnId}, writeLacRequest {ledgerId, lac, masterKey
-# (20 bytes), body}}, fields in number order: what a 4.14 client sends. Groups: txnId, the part's length,
-# ledgerId, lac, masterKey, body length; the body runs from the match's end to the frame's end. (A negative
-# lac takes 10 bytes and the slow path: writers send it only once the LAC is >= 0.)
-_V3_WRITE_LAC = re.compile(
-    rb"\x0a[\x06-\x0e]\x08\x03\x10\x06\x18("
-    + _VARINT
-    + rb")\xba\x06("
-    + _VARINT
-    + rb")\x08("
-    + _VARINT
-    + rb")\x10("
-    + _VARINT
-    + rb")\x1a\x14(.{20})\x22("
-    + _VARINT
-    + rb")",
-    re.DOTALL,
-)
+# A WRITE_LAC (writeLacRequest = field 103) {ledgerId, lac, masterKey, body}. A negative lac takes 10 bytes
+# and the slow path: writers send it only once the LAC is >= 0.
+_V3_WRITE_LAC = _v3_request(b"\x06", b"\xba\x06")
 _v3_write_lac_match = _V3_WRITE_LAC.match
 _V2_ADD_HEADER = _LEN.pack((v2.PROTOCOL_VERSION << 24) | (v2.V2OpCode.ADD_ENTRY << 16))  # no flags
 _V2_ADD_MIN = 4 + MASTER_KEY_BYTES + _ENTRY_HEADER_BYTES

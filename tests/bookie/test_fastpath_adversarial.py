@@ -25,6 +25,7 @@ from quorumlog.proto import v2
 from quorumlog.proto.entry import DigestManager, DigestType
 from quorumlog.proto.generated import bookkeeper_pb2 as pb
 from quorumlog.proto.status import StatusCode, from_v2
+from quorumlog.proto.v3fast import _varint  # int64 negatives as 10-byte varints, as protobuf writes them
 from tests.bookie.conftest import StartBookie
 from tests.bookie.helpers import KEY, PASSWORD, BookieProcess, RawClient, free_port
 from tests.bookie.helpers import entry as client_entry
@@ -41,16 +42,6 @@ def entry(lid: int, eid: int, payload: bytes, lac: int = -1) -> bytes:
 
 
 # --- hand-built frames ------------------------------------------------------------------------------------
-
-
-def _varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # int64 negatives are 10-byte two's complement varints, as protobuf writes them
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _vf(field: int, value: int) -> bytes:

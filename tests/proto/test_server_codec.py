@@ -16,6 +16,7 @@ from quorumlog.proto import server_codec as sc
 from quorumlog.proto import v2, v3
 from quorumlog.proto.codec import ServerConnection
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3fast import _varint  # any int64/u64 varint, as a peer may send it
 from tests.proto import vectors
 from tests.proto.strategies import V2_REQUESTS, V3_REQUESTS, i64, key20, u64
 
@@ -152,23 +153,13 @@ def test_a_chunk_mixing_adds_and_other_requests_keeps_its_order() -> None:
     assert sc.BookieCodec().receive(data, fast_adds=False) == reqs
 
 
-def _varint_u64(n: int) -> bytes:
-    """Any u64's varint (`sc.varint` stops below 2**63: a txnId a peer sends is read, never made, past it)."""
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 @given(lid=ids, eid=ids, txn=u64, v2_after=st.integers(0, 3))
 def test_eok_answers_are_the_reference_bytes_in_each_adds_own_version(
     lid: int, eid: int, txn: int, v2_after: int
 ) -> None:
     """v3 adds (which carry their txnId varint) then v2 adds (none), as a connection that turned v2 sends
     them: each answered in its own version."""
-    raw_txn = sc.varint(txn) if txn < 2**63 else _varint_u64(txn)
+    raw_txn = sc.varint(txn) if txn < 2**63 else _varint(txn)
     v3_add = (lid, eid, b"k" * 20, b"", 0, raw_txn, sc.varint(eid), sc.varint(lid))
     v2_add = (lid, eid, b"k" * 20, b"", 0, b"", b"", b"")
     v3_ok = v3.encode_response_pb(m.AddResponse(StatusCode.EOK, lid, eid, txn))
