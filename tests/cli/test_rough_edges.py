@@ -182,6 +182,15 @@ async def _wait_new_ledger(uri: str, before: set[int], timeout_s: float) -> int:
 SIMPLETEST_FOREVER = ("-n", "10000000", "--entry-size", "16")
 
 
+def _started_from_a_terminal() -> None:
+    # Runs in the child before exec. A process started in the background by a non-interactive shell (how CI
+    # and `nohup` start the test suite) inherits SIGINT *ignored*, and Python then leaves it ignored: the
+    # command never saw this test's Ctrl-C and wrote on for ever (how it failed in CI runs started so). A
+    # command run from a terminal has the default disposition, which is what Ctrl-C means to test.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _die_with_parent()
+
+
 def test_ctrl_c_in_simpletest_deletes_its_ledger_and_reports_it(cluster: Running) -> None:
     before = set(asyncio.run(_ledger_ids(cluster.uri)))
     proc = subprocess.Popen(
@@ -200,10 +209,10 @@ def test_ctrl_c_in_simpletest_deletes_its_ledger_and_reports_it(cluster: Running
         stdin=subprocess.DEVNULL,
         text=True,
         # Faulthandler: if the command hangs after Ctrl-C, SIGABRT makes it print every thread's stack, so a
-        # failure here says where it hung (it did once in CI, not reproduced since).
+        # failure here says where it hung.
         env={**env_without_settings(), "PYTHONFAULTHANDLER": "1"},
         cwd=ROOT,
-        preexec_fn=_die_with_parent,
+        preexec_fn=_started_from_a_terminal,
     )
     try:
         ledger = asyncio.run(_wait_new_ledger(cluster.uri, before, 30.0))
