@@ -115,6 +115,19 @@ class WriteLacSink(Protocol):
         """Answer `reqs` with `status`; `tag` is what `write_lac_batch` was given."""
 
 
+class _WriteLacReplies:
+    """The sink of a lone WRITE_LAC (`Bookie.handle`): each request answered through its own reply."""
+
+    __slots__ = ("reply",)
+
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+
+    def write_lacs_answered(self, reqs: list[m.WriteLacRequest], status: StatusCode, tag: object) -> None:
+        for req in reqs:
+            self.reply(m.WriteLacResponse(status, req.ledger_id, req.txn_id))
+
+
 class _Poll:
     """A parked long-poll read: what to answer, to whom, and the timer that answers it if nothing happens.
     (A timer and three references instead of a task and a future per poll: tens of thousands can park.)"""
@@ -698,29 +711,7 @@ class Bookie:
         return m.ReadLacResponse(StatusCode.EOK, lid, state.explicit_lac, last, txn_id=req.txn_id)
 
     def _write_lac(self, req: m.WriteLacRequest, reply: Reply) -> None:
-        lid, txn = req.ledger_id, req.txn_id
-        if self.failed is not None or self.journal.failed is not None:
-            reply(m.WriteLacResponse(StatusCode.EIO, lid, txn))
-            return
-        body = bytes(req.body)
-        # The LAC comes from the body (`ledgerId | lac | digest`), which readers verify with the digest; the
-        # request's own `lac` field is protected by nothing and is never trusted on its own.
-        if len(body) < 16 or _IDS.unpack_from(body) != (lid, req.lac):
-            reply(m.WriteLacResponse(StatusCode.EBADREQ, lid, txn))
-            return
-        verdict = self.book.check_write_lac(lid, req.master_key)
-        if verdict.status is not StatusCode.EOK:
-            reply(m.WriteLacResponse(verdict.status, lid, txn))
-            return
-        if verdict.created:
-            self.journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
-
-        def durable(exc: BaseException | None) -> None:
-            reply(m.WriteLacResponse(StatusCode.EOK if exc is None else StatusCode.EIO, lid, txn))
-
-        self.journal.append(RecordType.EXPLICIT_LAC, _I64.pack(lid) + body, durable)
-        if self.book.record_explicit_lac(lid, _I64.unpack_from(body, 8)[0], body):
-            self._wake(lid)
+        self.write_lac_batch([req], _WriteLacReplies(reply), None)
 
     def write_lac_batch(self, reqs: list[m.WriteLacRequest], sink: WriteLacSink, tag: object) -> None:
         """WRITE_LACs of one connection, in arrival order: the same effects and answers as `_write_lac` for
@@ -739,8 +730,9 @@ class Bookie:
         nbytes = 0
         woken: list[int] = []
         for req in reqs:
-            lid, body = req.ledger_id, req.body
-            # The LAC comes from the body, never from the request's unprotected `lac` field (`_write_lac`).
+            lid, body = req.ledger_id, bytes(req.body)
+            # The LAC comes from the body (`ledgerId | lac | digest`), which readers verify with the digest; the
+            # request's own `lac` field is protected by nothing and is never trusted on its own.
             if len(body) < 16 or _IDS.unpack_from(body) != (lid, req.lac):
                 sink.write_lacs_answered([req], StatusCode.EBADREQ, tag)
                 continue
@@ -756,7 +748,7 @@ class Bookie:
             if verdict.created:
                 # Staged now, before the batch's EXPLICIT_LAC records (appended after this loop).
                 journal.append(RecordType.MASTER_KEY, _I64.pack(lid) + req.master_key, None)
-            payload = _I64.pack(lid) + bytes(body)
+            payload = _I64.pack(lid) + body
             records.append((record_header(RecordType.EXPLICIT_LAC, payload), payload))
             nbytes += REC_HEADER_SIZE + len(payload)
             accepted.append(req)

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from quorumlog.env import cancel_and_wait
 from quorumlog.errors import LogNotFoundError, LogTruncatedError, NoSuchLedgerError, QuorumLogError
 from quorumlog.stream.metadata import SegmentInfo, SegmentState
 from quorumlog.stream.position import Position
@@ -146,11 +147,7 @@ class LogReader:
 
     async def close(self) -> None:
         self._closed = True
-        tasks = [t for t in (self._fetch, self._watcher) if t is not None and not t.done()]
-        for t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await cancel_and_wait(*(t for t in (self._fetch, self._watcher) if t is not None))
         if self._gen is not None:
             with contextlib.suppress(Exception):
                 await self._gen.aclose()  # type: ignore[attr-defined]
