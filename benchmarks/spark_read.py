@@ -17,6 +17,12 @@ materialised), or the benchmark stops:
 - json_schema: the log with option json_schema against `spark.read.schema(...).json` with the same DDL,
   both aggregating the decoded columns.
 
+With --floor, a third comparison measures what no Python data source can beat here: `python_source_floor`
+is a Python data source (defined in this script) whose reader yields the same rows with the same five
+columns as precomputed Arrow record batches, built once per worker process -- no bookies, no decoding --
+against the same `spark.read.text` query. Its speed ratio bounds the `plain` one from above: what is left
+between them is the log source's own work (reads from the bookies, decoding, building the batches).
+
 `speed_ratio` is the JSON-lines median time over the quorumlog median time: above 1.0 the log is read
 faster. The per-round ratios are reported too, with the load average before and after and the Spark
 settings that matter here (master, default parallelism, Python worker reuse, Arrow batch size). With
@@ -27,6 +33,7 @@ takes, per row, the time it reached the driver minus the record's timestamp). Pr
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -148,6 +155,67 @@ def compare(
 WARM_UP_WAIT_S = 120.0
 
 
+def floor_source(records: int, record_bytes: int, partitions: int) -> Any:
+    """A Python data source yielding the benchmark's rows as precomputed Arrow batches (see --floor).
+
+    Defined in a function so that cloudpickle ships it by value: the workers need nothing importable."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class FloorPartition(InputPartition):  # type: ignore[misc]
+        def __init__(self, start: int, end: int) -> None:
+            super().__init__((start, end))
+            self.start, self.end = start, end
+
+    class FloorReader(DataSourceReader):  # type: ignore[misc]
+        def partitions(self) -> list[Any]:
+            cuts = [records * i // partitions for i in range(partitions + 1)]
+            return [FloorPartition(a, b) for a, b in itertools.pairwise(cuts)]
+
+        def read(self, partition: Any) -> Any:
+            import datetime
+            import types
+
+            import pyarrow as pa
+
+            # Built once per worker process and range (Spark reuses the workers), then only yielded.
+            cache = sys.modules.setdefault("_ql_floor_cache", types.ModuleType("_ql_floor_cache"))
+            key = f"b{partition.start}_{partition.end}"
+            batches = getattr(cache, key, None)
+            if batches is None:
+                batches = []
+                ts = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+                for lo in range(partition.start, partition.end, 10_000):
+                    hi = min(lo + 10_000, partition.end)
+                    n = hi - lo
+                    batches.append(
+                        pa.RecordBatch.from_arrays(
+                            [
+                                pa.array([0] * n, pa.int64()),
+                                pa.array(range(lo, hi), pa.int64()),
+                                pa.array([0] * n, pa.int32()),
+                                pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
+                                pa.array([payload(i, record_bytes) for i in range(lo, hi)], pa.binary()),
+                            ],
+                            names=["segment", "entry_id", "slot", "timestamp", "payload"],
+                        )
+                    )
+                setattr(cache, key, batches)
+            yield from batches
+
+    class FloorSource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "qlfloor"
+
+        def schema(self) -> str:
+            return "segment LONG, entry_id LONG, slot INT, timestamp TIMESTAMP, payload BINARY"
+
+        def reader(self, schema: Any) -> Any:
+            return FloorReader()
+
+    return FloorSource
+
+
 def streaming_latency(
     spark: Any,
     uri: str,
@@ -240,6 +308,11 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="1g")
     parser.add_argument("--min-partitions", type=int, default=None, help="the source's min_partitions option")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also compare a Python data source of precomputed Arrow batches with the text read",
+    )
     parser.add_argument("--latency-seconds", type=float, default=0.0, help="0: no streaming latency run")
     parser.add_argument("--latency-rate", type=float, default=50.0, help="records/s during the latency run")
     parser.add_argument(
@@ -336,6 +409,19 @@ def main() -> None:
                         args.warmup,
                     ),
                 ]
+                if args.floor:
+                    spark.dataSource.register(floor_source(records, args.record_bytes, partitions))
+                    results.append(
+                        compare(
+                            "python_source_floor",
+                            lambda: timed(
+                                lambda: spark.read.format("qlfloor").load(), plain_aggs, records, "floor"
+                            ),
+                            lambda: timed(lambda: spark.read.text(lines), text_aggs, records, "text"),
+                            args.rounds,
+                            args.warmup,
+                        )
+                    )
                 if args.latency_seconds > 0:
                     latency = streaming_latency(
                         spark,

@@ -148,3 +148,18 @@ def test_bookie_cpu_quick_run_and_the_bookie_gc_policy() -> None:
     assert default["config"]["gc"]["thresholds"][0] < GEN0_THRESHOLD
     v3_default, v3_tuned = default["results"][0]["rounds"][0], tuned["results"][0]["rounds"][0]
     assert v3_tuned["gc_collections"] < v3_default["gc_collections"]
+
+
+def test_python_floor_quick_run() -> None:
+    """The CPython floor (docs/PERFORMANCE.md "Session 8"): both sides ran in their own processes, adds
+    completed, and each side's CPU per entry was measured."""
+    out = _bench_json("python_floor", "--quorum", "3,2,2")
+    assert out["benchmark"] == "python_floor" and out["quorum"] == [3, 2, 2]
+    (round_,) = out["rounds"]
+    assert round_["entries_per_s"] > 0
+    assert round_["client_cpu_us_per_entry"] > 0 and round_["bookies_cpu_us_per_entry"] > 0
+
+
+def test_python_floor_refuses_an_impossible_quorum() -> None:
+    r = ql("bench", "python_floor", "--quick", "--quorum", "2,3,2")
+    assert r.returncode == 2 and "1 <= A <= W <= E" in r.stderr
