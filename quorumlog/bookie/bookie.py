@@ -181,7 +181,7 @@ class Bookie:
             for release in self._dir_locks:
                 release()
             raise
-        self.book = LedgerBook(self._load_state)
+        self.book = LedgerBook(self._load_state, self.env.clock.monotonic_s)
         # Parked long polls by ledger and by connection (dicts as ordered sets), and how many there are.
         self._watchers: dict[int, dict[_Poll, None]] = {}
         self._polls_by_owner: dict[object, dict[_Poll, None]] = {}
@@ -785,10 +785,11 @@ class Bookie:
         ids = self.storage.entries(lid)
         return m.GetListOfEntriesOfLedgerResponse(StatusCode.EOK, lid, encode_availability(ids), req.txn_id)
 
-    def forget_ledger(self, ledger_id: int) -> None:
+    def forget_ledger(self, ledger_id: int, *, state_unreadable: bool = False) -> None:
         """Drop a ledger's in-memory state after garbage collection removed it from the index (entries of it
-        still in the write cache go too, or the next checkpoint would index them again)."""
-        self.book.forget(ledger_id)
+        still in the write cache go too, or the next checkpoint would index them again). The book remembers
+        the ledger if it was fenced (`core.FencedDeletedLedgers`): load its state before the index drops it."""
+        self.book.forget(ledger_id, state_unreadable=state_unreadable)
         self.storage.drop_ledger(ledger_id)
         self._wake(ledger_id)
 

@@ -15,11 +15,19 @@ Rules (BookKeeper 4.14 semantics, DESIGN.md §1-§3):
   the door: the ledger state stores its length in two bytes, and a request must never be able to make state
   the bookie cannot checkpoint or replay.
 - LAC only grows: it is the largest of the LAC piggybacked on stored entries and the explicit LAC.
+- A ledger that was fenced when garbage collection dropped it stays refused for a while
+  (`FencedDeletedLedgers`, BookKeeper 4.18+'s recentlyFencedAndDeletedLedgers, apache/bookkeeper#4462 and
+  #4657): its old writer's adds -- recovery adds too -- get EFENCED instead of re-creating the ledger, and a
+  fencing read or a WRITE_LAC of it gets ENOLEDGER (it is gone). Plain reads, READ_LAC and long polls are
+  not affected: they find no ledger either way. A ledger deleted while *not* fenced is not remembered, as in
+  BookKeeper: a late add re-creates it and is acknowledged (gc.py's docstring says what becomes of it).
 """
 
 from __future__ import annotations
 
 import struct
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -36,6 +44,14 @@ _FLAG_FENCED = 1
 _LAC_OFFSET = 16  # lastAddConfirmed inside an entry: ledgerId i64 | entryId i64 | lac i64 | ...
 _I64 = struct.Struct(">q")
 _ledger_of = itemgetter(0)  # a `FastAdd`'s ledger id
+
+# How long a fenced-and-deleted ledger stays refused after a request last touched its memory: BookKeeper's
+# 7 days after last access, long enough for any writer that was cut off by a fence to have given up.
+FENCED_DELETED_TTL_S = 7 * 24 * 3600.0
+# At most this many are remembered (an int and a float each, ~100 bytes with the dict: ~10 MB at the cap);
+# past it the least recently touched is forgotten first. BookKeeper has no cap: a churn of fenced and
+# deleted ledgers must not grow a bookie's memory without bound.
+FENCED_DELETED_LEDGERS_MAX = 100_000
 
 
 def entry_lac(body: bytes | memoryview) -> int:
@@ -68,6 +84,64 @@ class LedgerState:
         return LedgerState(ledger_id, key, bool(flags & _FLAG_FENCED), lac, last, rest or None)
 
 
+class FencedDeletedLedgers:
+    """Ledgers that were fenced when garbage collection dropped them, each until `ttl_s` after a request last
+    touched it, at most `ledgers_max` of them (the least recently touched goes first).
+
+    Why: a fence lives in the ledger's state, and dropping the ledger drops the fence; without this memory the
+    add of a writer that was fenced out (a Pulsar broker that lost its topic, say) re-creates the deleted
+    ledger and is acknowledged into a ledger nobody can read. Kept in memory only, as BookKeeper keeps it: a
+    restart forgets it (`LedgerBook` replays the journal without consulting it, as BookKeeper's replay does).
+    `clock` gives monotonic seconds, so tests can move time."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        ttl_s: float = FENCED_DELETED_TTL_S,
+        ledgers_max: int = FENCED_DELETED_LEDGERS_MAX,
+    ) -> None:
+        if ttl_s <= 0 or ledgers_max <= 0:
+            raise ValueError(f"ttl_s={ttl_s}, ledgers_max={ledgers_max}: both must be > 0")
+        self._clock = clock
+        self.ttl_s = ttl_s
+        self.ledgers_max = ledgers_max
+        # Ledger id -> when last touched; least recently touched first, so expiry and eviction pop the front.
+        self._touched: OrderedDict[int, float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._touched)
+
+    def remember(self, ledger_id: int) -> None:
+        now = self._clock()
+        self._expire(now)
+        self._touched[ledger_id] = now
+        self._touched.move_to_end(ledger_id)
+        while len(self._touched) > self.ledgers_max:
+            self._touched.popitem(last=False)
+
+    def refuses(self, ledger_id: int) -> bool:
+        """Whether `ledger_id` is remembered (which touches it: a writer that keeps trying stays refused, as
+        BookKeeper's expire-after-access cache keeps it)."""
+        if ledger_id not in self._touched:  # the common case: one dict lookup, no clock read
+            return False
+        now = self._clock()
+        self._expire(now)
+        if ledger_id not in self._touched:
+            return False
+        self._touched[ledger_id] = now
+        self._touched.move_to_end(ledger_id)
+        return True
+
+    def _expire(self, now: float) -> None:
+        touched = self._touched
+        while touched:
+            lid, at = next(iter(touched.items()))
+            if now - at < self.ttl_s:
+                return
+            del touched[lid]
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     status: StatusCode
@@ -86,11 +160,14 @@ _EBADREQ = Verdict(StatusCode.EBADREQ)
 class LedgerBook:
     """Ledger states by id, loaded on demand through `load` (None: the bookie has never seen the ledger)."""
 
-    def __init__(self, load: Callable[[int], LedgerState | None]) -> None:
+    def __init__(
+        self, load: Callable[[int], LedgerState | None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._load = load
         self._states: dict[int, LedgerState] = {}
         self.dirty: set[int] = set()  # changed since the last checkpoint took its snapshot
         self.read_only = False
+        self.fenced_deleted = FencedDeletedLedgers(clock)
 
     def get(self, ledger_id: int) -> LedgerState | None:
         st = self._states.get(ledger_id)
@@ -115,6 +192,9 @@ class LedgerBook:
             return _EREADONLY
         st = self._states.get(ledger_id) or self.get(ledger_id)  # (hot path: skip a call when cached)
         if st is None:
+            # Recovery adds too: nobody recovers a deleted ledger, and BookKeeper refuses both alike.
+            if self.fenced_deleted.refuses(ledger_id):
+                return _EFENCED
             self._create(ledger_id, master_key)
             return _OK_CREATED
         if st.master_key != master_key:
@@ -148,6 +228,8 @@ class LedgerBook:
             return _EBADREQ
         st = self.get(ledger_id)
         if st is None:
+            if self.fenced_deleted.refuses(ledger_id):
+                return _ENOLEDGER  # gone: a recovery of it finds nothing, and nothing is re-created
             st = self._create(ledger_id, master_key)
             st.fenced = True
             return _OK_CREATED
@@ -165,6 +247,8 @@ class LedgerBook:
             return _EREADONLY
         st = self.get(ledger_id)
         if st is None:
+            if self.fenced_deleted.refuses(ledger_id):
+                return _ENOLEDGER  # BookKeeper's answer: the ledger is gone (a v3-only request)
             self._create(ledger_id, master_key)
             return _OK_CREATED
         if st.master_key != master_key:
@@ -232,10 +316,15 @@ class LedgerBook:
         if self.get(ledger_id) is None:
             self._create(ledger_id, master_key)
 
-    def forget(self, ledger_id: int) -> None:
-        """The ledger was deleted (garbage collection): its state goes."""
-        self._states.pop(ledger_id, None)
+    def forget(self, ledger_id: int, *, state_unreadable: bool = False) -> None:
+        """The ledger was deleted (garbage collection): its state goes, and if it was fenced -- or its state
+        could not be read to tell (`state_unreadable`), as BookKeeper assumes for a ledger "in limbo" -- the
+        fence is remembered (`FencedDeletedLedgers`). The caller loads the state (`get`) before it deletes
+        it from storage, so a ledger fenced before the bookie's last restart counts too."""
+        st = self._states.pop(ledger_id, None)
         self.dirty.discard(ledger_id)
+        if state_unreadable or (st is not None and st.fenced):
+            self.fenced_deleted.remember(ledger_id)
 
     def take_dirty(self) -> dict[int, bytes]:
         """Snapshot of every state changed since the last call (for a checkpoint)."""

@@ -13,9 +13,13 @@ so the rules are strict (DESIGN.md §3):
 - After each round, minor or major compaction runs if its interval has passed (compaction.py), in this
   same task: GC and compaction never run at the same time.
 - A concurrent writer: metadata's "does not exist" is final (ledger ids are never reused; a client
-  creates metadata before it writes). An add that arrives after the drop re-creates the ledger's local
-  state (the bookie cannot tell a late add from a new ledger), holding only that add; the next round drops
-  it again, since its metadata is still gone. Entries of the ledger from before the drop never come back.
+  creates metadata before it writes). If the ledger was fenced when it was dropped, the bookie remembers
+  that (core.FencedDeletedLedgers, as BookKeeper 4.18+ does): the fenced-out writer's late adds get EFENCED
+  and re-create nothing. Otherwise -- deleted while nobody had fenced it, or forgotten after a restart, the
+  memory's expiry or its cap -- an add that arrives after the drop re-creates the ledger's local state (the
+  bookie cannot tell a late add from a new ledger) and is acknowledged, holding only that add, exactly as
+  in BookKeeper; the next round drops it again, since its metadata is still gone. Entries of the ledger
+  from before the drop never come back.
 """
 
 from __future__ import annotations
@@ -79,8 +83,17 @@ class GarbageCollector:
             if exists is not False:
                 continue
             async with bookie.checkpoint_lock:
+                # Its state in memory before the index drops it: forgetting it must know whether it was fenced
+                # (a fence from before the last restart lives only in the index).
+                unreadable = False
+                try:
+                    bookie.book.get(lid)
+                except Exception as exc:
+                    # BookKeeper's "limbo": remembered as fenced, and dropped all the same.
+                    unreadable = True
+                    log.warning("gc: ledger %d has an unreadable state (%r); dropping it as fenced", lid, exc)
                 entries = await env.run_blocking(bookie.index.delete_ledger, lid)
-                bookie.forget_ledger(lid)
+                bookie.forget_ledger(lid, state_unreadable=unreadable)
             deleted += 1
             self.stats.ledgers_deleted += 1
             self.stats.entries_deleted += entries

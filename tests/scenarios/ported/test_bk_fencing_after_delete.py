@@ -1,5 +1,6 @@
 """A fenced ledger deleted and garbage-collected under its old writer, from BookKeeper's
-TestFencing.testWriteAfterDeleted (BookKeeper 4.18+, apache/bookkeeper#4462)."""
+TestFencing.testWriteAfterDeleted (BookKeeper 4.18+, apache/bookkeeper#4462): the bookies remember the fence of
+a ledger they dropped (quorumlog/bookie/core.py FencedDeletedLedgers)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,6 @@ from tests.scenarios.ported.conftest import MODULE_LOOP
 pytestmark = MODULE_LOOP
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bookie: after garbage collection drops a fenced ledger that was deleted in metadata "
-        "(quorumlog/bookie/gc.py collect_once -> Bookie.forget_ledger, core.LedgerBook.forget), the ledger's "
-        "fence is forgotten with it, and the old writer's next add recreates the ledger and is acknowledged; "
-        "BookKeeper remembers fenced-and-deleted ledgers (HandleFactoryImpl.recentlyFencedAndDeletedLedgers, "
-        "7 days) and refuses the add as fenced"
-    ),
-)
 async def test_a_fenced_writer_stays_fenced_after_its_ledger_is_deleted_and_collected() -> None:
     """TestFencing.testWriteAfterDeleted: a writer's ledger is recovered (fenced) by another client, which then
     deletes it; the bookies garbage-collect it. The old writer's next add must still fail as fenced -- not be
