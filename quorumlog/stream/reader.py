@@ -14,6 +14,8 @@ Rules it keeps:
   `LogTruncatedError` where it would otherwise jump to the next segment kept.
 - An END_OF_STREAM entry ends the iteration, and so does reaching `end` (exclusive) when one is given.
 - `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
+- Reads pending at once (several tasks calling `anext`) are answered in the order they were issued, each
+  record to one of them (DistributedLog queues a reader's pending reads the same way).
 - A read given up by its caller (cancelled) loses nothing, `close()` ends a read pending in another task, and
   a deleted log fails a waiting read with `LogNotFoundError` (DistributedLog's readers do the same).
 - An offloaded segment (`stream.offload`) is read from its Parquet file, with the same positions. A ledger
@@ -81,6 +83,11 @@ class LogReader:
         self._exhausted = False
         self._last: Record | None = None  # the record delivered last
         self._closed = False
+        # Reads pending at once (in several tasks) take turns, in the order they were issued: only the one
+        # whose turn it is waits on the fetch and takes its records. Two waiters of one fetch would each add
+        # its records to the buffer, and the reader would deliver them twice.
+        self._turn = asyncio.Lock()
+        self._queued = 0  # reads waiting for their turn or holding it
 
     async def _pin_start(self) -> None:
         """Turn `Position.TAIL` into the position it means now: the reader owes the records written after it
@@ -92,6 +99,17 @@ class LogReader:
         return self
 
     async def __anext__(self) -> Record:
+        if self._buffer and not self._queued and not self._closed:
+            record = self._last = self._buffer.popleft()
+            return record
+        self._queued += 1
+        try:
+            async with self._turn:  # FIFO: earlier reads get earlier records
+                return await self._next_record()
+        finally:
+            self._queued -= 1
+
+    async def _next_record(self) -> Record:
         while True:
             if self._closed or self._exhausted:
                 raise StopAsyncIteration
