@@ -37,6 +37,7 @@ from quorumlog.errors import (
     MetadataExistsError,
     MetadataVersionError,
     NoSuchLedgerError,
+    ProtocolError,
     QuorumLogError,
     TooManyRequestsError,
     WriterFencedError,
@@ -217,6 +218,7 @@ class LogWriter:
         announced = self._md.value.open_segment
         if announced is not None and announced.seq not in segments:
             todo[announced.seq] = (announced.ledger_id, None)
+        await self._check_next_seq(segments)
         # A previous writer that died while sealing the log leaves its END_OF_STREAM entry durable in a
         # segment still open (or closed, with the log node not yet sealed). Readers already end at it, so
         # the seal is completed here and this writer refused, as DistributedLog's recovery of such a segment
@@ -239,6 +241,34 @@ class LogWriter:
             )
         if announced is not None or pending is not None:
             await self._cas_log(lambda md: replace(md, open_segment=None, pending_link=None))
+
+    async def _check_next_seq(self, segments: dict[int, Versioned[SegmentInfo]]) -> None:
+        """Refuse to write if a sequence number at or past `next_seq` is taken already.
+
+        Every segment is announced (next_seq moved past it) before its key is written, so no key, announced
+        segment or linked segment can be numbered next_seq or above -- unless the log node was set back by
+        hand or restored from an old copy. The next segment would then be announced over an existing one
+        (and its key write would fail after a ledger was created for it); DistributedLog refuses such a log
+        too (TestLogSegmentsZK). The keys were listed after this writer's epoch CAS, so a key past next_seq
+        can only come from a writer that opened since: then this one is fenced, not facing bad metadata.
+        """
+        assert self._md is not None
+        md = self._md.value
+        taken = list(segments)
+        if md.open_segment is not None:
+            taken.append(md.open_segment.seq)
+        if md.pending_link is not None:
+            taken += [info.seq for info in md.pending_link.segments]
+        highest = max(taken, default=0)
+        if highest < md.next_seq:
+            return
+        current = await self._store.read_log(self._ns, self._name)
+        if current.value.writer_epoch != md.writer_epoch:
+            raise self._fence(f"writer epoch is now {current.value.writer_epoch}, ours was {md.writer_epoch}")
+        raise ProtocolError(
+            f"malformed log metadata: log {self._ns}/{self._name} has segment {highest} but its next_seq is "
+            f"{md.next_seq}; set next_seq past {highest} to write again"
+        )
 
     async def _cas_log(self, update: Callable[[LogMetadata], LogMetadata]) -> None:
         """Apply `update` to the log node by CAS, as this writer.
