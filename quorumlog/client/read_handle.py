@@ -8,6 +8,10 @@ Rules the readers keep:
   `speculative_read_timeout_s`.
 - A reader never reads past its LAC unless asked (`read_unconfirmed`), and `read` does not refresh the LAC
   first; its LAC only grows. A read handle of an open ledger watches its metadata until the ledger closes.
+- What moves the LAC is what moves a BookKeeper 4.14 handle's: the bookie's LAC a v3 read answer carries
+  (maxLAC; PendingReadOp.readEntryComplete -> updateLastConfirmed), LAC reads, long polls, and a close seen
+  in metadata. Not the LAC piggybacked in an entry a read returns (BookKeeper's reads never look at it):
+  below the handle's LAC it is older anyway. `read_unconfirmed` alone also takes the entries' LACs.
 - Long polls are READs of entry -1 with previousLAC = the entry before the one wanted, as BookKeeper's
   client sends them (a BookKeeper bookie refuses any other entry id with EBADREQ).
 """
@@ -162,6 +166,8 @@ class LedgerHandle:
         closed_last = self._md.value.last_entry_id if self.is_closed else None
         check_read_range(first, last, self._lac.lac, unconfirmed=True, closed_last_entry_id=closed_last)
         entries = await self._read_range(first, last)
+        # Past the LAC an entry's piggybacked LAC can be news, and it is one the writer confirmed. (BookKeeper's
+        # readUnconfirmed learns only the maxLAC of v3 answers; over v2 this is how we learn anything.)
         for e in entries:
             self._lac.observe(e.lac)
         return entries
@@ -268,9 +274,12 @@ class LedgerHandle:
                 on_error(index, bookie_id, DigestMismatchError(str(e)))
                 return
             self._failures.record_success(bookie_id)
+            # The answering bookie's LAC (v3 maxLAC: the largest LAC it knows, piggybacked or explicit, each one
+            # its writer confirmed) moves the handle's, as BookKeeper's PendingReadOp moves it on every good
+            # non-recovery read answer -- even of an old entry. v2 answers carry none: then a read moves
+            # nothing, as in BookKeeper over v2. (tests/scenarios/ported/test_bk_ledger_handles.py)
             if resp.max_lac is not None:
                 lac.observe(resp.max_lac)
-            lac.observe(entry.lac)
             apply(index, readers[index].on_success(bookie_id, entry))
 
         def arm() -> None:
@@ -404,9 +413,8 @@ class LedgerHandle:
                 on_error(bookie_id, DigestMismatchError(str(e)))
                 return
             self._failures.record_success(bookie_id)
-            if resp.max_lac is not None:
+            if resp.max_lac is not None:  # the read window's rule (BookKeeper's PendingReadOp)
                 self._lac.observe(resp.max_lac)
-            self._lac.observe(entry.lac)
             apply(reader.on_success(bookie_id, entry))
 
         apply(reader.start(now))
@@ -497,6 +505,11 @@ class LedgerHandle:
         elif isinstance(resp, ReadResponse):
             if resp.body:
                 lacs.append(self._digest.decode_entry(resp.body).lac)
+            # A LAC read is meant to move the LAC. The bookie's maxLAC also counts the explicit LAC (an idle
+            # writer's last entries are confirmed only there), and every value in it was confirmed by the
+            # writer, so the max over a covering set stays a confirmed LAC. BookKeeper's ReadLastConfirmedOp
+            # reads only the last entry's piggyback, and an idle writer's explicit LAC through READ_LAC or a
+            # long poll (docs/CLIENT.md, "Differences from BookKeeper").
             if resp.max_lac is not None:
                 lacs.append(resp.max_lac)
         return max(lacs) if lacs else None
@@ -555,6 +568,8 @@ class LedgerHandle:
                     last_error = e
                     continue
                 assert isinstance(resp, ReadResponse)
+                # A long poll asks for the bookie's LAC: it is the answer (ReadLastConfirmedAndEntryOp moves the
+                # handle's LAC to it too), with or without the entry.
                 if resp.max_lac is not None:
                     self._lac.observe(resp.max_lac)
                 if resp.body:

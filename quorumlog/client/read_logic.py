@@ -16,7 +16,9 @@ Rules it keeps:
   such error, which is retriable.
 - LAC from READ_LAC answers is the maximum over a covering set of bookies (`Quorum.covers`): any entry that
   was acknowledged reached an ack quorum, which intersects that set, so its LAC is seen. In "first answer"
-  mode (`try_read_last_add_confirmed`) the first answer wins. A reader's LAC only grows (`LacView`).
+  mode (`try_read_last_add_confirmed`) the first answer wins. A reader's LAC only grows (`LacView`), and
+  only to LACs a bookie reported (a LAC read, a long poll, the maxLAC of a read answer -- as BookKeeper's
+  PendingReadOp takes it), a closed ledger's last entry, or the piggybacked LACs of unconfirmed reads.
 - Reads stop at the LAC unless the caller asked for unconfirmed entries (`check_read_range`).
 """
 
@@ -295,7 +297,7 @@ class LacRead:
 
 @dataclass(slots=True)
 class LacView:
-    """A reader's LAC: the max of everything it has seen (piggybacked, READ_LAC, long-poll). Never moves back."""
+    """A reader's LAC: the max of every LAC it was told (read_logic's docstring says which). Never moves back."""
 
     lac: int = -1
 

@@ -67,26 +67,33 @@ async def test_open_without_recovery_neither_fences_nor_follows(cluster: LocalCl
         await writer.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "client: a plain read() moves a handle's LAC to the bookie's maxLAC carried in the read response "
-        "(quorumlog/client/read_handle.py, `lac.observe(resp.max_lac)` in the read window and single-entry "
-        "read); BookKeeper's PendingReadOp moves it only to the LAC piggybacked in the entries it read"
-    ),
-)
-async def test_reading_old_entries_does_not_move_a_no_recovery_handles_lac(cluster: LocalCluster) -> None:
-    """TestFencing.testNoRecoveryOpen, with the handle reading its entries after the writer went on: the
-    entries it reads (up to the LAC it saw) carry older LACs, so its LAC stays what it was and reading past
-    it still fails, as in BookKeeper, where only a LAC read (or a long poll) moves it."""
+@pytest.mark.parametrize(("protocol", "moves"), [("v3", True), ("v2", False)])
+async def test_reading_old_entries_moves_a_no_recovery_handles_lac_only_to_a_reported_max_lac(
+    cluster: LocalCluster, protocol: str, moves: bool
+) -> None:
+    """TestFencing.testNoRecoveryOpen, with the handle reading its entries after the writer went on (the
+    original reads them before). BookKeeper 4.14's PendingReadOp.readEntryComplete moves the handle's LAC to
+    the maxLAC a v3 read answer carries -- the answering bookie's own LAC, set in the read's context by
+    PerChannelBookieClient -- on every good non-recovery answer, old entries included; it never looks at the
+    LACs piggybacked in the entries it read, and v2 answers carry no maxLAC. So over v3 (BookKeeper's default)
+    the handle learns LAC 9 from a bookie that stored entry 10 and can read entry 9; over v2 its LAC stays the
+    one it saw and reading past it still fails."""
     async with await Client.connect(cluster.uri, explicit_lac_interval_s=0) as writer_client:
         writer = await writer_client.create_ledger(3, 2, 2, password=b"")
         for _ in range(10):
             await writer.append(b"BookKeeper is cool!")
-        async with await Client.connect(cluster.uri) as reader_client:
+        async with await Client.connect(cluster.uri, protocol=protocol) as reader_client:
             reader = await reader_client.open_ledger(writer.ledger_id, password=b"", recovery=False)
             seen = reader.last_add_confirmed
-            await writer.append(b"more")  # the bookies now know LAC 9, piggybacked on entry 10
-            await reader.read(1, seen)
-            assert reader.last_add_confirmed == seen
+            assert seen == 8
+            await writer.append(b"more")  # the bookies of entry 10 (ensemble 1 and 2) now know LAC 9
+            await reader.read(1, seen)  # entry 1 is read from ensemble 1 first
+            if moves:
+                assert reader.last_add_confirmed == seen + 1
+                assert len(await reader.read(seen + 1, seen + 1)) == 1
+            else:
+                assert reader.last_add_confirmed == seen
+                with pytest.raises(ReadBeyondLastAddConfirmedError):
+                    await reader.read(seen + 1, seen + 1)
+            await reader.close()
         await writer.close()
