@@ -48,6 +48,7 @@ from quorumlog.client.add_tracker import (
     AddFailed,
     AddTracker,
     EnsembleChangeNeeded,
+    EntryFifo,
     SendAdd,
     late_bookies_due,
     same_bookie_drop_verdict,
@@ -133,8 +134,10 @@ class WriteHandle(LedgerHandle):
             deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
-        self._bodies: dict[int, bytes] = {}
-        self._futures: dict[int, asyncio.Future[int]] = {}
+        # The entry bytes (for resends) and futures of the pending adds: the tracker's pending entries, which
+        # join and leave in id order (FIFOs, not dicts: add_tracker.EntryFifo says why).
+        self._bodies: EntryFifo[bytes] = EntryFifo()
+        self._futures: EntryFifo[asyncio.Future[int]] = EntryFifo()
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
@@ -265,8 +268,8 @@ class WriteHandle(LedgerHandle):
         eid = appended.entry_id
         body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies[eid] = body
-        self._futures[eid] = fut
+        self._bodies.push(eid, body)
+        self._futures.push(eid, fut)
         self._send_adds(appended.actions, now)
         self._schedule_timeouts()
         return fut
@@ -290,8 +293,8 @@ class WriteHandle(LedgerHandle):
         self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies[entry_id] = body
-        self._futures[entry_id] = fut
+        self._bodies.push(entry_id, body)
+        self._futures.push(entry_id, fut)
         self._send_adds(appended.actions)
         self._schedule_timeouts()
         return fut
@@ -302,10 +305,10 @@ class WriteHandle(LedgerHandle):
             now = self._now()
         bookies = self._client._bookies
         for action in actions:
-            body = self._bodies.get(action.entry_id)
-            if body is None:
-                continue  # completed or failed meanwhile
             if req is None or req.entry_id != action.entry_id or req.recovery != action.recovery:
+                body = self._bodies.get(action.entry_id)
+                if body is None:
+                    continue  # completed or failed meanwhile
                 # One request object per entry, sent to each bookie of its write set (the connection sets
                 # its txn id just before encoding).
                 req = AddRequest(
@@ -336,7 +339,7 @@ class WriteHandle(LedgerHandle):
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
-                continue
+                req = None  # the entry may have failed meanwhile: look at its bytes again before a send
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
         if self._abandoned is not None:
@@ -384,7 +387,7 @@ class WriteHandle(LedgerHandle):
         counts = self._resends.get(action.entry_id)
         done = 0 if counts is None else counts.get(action.bookie_id, 0)
         verdict = same_bookie_drop_verdict(
-            pending=action.entry_id in self._bodies,
+            pending=self._bodies.get(action.entry_id) is not None,
             writer_failed=self._tracker.error is not None,
             resends_done=done,
             resends_max=SAME_BOOKIE_RESENDS_MAX,
@@ -412,8 +415,9 @@ class WriteHandle(LedgerHandle):
                     completed += 1
                     if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
                         self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                    self._bodies.pop(action.entry_id, None)
-                    fut = self._futures.pop(action.entry_id, None)
+                    # Completions and failures leave in id order, from the front (the tracker's rule).
+                    self._bodies.pop_first_if(action.entry_id)
+                    fut = self._futures.pop_first_if(action.entry_id)
                     last_completed = action.entry_id  # completions come in entry-id order
                     if fut is not None and not fut.done():
                         fut.set_result(action.entry_id)
@@ -421,8 +425,8 @@ class WriteHandle(LedgerHandle):
                     sends.append(action)
                 case AddFailed():
                     self._stats.adds_failed += 1
-                    self._bodies.pop(action.entry_id, None)
-                    fut = self._futures.pop(action.entry_id, None)
+                    self._bodies.pop_first_if(action.entry_id)
+                    fut = self._futures.pop_first_if(action.entry_id)
                     if fut is not None and not fut.done():
                         fut.set_exception(action.error)
                 case EnsembleChangeNeeded():
