@@ -83,11 +83,14 @@ def _frame(head: bytes, body: bytes | None, tail: bytes) -> bytes:
 # --- AddRequest ---------------------------------------------------------------------------------------------
 
 
-# (ledger id, master key, encoded ledger id field + entry id tag, encoded master key field + body tag) of the
-# last AddRequest encoded:
-# the same for every entry of a ledger, so a writer's stream of adds encodes them once. One tuple, replaced
-# whole, so threads encoding at once (clients on several loops) never see a torn pair.
-_add_req_ledger: tuple[int, bytes, bytes, bytes] = (-1, b"", b"", b"")
+# ledger id -> (master key, encoded ledger id field + entry id tag, encoded master key field + body tag): the
+# same for every entry of a ledger, so a writer's adds encode them once per ledger. Per ledger, not for the
+# last ledger only: one writer going round robin over 10,000 ledgers missed a one-ledger cache on every add
+# (docs/PERFORMANCE.md, "Session 8: client CPU per entry"). Bounded: past `ADD_PREFIXES_MAX` ledgers it starts
+# over (a few hundred bytes each). Each value is one tuple, stored whole, so threads encoding at once
+# (clients on several loops) never see a torn one.
+ADD_PREFIXES_MAX = 20_000
+_add_req_prefixes: dict[int, tuple[bytes, bytes, bytes]] = {}
 
 
 def encode_add_request(req: AddRequest) -> bytes:
@@ -105,18 +108,18 @@ def encode_add_request(req: AddRequest) -> bytes:
     write_flags = req.write_flags
     if write_flags and not -_I32_SIGN <= write_flags < _I32_SIGN:
         raise _out_of_range(f"write_flags {write_flags}")
-    global _add_req_ledger
     key = req.master_key
-    cached = _add_req_ledger
-    if lid_v != cached[0] or key is not cached[1] or type(key) is not bytes:  # (a bytearray may change)
+    cached = _add_req_prefixes.get(lid_v)
+    if cached is None or key is not cached[0] or type(key) is not bytes:  # (a bytearray may change)
         # The fields around the entry id and the body's tag, joined with their neighbours' tags once.
         cached = (
-            lid_v,
             key,
             b"\x08" + _varint(lid_v) + b"\x10",
             b"".join((b"\x1a", _varint(len(key)), key, b"\x22")),
         )
-        _add_req_ledger = cached
+        if len(_add_req_prefixes) >= ADD_PREFIXES_MAX:
+            _add_req_prefixes.clear()
+        _add_req_prefixes[lid_v] = cached
     txn = _varint(txn_id)
     eid = _varint(entry_id)
     body = req.body
@@ -128,7 +131,7 @@ def encode_add_request(req: AddRequest) -> bytes:
             tail += _RECOVERY_FLAG
     else:
         prio = tail = b""
-    lid_field, key_field = cached[2], cached[3]
+    lid_field, key_field = cached[1], cached[2]
     part_len = len(lid_field) + len(eid) + len(key_field) + len(blen) + len(body) + len(tail)
     plen = _varint(part_len)
     hdr_len = 5 + len(txn) + len(prio)
