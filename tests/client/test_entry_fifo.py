@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from quorumlog import Client
 from quorumlog.client.add_tracker import EntryFifo
 from quorumlog.errors import IllegalOperationError
+from quorumlog.testing.cluster import LocalCluster
 
 # push, pop the first, pop a given id if first, clear, look up an id (relative to the model's first id)
 _OPS = st.lists(
@@ -90,3 +92,16 @@ def test_it_stays_tracked_by_the_gc_when_it_empties() -> None:
     gc.collect()
     # The dict it replaced was untracked here, and re-tracked as a young object by the next push.
     assert gc.is_tracked(fifo) and gc.is_tracked(fifo._values)
+
+
+async def test_a_writers_pending_adds_stay_in_stores_the_gc_keeps_tracking_once_they_complete() -> None:
+    # Round robin over many ledgers empties each writer's stores after nearly every add: with dicts, each
+    # full collection untracked them and the next add tracked them again, as young objects.
+    async with LocalCluster(3, journal_sync=False) as cluster, await Client.connect(cluster.uri) as client:
+        w = await client.create_ledger(3, 2, 2, password=b"pw")
+        assert await w.append(b"x") == 0
+        assert w.pending_adds == 0
+        gc.collect()
+        stores = {"futures": w._futures, "bodies": w._bodies, "tracker": w._tracker._pending}
+        assert {name: gc.is_tracked(s) for name, s in stores.items()} == dict.fromkeys(stores, True)
+        await w.close()
