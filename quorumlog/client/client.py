@@ -377,12 +377,15 @@ class Client:
     ) -> ReadHandle:
         md = await self.ledger_manager.read(ledger_id)
         meta = md.value
+        # As BookKeeper's LedgerOpenOp: any stored password must match, the empty one included (BookKeeper
+        # stores it as a present, empty field), and it is checked before the digest type, so a caller
+        # without the password learns nothing about the ledger.
+        if meta.has_password and meta.password != pw:
+            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if digest is not None and DigestType(digest) != meta.digest:
             raise DigestMismatchError(
                 f"ledger {ledger_id} uses digest {meta.digest.name}, not {DigestType(digest).name}"
             )
-        if meta.password and meta.password != pw:
-            raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
         if recovery and not meta.is_closed:
             md = await recover_ledger(self, ledger_id, pw)
             return ReadHandle(self, md, pw)

@@ -1,6 +1,6 @@
 """Scenarios from BookKeeper's BookKeeperTest not ported in tests/scenarios/test_bookkeeper.py: a ledger's
-closed flag, reads with every bookie down, reads around the LAC across a restart of every bookie, and
-closing a client while an add waits on a dead bookie."""
+closed flag, reads with every bookie down, reads around the LAC across a restart of every bookie, closing
+a client while an add waits on a dead bookie, and the password and digest checks of an open."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import asyncio
 
 import pytest
 
-from quorumlog import Client, LedgerState
+from quorumlog import Client, DigestType, LedgerState
 from quorumlog.errors import (
     ClientClosedError,
+    DigestMismatchError,
     NoSuchEntryError,
     QuorumLogError,
     ReadBeyondLastAddConfirmedError,
+    UnauthorizedError,
 )
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.ported.conftest import MODULE_LOOP, READ_WAIT_S
@@ -119,3 +121,48 @@ async def test_closing_the_client_with_an_add_waiting_on_a_dead_bookie() -> None
             assert outcome == 0 or isinstance(outcome, ClientClosedError | QuorumLogError)
             await victim.start()
         assert spare.running
+
+
+async def test_the_password_is_checked_before_the_digest(client: Client) -> None:
+    """BookKeeperTest.testBookkeeperDigestPasswordWithoutAutoDetection: opening with a bad password is
+    BKUnauthorizedAccessException, with a bad digest BKDigestMatchException, and with both bad
+    BKUnauthorizedAccessException -- the password is checked first (LedgerOpenOp), so a caller who does not
+    hold the ledger's password learns nothing about its digest type. With both right the open succeeds."""
+    w = await client.create_ledger(3, 2, 2, digest=DigestType.CRC32, password=b"AAAAAAA")
+    for _ in range(10):
+        await w.append(b"foobar")
+    await w.close()
+    for recovery in (True, False):
+        with pytest.raises(UnauthorizedError):
+            await client.open_ledger(
+                w.ledger_id, password=b"BBBBBBB", digest=DigestType.CRC32, recovery=recovery
+            )
+        with pytest.raises(DigestMismatchError):
+            await client.open_ledger(
+                w.ledger_id, password=b"AAAAAAA", digest=DigestType.MAC, recovery=recovery
+            )
+        with pytest.raises(UnauthorizedError):
+            await client.open_ledger(
+                w.ledger_id, password=b"BBBBBBB", digest=DigestType.MAC, recovery=recovery
+            )
+        r = await client.open_ledger(
+            w.ledger_id, password=b"AAAAAAA", digest=DigestType.CRC32, recovery=recovery
+        )
+        assert r.last_add_confirmed == 9
+
+
+async def test_an_empty_stored_password_must_match_too(client: Client) -> None:
+    """BookKeeperTest.testBookkeeperDigestPassword with the empty password: BookKeeper stores an empty
+    password as a present, empty field (LedgerMetadataSerDe), and LedgerOpenOp compares any stored password,
+    so a ledger created with the empty password is opened only with the empty password. Another one is
+    BKUnauthorizedAccessException, with and without recovery, and the ledger is left as it was."""
+    w = await client.create_ledger(3, 2, 2, password=b"")
+    await w.append(b"x")
+    md = await client.get_ledger_metadata(w.ledger_id)
+    assert md.has_password and md.password == b""
+    for recovery in (True, False):
+        with pytest.raises(UnauthorizedError):
+            await client.open_ledger(w.ledger_id, password=b"not empty", recovery=recovery)
+    assert (await client.get_ledger_metadata(w.ledger_id)).state is LedgerState.OPEN
+    r = await client.open_ledger(w.ledger_id, password=b"", recovery=True)
+    assert (r.is_closed, r.last_add_confirmed) == (True, 0)
