@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from quorumlog import Client, Position
-from quorumlog.errors import ProtocolError, QuorumLogError, TooManyRequestsError
+from quorumlog.errors import LogNotFoundError, ProtocolError, QuorumLogError, TooManyRequestsError
 from quorumlog.stream.metadata import SegmentState
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.ported.conftest import MODULE_LOOP, READ_WAIT_S, read_n, read_to_end
@@ -60,6 +60,46 @@ async def test_two_reads_pending_on_one_reader_get_consecutive_records(client: C
     await reader.close()
     assert got == [b"one", b"two"]
     assert [r.payload for r in rest] == [b"three", b"four"]
+
+
+async def test_closing_a_reader_ends_every_read_pending_on_it(client: Client) -> None:
+    """TestAsyncReaderWriter.testCancelReadRequestOnReaderClosed, with several reads pending: closing the
+    reader ends each of them (DistributedLog: ReadCancelledException; here the iteration ends, docs/STREAMS.md
+    "Differences from DistributedLog"), and a read after the close ends at once."""
+    log = await client.namespace("arw").create_log("close-pending")
+    async with await log.open_writer() as writer:
+        await writer.write(b"1")
+    reader = await log.open_reader(Position.HEAD)
+    assert [r.payload for r in await read_n(reader, 1)] == [b"1"]
+    pending = [asyncio.ensure_future(anext(reader)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert not any(p.done() for p in pending)
+    await reader.close()
+    async with asyncio.timeout(READ_WAIT_S):
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(o, StopAsyncIteration) for o in outcomes), outcomes
+    with pytest.raises(StopAsyncIteration):
+        await anext(reader)
+
+
+async def test_a_log_is_created_before_it_is_opened(client: Client) -> None:
+    """TestAsyncReaderWriter.testSimpleAsyncReadWriteStartEmptyFactory: DistributedLog's namespace.openLog
+    gives a log that does not exist yet (its first writer creates it), and a reader on it waits for the
+    records. quorumlog creates logs explicitly (docs/STREAMS.md "Differences from DistributedLog"):
+    opening a log that was never created is LogNotFoundError. Created, a reader opened before any writer
+    gets the records of three writer sessions, one per segment."""
+    ns = client.namespace("arw")
+    with pytest.raises(LogNotFoundError):
+        await ns.open_log("not-created")
+    log = await ns.create_log("factory")
+    reader = await (await ns.open_log("factory")).open_reader(Position.HEAD)
+    pending = asyncio.ensure_future(read_n(reader, 3))
+    for session in range(3):
+        async with await log.open_writer() as writer:
+            assert await writer.write(b"%d" % session) == Position(session + 1, 0, 0)
+    got = await pending
+    await reader.close()
+    assert [r.payload for r in got] == [b"0", b"1", b"2"]
 
 
 async def test_a_record_too_long_at_a_roll_fails_alone(client: Client) -> None:
