@@ -16,6 +16,8 @@ Rules it keeps:
 - `Position.TAIL` is resolved when the reader is opened: it owes every record written after that.
 - Reads pending at once (several tasks calling `anext`) are answered in the order they were issued, each
   record to one of them (DistributedLog queues a reader's pending reads the same way).
+- An error that ends the iteration (a truncated position, a deleted log, a broken entry) is raised again by
+  every later read: a failed reader never looks like one that read the whole log.
 - A read given up by its caller (cancelled) loses nothing, `close()` ends a read pending in another task, and
   a deleted log fails a waiting read with `LogNotFoundError` (DistributedLog's readers do the same).
 - An offloaded segment (`stream.offload`) is read from its Parquet file, with the same positions. A ledger
@@ -80,6 +82,7 @@ class LogReader:
         self._fetch: asyncio.Task[list[Record] | None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._gone: LogNotFoundError | None = None
+        self._failed: QuorumLogError | None = None  # the error that ended the iteration: every read raises it
         self._exhausted = False
         self._last: Record | None = None  # the record delivered last
         self._closed = False
@@ -118,6 +121,8 @@ class LogReader:
                 return record
             if self._gone is not None:
                 raise self._gone
+            if self._failed is not None:
+                raise self._failed
             if self._gen is None:
                 self._gen = self._batches()
             fetch = self._fetch
@@ -141,7 +146,13 @@ class LogReader:
                 if self._gone is not None:
                     raise self._gone
                 raise StopAsyncIteration
-            batch = fetch.result()  # an error ends the iteration (the generator is finished)
+            try:
+                batch = fetch.result()
+            except QuorumLogError as exc:
+                # The generator is finished. A later read must fail the same way, not end as if the whole log
+                # had been read (DistributedLog's reader keeps its last exception too).
+                self._failed = exc
+                raise
             if batch is None:
                 self._exhausted = True
                 raise StopAsyncIteration

@@ -82,6 +82,28 @@ async def test_closing_a_reader_ends_every_read_pending_on_it(client: Client) ->
         await anext(reader)
 
 
+async def test_every_read_pending_on_a_deleted_log_fails(client: Client) -> None:
+    """TestBKSyncLogReader.testDeletingLogWhileReading, with several reads pending on one reader: once the log
+    is deleted each of them fails with LogNotFoundError (DistributedLog: LogNotFoundException), none is left
+    waiting, and so does every later read: a reader that failed stays failed (DistributedLog's keeps its
+    last exception) rather than ending as if it had read the whole log."""
+    ns = client.namespace("arw")
+    log = await ns.create_log("deleted-pending")
+    async with await log.open_writer() as writer:
+        await writer.write(b"1")
+    reader = await log.open_reader(Position.HEAD)
+    assert [r.payload for r in await read_n(reader, 1)] == [b"1"]
+    pending = [asyncio.ensure_future(anext(reader)) for _ in range(2)]
+    await asyncio.sleep(0.05)
+    await ns.delete_log("deleted-pending")
+    async with asyncio.timeout(READ_WAIT_S):
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+    assert all(isinstance(o, LogNotFoundError) for o in outcomes), outcomes
+    with pytest.raises(LogNotFoundError):
+        await anext(reader)
+    await reader.close()
+
+
 async def test_a_log_is_created_before_it_is_opened(client: Client) -> None:
     """TestAsyncReaderWriter.testSimpleAsyncReadWriteStartEmptyFactory: DistributedLog's namespace.openLog
     gives a log that does not exist yet (its first writer creates it), and a reader on it waits for the
