@@ -13,6 +13,7 @@ from quorumlog.errors import (
     ClientClosedError,
     DigestMismatchError,
     NoSuchEntryError,
+    NoSuchLedgerError,
     QuorumLogError,
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
@@ -166,3 +167,22 @@ async def test_an_empty_stored_password_must_match_too(client: Client) -> None:
     assert (await client.get_ledger_metadata(w.ledger_id)).state is LedgerState.OPEN
     r = await client.open_ledger(w.ledger_id, password=b"", recovery=True)
     assert (r.is_closed, r.last_add_confirmed) == (True, 0)
+
+
+async def test_deleting_a_ledger_under_its_writer(cluster: LocalCluster, client: Client) -> None:
+    """BookKeeperTest / LedgerHandle.asyncClose on a deleted ledger: another client deletes a ledger its
+    writer still has open. Opening it is then BKNoSuchLedgerExistsOnMetadataServerException (here
+    NoSuchLedgerError); the writer's close fails the same way and does not bring the ledger back: its
+    metadata stays deleted and the id is not listed."""
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    for i in range(5):
+        await w.append(b"d%d" % i)
+    async with await Client.connect(cluster.uri) as other:
+        await other.delete_ledger(w.ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            await other.open_ledger(w.ledger_id, password=PW)
+        with pytest.raises(NoSuchLedgerError):
+            await w.close()
+        with pytest.raises(NoSuchLedgerError):
+            await other.get_ledger_metadata(w.ledger_id)
+        assert w.ledger_id not in [lid async for lid in other.list_ledgers()]
