@@ -3,7 +3,10 @@ ParallelLedgerRecoveryTest."""
 
 from __future__ import annotations
 
+import asyncio
+
 from quorumlog import Client, LedgerState
+from quorumlog.errors import LedgerFencedError
 from quorumlog.proto.entry import DigestManager
 from quorumlog.proto.messages import AddRequest
 from quorumlog.testing.cluster import LocalCluster
@@ -54,3 +57,33 @@ async def test_a_recovery_left_half_way_is_completed_by_the_next(
         assert [e.payload for e in await r.read(0, 4)] == [b"%d" % i for i in range(5)]
     md = await client.get_ledger_metadata(w.ledger_id)
     assert (md.state, md.last_entry_id) == (LedgerState.CLOSED, 4)
+
+
+async def test_a_writer_closing_while_another_client_recovers(cluster: LocalCluster, client: Client) -> None:
+    """ParallelLedgerRecoveryTest.testRecoveryWhenClosingLedgerHandle: a writer with adds in flight closes its
+    ledger at the moment another client opens it with recovery. Whichever wins, the two agree: the ledger is
+    closed once, every add the writer saw acknowledged is in it, and the writer's close either succeeded at
+    the ledger's last entry or failed as fenced (never a second, different close)."""
+    async with await Client.connect(cluster.uri) as other:
+        for round_ in range(5):
+            w = await client.create_ledger(3, 2, 2, password=PW)
+            for i in range(10):
+                await w.append(b"%d-%d" % (round_, i))
+            in_flight = [w.append(b"%d-%d" % (round_, i)) for i in range(10, 20)]
+            closing, recovering = await asyncio.gather(
+                w.close(), other.open_ledger(w.ledger_id, password=PW, recovery=True), return_exceptions=True
+            )
+            acked = await asyncio.gather(*in_flight, return_exceptions=True)
+            assert not isinstance(recovering, BaseException), recovering
+            md = await other.get_ledger_metadata(w.ledger_id)
+            assert md.state is LedgerState.CLOSED and recovering.last_add_confirmed == md.last_entry_id
+            done = [a for a in acked if isinstance(a, int)]
+            assert md.last_entry_id >= 9 + len(done)
+            if closing is None:
+                assert w.last_add_confirmed == md.last_entry_id
+            else:
+                assert isinstance(closing, LedgerFencedError), closing
+            got = await recovering.read(0, md.last_entry_id)
+            assert [e.payload for e in got][: 10 + len(done)] == [
+                b"%d-%d" % (round_, i) for i in range(10 + len(done))
+            ]
