@@ -142,8 +142,9 @@ class WriteHandle(LedgerHandle):
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
         self._change_task: asyncio.Task[None] | None = None
-        # Bookies that failed this writer: not chosen as replacements while others are available.
-        self._excluded: set[str] = set()
+        # Bookies that failed this writer: not chosen as replacements while others are available. Made when
+        # the first one fails (`_excluded_bookies`): one object less per open handle for every full GC scan.
+        self._excluded: set[str] | None = None
         # Made by the first wait_for_capacity (few handles ever wait): at 10,000 open ledgers every object a
         # handle holds is one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
         self._capacity: asyncio.Event | None = None
@@ -367,15 +368,14 @@ class WriteHandle(LedgerHandle):
                 )
                 if self._tracker.error is None:
                     log.warning("%s", error)
-            elif (
-                not isinstance(error, LedgerFencedError | UnauthorizedError)
-                and bookie_id not in self._excluded
+            elif not isinstance(error, LedgerFencedError | UnauthorizedError) and (
+                self._excluded is None or bookie_id not in self._excluded
             ):
                 # Once per bookie: a dead connection fails every outstanding add with the same story.
                 log.warning(
                     "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
                 )
-                self._excluded.add(bookie_id)
+                self._excluded_bookies().add(bookie_id)
             actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
         if actions:
             self._apply(actions)
@@ -525,7 +525,7 @@ class WriteHandle(LedgerHandle):
                 bookie_id,
                 add_timeout_s,
             )
-            self._excluded.add(bookie_id)
+            self._excluded_bookies().add(bookie_id)
             self._apply(lost)
 
     def _flush_explicit_lac(self) -> bool:
@@ -558,6 +558,11 @@ class WriteHandle(LedgerHandle):
                 continue
 
     # --- ensemble change ---------------------------------------------------------------------------------
+
+    def _excluded_bookies(self) -> set[str]:
+        if self._excluded is None:
+            self._excluded = set()
+        return self._excluded
 
     def _start_ensemble_change(self, change: EnsembleChangeNeeded) -> None:
         self._change_task = self._loop.create_task(self._change_ensemble(change))
@@ -599,7 +604,7 @@ class WriteHandle(LedgerHandle):
             self.quorum,
             self._tracker.ensembles,
             change,
-            excluded=self._excluded,
+            excluded=self._excluded_bookies(),
             recovery=self._recovery,
         )
         return first, new_ensemble
