@@ -427,7 +427,11 @@ class LedgerHandle:
     # --- LAC ---------------------------------------------------------------------------------------------
 
     async def read_last_add_confirmed(self) -> int:
-        """The LAC as the bookies know it: max over a covering set of the last ensemble (quorum read)."""
+        """The LAC as the bookies know it: max over a covering set of the last ensemble (quorum read).
+
+        The handle's own LAC moves up to it; the value returned is the bookies', as BookKeeper's
+        readLastConfirmed returns it, so a writer can get less than its own `last_add_confirmed` (the bookies
+        learn a LAC only from the next add or an explicit LAC)."""
         return await self._read_lac(first_answer_wins=False, explicit=False)
 
     async def try_read_last_add_confirmed(self) -> int:
@@ -492,7 +496,7 @@ class LedgerHandle:
             apply(op.start())
             lac = await result
         self._lac.observe(lac)
-        return self._lac.lac
+        return lac
 
     def _lac_from(self, resp: Response) -> int | None:
         """A bookie's LAC from a READ_LAC or last-entry READ answer (None: it has nothing)."""

@@ -52,12 +52,6 @@ async def test_a_handle_opened_once_follows_the_writer(cluster: LocalCluster) ->
         await r.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quorumlog/client/read_handle.py LedgerHandle._read_lac returns the handle's own LAC (max of it and "
-    "the bookies' answer), so a writer's read_last_add_confirmed() is its local LAC, not what the bookies know "
-    "(BookKeeper's readLastConfirmed returns the bookies' value and only updates the handle's LAC with it)",
-)
 async def test_a_writers_lac_read_is_what_the_bookies_know(cluster: LocalCluster) -> None:
     """BookieReadWriteTest.testReadFromOpenLedgerOpenOnce, its last step: after 20 adds with explicit LAC off,
     the writer's readLastConfirmed() is 18 -- the LAC the bookies hold (piggybacked on entry 19) -- though
