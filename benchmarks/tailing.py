@@ -61,8 +61,10 @@ async def main(args: Any) -> dict[str, Any]:
                     acked_at[fut.result()] = perf()
 
             follower = asyncio.ensure_future(follow())
+            pids = common.bookie_pids(cluster)
+            cpu0 = common.cpu_s(pids)
             try:
-                with common.progress(not args.no_progress) as bar:
+                with common.progress(not args.no_progress) as bar, common.profiled(args.profile):
                     task = bar.add_task(f"writing at {args.rate:g}/s", total=total)
                     issued = 0
                     started = perf()
@@ -87,6 +89,7 @@ async def main(args: Any) -> dict[str, Any]:
                         await asyncio.wait_for(all_seen.wait(), args.reader_timeout_s)
                     except TimeoutError:
                         pass
+                    cpu1 = common.cpu_s(pids)
             finally:
                 follower.cancel()
                 await asyncio.gather(follower, return_exceptions=True)
@@ -115,6 +118,9 @@ async def main(args: Any) -> dict[str, Any]:
             "ack_to_reader": percentiles_with_mean(delays),
             "write_to_reader": percentiles_with_mean(from_write),
             "last_entry_visible_after_ack_ms": last_visible_ms,
+            # The writer and the reader share this process (one event loop), as in BookKeeper's TailBench.
+            "client_cpu_us_per_entry": round((cpu1[0] - cpu0[0]) / total * 1e6, 1),
+            "bookies_cpu_us_per_entry": round((cpu1[1] - cpu0[1]) / total * 1e6, 1),
         },
         "_delays": delays,
     }
@@ -201,6 +207,11 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--explicit-lac-s", type=float, default=0.1)
     p.add_argument("--reader-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--profile",
+        default="",
+        help="write a cProfile of the client process (writer and reader) to this file",
+    )
     p.add_argument(
         "--max-outstanding",
         type=int,
