@@ -56,6 +56,7 @@ log = logging.getLogger("quorumlog.client")
 
 if TYPE_CHECKING:
     from quorumlog.stream.log import Namespace
+    from quorumlog.stream.writer import LogWriter
 
 
 def _check_password(password: Any) -> bytes:
@@ -105,6 +106,9 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Write handles still open: close() stops their timers and fails their pending adds.
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
+        self._log_writers: weakref.WeakSet[LogWriter] = (
+            weakref.WeakSet()
+        )  # stream writers, abandoned on close
         # One timer for the explicit LAC of every write handle, armed only while some handle's LAC is
         # ahead of what its bookies saw, and one for add timeouts, armed only while some handle has adds in
         # flight (ticker.py): the periodic cost follows the traffic, not the number of open ledgers.
@@ -434,6 +438,8 @@ class Client:
         self._closed = True
         self._lac_flusher.close()
         self._add_timeouts.close()
+        for log_writer in list(self._log_writers):
+            log_writer._abandon(ClientClosedError("the client was closed with this log writer open"))
         for writer in list(self._writers):
             writer._abandon(
                 ClientClosedError("the client was closed with this ledger still open for writing")

@@ -180,6 +180,7 @@ class LogWriter:
         self._sealed = False
         self._first_position = Position.HEAD
         self._roll_retry_at_s = 0.0
+        self._client._log_writers.add(self)  # Client.close() abandons it (`_abandon`)
 
     @property
     def first_position(self) -> Position:
@@ -599,6 +600,19 @@ class LogWriter:
                     fut.set_result(Position(seq, entry_id, slot))
 
         entry_fut.add_done_callback(done)
+
+    def _abandon(self, error: QuorumLogError) -> None:
+        """The client is closing under this writer: fail every record not yet acknowledged now, rather than
+        when its batch would have been sent (up to `linger_s` later), as DistributedLog's abort fails every
+        pending write. The segment stays open; the next writer recovers it. Records already sent fail with
+        the ledger handle, which the client abandons too. The sender keeps running, failing what is queued,
+        until `close()` (which raises `error`) stops it."""
+        if self._closed:
+            return
+        self._fail(error)
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
 
     def _fail(self, err: QuorumLogError) -> None:
         if self._error is None:
