@@ -1,5 +1,5 @@
-"""Recovery of a ledger whose writer left a gap, or whose first recoverer stopped half-way, from BookKeeper's
-ParallelLedgerRecoveryTest."""
+"""Recovery of a ledger whose writer left a gap, whose first recoverer stopped half-way, or whose writer is
+closing it at the same moment, from BookKeeper's ParallelLedgerRecoveryTest."""
 
 from __future__ import annotations
 
