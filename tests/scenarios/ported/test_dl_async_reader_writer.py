@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from quorumlog import Client, Position
-from quorumlog.errors import LogNotFoundError, ProtocolError, QuorumLogError, TooManyRequestsError
+from quorumlog.errors import LedgerRecoveryError, LogNotFoundError, ProtocolError, TooManyRequestsError
 from quorumlog.stream.metadata import SegmentState
 from quorumlog.testing.cluster import LocalCluster
 from tests.scenarios.ported.conftest import MODULE_LOOP, READ_WAIT_S, read_n, read_to_end
@@ -202,7 +202,7 @@ async def test_an_entry_that_does_not_parse_fails_the_reader_there(client: Clien
 async def test_a_writer_whose_recovery_fails_can_open_again_later() -> None:
     """TestAsyncReaderWriter.testReleaseLockAfterFailedToRecover: a writer dies leaving its segment open; the
     next writers cannot recover it (two of the three bookies are down: the fence cannot cover the ensemble),
-    so opening fails -- twice, with a typed error, and nothing is half-done. Once the bookies are back, a
+    so opening fails -- twice, with LedgerRecoveryError (retriable), and nothing is half-done. Once the bookies are back, a
     writer opens: the dead writer's segment is closed with its record, and the new writer starts the next."""
     async with LocalCluster(3, journal_sync=False) as cluster:
         async with await Client.connect(cluster.uri, read_timeout_s=1.0) as client:
@@ -214,7 +214,7 @@ async def test_a_writer_whose_recovery_fails_can_open_again_later() -> None:
             for i in (0, 1):
                 await cluster.bookie(i).stop()
             for _ in range(2):
-                with pytest.raises(QuorumLogError):
+                with pytest.raises(LedgerRecoveryError):
                     async with asyncio.timeout(READ_WAIT_S):
                         await log.open_writer()
             segs = await log.segments()
