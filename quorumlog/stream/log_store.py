@@ -150,15 +150,28 @@ class LogStore:
         try:
             await self.store.set(path, data, version=ANY_VERSION)
         except MetadataNotFoundError:
+            # The log is gone (LogNotFoundError), or lacks its subscriptions key (a crash in create_log
+            # between the log node and its children): make that key, never the log node itself.
+            await self.read_log(ns, name)
+            gone = LogNotFoundError(f"log {ns}/{name} was deleted")
+            try:
+                await self.store.create(self.layout.subscriptions(ns, name), b"")
+            except MetadataExistsError:
+                pass
+            except MetadataNotFoundError:
+                raise gone from None
             try:
                 await self.store.create(path, data)
             except MetadataExistsError:
                 await self.store.set(path, data, version=ANY_VERSION)
+            except MetadataNotFoundError:
+                raise gone from None
 
     async def subscription_position(self, ns: str, name: str, sub: str) -> Position | None:
         try:
             got = await self.store.get(self.layout.subscription(ns, name, sub))
         except MetadataNotFoundError:
+            await self.read_log(ns, name)  # LogNotFoundError: "nothing committed" is for a log that exists
             return None
         return Position.parse(got.value.decode())
 

@@ -87,3 +87,35 @@ async def test_records_at_and_past_the_transmission_limit(client: Client) -> Non
             writer.write(b"c" * (batch + 1))
         p3 = await writer.write(b"d")
         assert p3.entry == 2
+
+
+async def test_subscriptions_of_a_deleted_log(client: Client) -> None:
+    """TestBKDistributedLogManager.testSubscriptionsStore, once the log is deleted: committing a position,
+    or reading the committed one, is LogNotFoundError -- not a metadata-store error about a missing key, and
+    not "nothing committed yet" for a log that no longer exists."""
+    ns = client.namespace("dlm")
+    log = await ns.create_log("subscriptions-deleted")
+    async with await log.open_writer() as writer:
+        pos = await writer.write(b"x")
+    sub = log.subscription("billing")
+    await sub.commit(pos)
+    assert await sub.position() == pos
+    await ns.delete_log("subscriptions-deleted")
+    with pytest.raises(LogNotFoundError):
+        await sub.commit(pos)
+    with pytest.raises(LogNotFoundError):
+        await sub.position()
+    with pytest.raises(LogNotFoundError):
+        await log.subscription("never-committed").position()
+
+
+async def test_a_subscription_commit_on_a_log_missing_its_subscriptions_key(client: Client) -> None:
+    """TestBKDistributedLogManager.testSubscriptionsStore on a log whose creation stopped between its node and
+    its children (the subscriptions key is missing): nothing is committed yet, and a commit makes the key
+    and stores the position."""
+    log = await client.namespace("dlm").create_log("no-subscriptions-key")
+    await log.log_store.store.delete(log.log_store.layout.subscriptions(log.namespace, log.name))
+    sub = log.subscription("billing")
+    assert await sub.position() is None
+    await sub.commit(Position(1, 2, 3))
+    assert await sub.position() == Position(1, 2, 3)
