@@ -354,8 +354,7 @@ class AddTracker:
         """Assign the next entry id to a payload of `payload_len` bytes and say where to send it."""
         if payload_len < 0:
             raise InvalidArgumentError(f"payload_len={payload_len}: must be >= 0")
-        if self._error is not None or self._closed or len(self._pending) >= self.outstanding_adds_max:
-            self._check_can_append()  # raises the reason (one call less per add when all is well)
+        self._check_can_append()
         return self._append(self.last_add_pushed + 1, self.length_pushed + payload_len, now_s, recovery=False)
 
     def append_recovery(self, entry_id: int, length: int, now_s: float) -> Appended:
@@ -420,10 +419,7 @@ class AddTracker:
             self.lac_sent_to_bookies = lac
         pending = _Pending(length, recovery, now_s)
         self._pending.push(entry_id, pending)
-        if self._last_for is self.ensembles and entry_id >= self._last_start:
-            ensemble = self._last_list  # `_ensemble_of`, inlined for the last ensemble
-        else:
-            ensemble = self._ensemble_of(entry_id)
+        ensemble = self._ensemble_of(entry_id)
         actions: list[SendAdd] = []
         sent_s = pending.sent_s
         failed = self._failed_bookies

@@ -415,11 +415,7 @@ class _Connection(asyncio.Protocol):
                 self.pending[key] = deque((fut,))
             else:
                 waiting.append(fut)
-        frames = _FRAMES
-        if request is frames.request and request.txn_id == frames.txn_id and self.version is frames.version:
-            frame = frames.encoded  # the next replica of the ADD just encoded (`_FrameCache.get`, inlined)
-        else:
-            frame = frames.get(request, self.version, self.codec)
+        frame = _FRAMES.get(request, self.version, self.codec)
         if len(frame) > self.owner.largest_frame_answered_bytes and type(request) is AddRequest:
             self._unproven[key] = (len(frame), (request.ledger_id, request.entry_id))
         self.pending_count += 1

@@ -272,7 +272,7 @@ class WriteHandle(LedgerHandle):
         self._bodies.push(eid, body)
         self._futures.push(eid, fut)
         self._send_adds(appended.actions, now)
-        self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, one call less per add)
+        self._schedule_timeouts()
         return fut
 
     def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
