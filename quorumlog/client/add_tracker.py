@@ -41,11 +41,9 @@ Rules it keeps (DESIGN.md §2 "Write", "Ensemble change"):
 from __future__ import annotations
 
 import functools
-import itertools
-from collections import deque
 from collections.abc import Collection, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple, TypeVar
+from typing import Literal, NamedTuple
 
 from quorumlog.client.distribution import Quorum, ensemble_for, last_ensemble
 from quorumlog.errors import (
@@ -78,78 +76,6 @@ _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
     NoSuchLedgerError,
     BadRequestError,
 )
-
-
-T = TypeVar("T")
-
-
-class EntryFifo(deque[T]):
-    """Values of a run of consecutive entry ids, which join at the back and leave from the front (or all at
-    once): a writer's pending adds, and what its handle keeps for them (entry bytes, futures).
-
-    Why not a dict by entry id: a dict holding a writer's pending adds is emptied whenever they all completed,
-    and Python's cyclic GC stops tracking an empty dict at its next full collection; the next add tracks it
-    again, as a *young* object, to be promoted once more. At 10,000 ledgers written round robin nearly every
-    add did that to two dicts (docs/PERFORMANCE.md, "Session 7: client CPU per entry"). A deque is tracked
-    for good, old, and costs nothing more to young collections.
-
-    A deque (of the values, oldest first) with the id of its first value, rather than an object holding one:
-    one object for the GC per FIFO, not two (a client with 10,000 open ledgers holds 30,000 of them), and
-    `len`, truth, iteration and `[0]` stay C calls on the add path. Read it as a deque; change it only
-    through `push`, `pop_first`, `pop_first_if` and `clear`, which keep the invariants: the ids held are
-    `first_id .. first_id + len - 1`; `push` takes the next id only (the first one freely when empty).
-    Lookups of ids outside the run give None.
-    """
-
-    __slots__ = ("first_id",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first_id = 0  # the id of the first value (meaningless while empty)
-
-    def push(self, entry_id: int, value: T) -> None:
-        """Add `value` for `entry_id`, which must follow the last id held (any id when empty)."""
-        if not self:
-            self.first_id = entry_id
-        elif entry_id != self.first_id + len(self):
-            raise IllegalOperationError(
-                f"entry {entry_id} does not follow entry {self.first_id + len(self) - 1}: "
-                "pending entries are consecutive"
-            )
-        self.append(value)
-
-    def get(self, entry_id: int) -> T | None:
-        i = entry_id - self.first_id
-        # deque indexing walks from the nearer end: answers come mostly for the oldest adds, appends at the
-        # newest, so both are O(1) in practice.
-        return self[i] if 0 <= i < len(self) else None
-
-    def first(self) -> T | None:
-        """The value of `first_id`, None when empty."""
-        return self[0] if self else None
-
-    def pop_first(self) -> T:
-        """Remove and return the value of `first_id` (IndexError when empty)."""
-        value = self.popleft()
-        self.first_id += 1
-        return value
-
-    def pop_first_if(self, entry_id: int) -> T | None:
-        """`pop_first` if `entry_id` is the first id held; else None, and nothing changes."""
-        if self and entry_id == self.first_id:
-            self.first_id = entry_id + 1
-            return self.popleft()
-        return None
-
-    def ids(self) -> range:
-        return range(self.first_id, self.first_id + len(self))
-
-    def values(self) -> Iterator[T]:
-        return iter(self)
-
-    def items(self) -> Iterator[tuple[int, T]]:
-        """(id, value) pairs, oldest first."""
-        return zip(itertools.count(self.first_id), self, strict=False)
 
 
 # --- actions and events --------------------------------------------------------------------------------------
@@ -307,7 +233,7 @@ class AddTracker:
         self.add_timeout_s = add_timeout_s
         self.add_quorum_timeout_s = add_quorum_timeout_s
         self.mode: EnsembleChangeMode = ensemble_change
-        self._pending: EntryFifo[_Pending] = EntryFifo()
+        self._pending: dict[int, _Pending] = {}  # insertion order == entry-id order
         # Bookies of the last ensemble awaiting replacement (replaced whole, never changed in place).
         self._failed_bookies: frozenset[str] = _NO_BOOKIES
         self._changing: EnsembleChangeNeeded | None = None
@@ -418,7 +344,7 @@ class AddTracker:
         if lac > self.lac_sent_to_bookies:
             self.lac_sent_to_bookies = lac
         pending = _Pending(length, recovery, now_s)
-        self._pending.push(entry_id, pending)
+        self._pending[entry_id] = pending
         ensemble = self._ensemble_of(entry_id)
         actions: list[SendAdd] = []
         sent_s = pending.sent_s
@@ -437,7 +363,7 @@ class AddTracker:
         drains its pending adds and fails them with LedgerClosedException); the LAC stays where it is, so the
         close records only acknowledged entries. Nothing more can be appended."""
         self._closed = True
-        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending.ids()]
+        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
         self._pending.clear()
         return failed
 
@@ -682,10 +608,12 @@ class AddTracker:
         if self._changing is not None:
             return []
         done: list[AddAction] = []
-        fifo = self._pending
-        while fifo and (pending := fifo[0]).acked.bit_count() >= self._ack_quorum:
-            entry_id = fifo.first_id
-            fifo.pop_first()
+        while self._pending:
+            entry_id = next(iter(self._pending))
+            pending = self._pending[entry_id]
+            if pending.acked.bit_count() < self._ack_quorum:
+                break
+            del self._pending[entry_id]
             self.last_add_completed = entry_id
             self.length_completed = pending.length
             if not self.deferred_sync:
@@ -751,7 +679,7 @@ class AddTracker:
     def _fail_all(self, error: QuorumLogError) -> list[AddAction]:
         if self._error is None:
             self._error = error
-        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending.ids()]
+        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
         self._pending.clear()
         return failed
 

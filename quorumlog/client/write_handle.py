@@ -48,7 +48,6 @@ from quorumlog.client.add_tracker import (
     AddFailed,
     AddTracker,
     EnsembleChangeNeeded,
-    EntryFifo,
     SendAdd,
     late_bookies_due,
     same_bookie_drop_verdict,
@@ -134,17 +133,14 @@ class WriteHandle(LedgerHandle):
             deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
-        # The entry bytes (for resends) and futures of the pending adds: the tracker's pending entries, which
-        # join and leave in id order (FIFOs, not dicts: add_tracker.EntryFifo says why).
-        self._bodies: EntryFifo[bytes] = EntryFifo()
-        self._futures: EntryFifo[asyncio.Future[int]] = EntryFifo()
+        self._bodies: dict[int, bytes] = {}
+        self._futures: dict[int, asyncio.Future[int]] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
         self._change_task: asyncio.Task[None] | None = None
-        # Bookies that failed this writer: not chosen as replacements while others are available. Made when
-        # the first one fails (`_excluded_bookies`): one object less per open handle for every full GC scan.
-        self._excluded: set[str] | None = None
+        # Bookies that failed this writer: not chosen as replacements while others are available.
+        self._excluded: set[str] = set()
         # Made by the first wait_for_capacity (few handles ever wait): at 10,000 open ledgers every object a
         # handle holds is one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
         self._capacity: asyncio.Event | None = None
@@ -269,8 +265,8 @@ class WriteHandle(LedgerHandle):
         eid = appended.entry_id
         body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies.push(eid, body)
-        self._futures.push(eid, fut)
+        self._bodies[eid] = body
+        self._futures[eid] = fut
         self._send_adds(appended.actions, now)
         self._schedule_timeouts()
         return fut
@@ -294,8 +290,8 @@ class WriteHandle(LedgerHandle):
         self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies.push(entry_id, body)
-        self._futures.push(entry_id, fut)
+        self._bodies[entry_id] = body
+        self._futures[entry_id] = fut
         self._send_adds(appended.actions)
         self._schedule_timeouts()
         return fut
@@ -306,10 +302,10 @@ class WriteHandle(LedgerHandle):
             now = self._now()
         bookies = self._client._bookies
         for action in actions:
+            body = self._bodies.get(action.entry_id)
+            if body is None:
+                continue  # completed or failed meanwhile
             if req is None or req.entry_id != action.entry_id or req.recovery != action.recovery:
-                body = self._bodies.get(action.entry_id)
-                if body is None:
-                    continue  # completed or failed meanwhile
                 # One request object per entry, sent to each bookie of its write set (the connection sets
                 # its txn id just before encoding).
                 req = AddRequest(
@@ -340,7 +336,7 @@ class WriteHandle(LedgerHandle):
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
-                req = None  # the entry may have failed meanwhile: look at its bytes again before a send
+                continue
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
         if self._abandoned is not None:
@@ -368,14 +364,15 @@ class WriteHandle(LedgerHandle):
                 )
                 if self._tracker.error is None:
                     log.warning("%s", error)
-            elif not isinstance(error, LedgerFencedError | UnauthorizedError) and (
-                self._excluded is None or bookie_id not in self._excluded
+            elif (
+                not isinstance(error, LedgerFencedError | UnauthorizedError)
+                and bookie_id not in self._excluded
             ):
                 # Once per bookie: a dead connection fails every outstanding add with the same story.
                 log.warning(
                     "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
                 )
-                self._excluded_bookies().add(bookie_id)
+                self._excluded.add(bookie_id)
             actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
         if actions:
             self._apply(actions)
@@ -387,7 +384,7 @@ class WriteHandle(LedgerHandle):
         counts = self._resends.get(action.entry_id)
         done = 0 if counts is None else counts.get(action.bookie_id, 0)
         verdict = same_bookie_drop_verdict(
-            pending=self._bodies.get(action.entry_id) is not None,
+            pending=action.entry_id in self._bodies,
             writer_failed=self._tracker.error is not None,
             resends_done=done,
             resends_max=SAME_BOOKIE_RESENDS_MAX,
@@ -415,9 +412,8 @@ class WriteHandle(LedgerHandle):
                     completed += 1
                     if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
                         self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                    # Completions and failures leave in id order, from the front (the tracker's rule).
-                    self._bodies.pop_first_if(action.entry_id)
-                    fut = self._futures.pop_first_if(action.entry_id)
+                    self._bodies.pop(action.entry_id, None)
+                    fut = self._futures.pop(action.entry_id, None)
                     last_completed = action.entry_id  # completions come in entry-id order
                     if fut is not None and not fut.done():
                         fut.set_result(action.entry_id)
@@ -425,8 +421,8 @@ class WriteHandle(LedgerHandle):
                     sends.append(action)
                 case AddFailed():
                     self._stats.adds_failed += 1
-                    self._bodies.pop_first_if(action.entry_id)
-                    fut = self._futures.pop_first_if(action.entry_id)
+                    self._bodies.pop(action.entry_id, None)
+                    fut = self._futures.pop(action.entry_id, None)
                     if fut is not None and not fut.done():
                         fut.set_exception(action.error)
                 case EnsembleChangeNeeded():
@@ -525,7 +521,7 @@ class WriteHandle(LedgerHandle):
                 bookie_id,
                 add_timeout_s,
             )
-            self._excluded_bookies().add(bookie_id)
+            self._excluded.add(bookie_id)
             self._apply(lost)
 
     def _flush_explicit_lac(self) -> bool:
@@ -558,11 +554,6 @@ class WriteHandle(LedgerHandle):
                 continue
 
     # --- ensemble change ---------------------------------------------------------------------------------
-
-    def _excluded_bookies(self) -> set[str]:
-        if self._excluded is None:
-            self._excluded = set()
-        return self._excluded
 
     def _start_ensemble_change(self, change: EnsembleChangeNeeded) -> None:
         self._change_task = self._loop.create_task(self._change_ensemble(change))
@@ -604,7 +595,7 @@ class WriteHandle(LedgerHandle):
             self.quorum,
             self._tracker.ensembles,
             change,
-            excluded=self._excluded_bookies(),
+            excluded=self._excluded,
             recovery=self._recovery,
         )
         return first, new_ensemble
