@@ -648,10 +648,16 @@ class WriteHandle(LedgerHandle):
         known durable.
 
         After an unrecoverable add error the handle closed the ledger itself; this waits for that close.
+        A handle whose client was closed first raises `ClientClosedError`: the ledger was left open.
         If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
         last entry is accepted; anything else raises `LedgerFencedError`.
         """
-        if self._abandoned is not None or (self._closed and self._close_task is None):
+        if self._abandoned is not None:
+            # The client went away (or the recovery that owned this handle ended) without closing the
+            # ledger: it stays OPEN for a recoverer to close, and a caller told "closed" would take its last
+            # entries for final (BookKeeper: ClientClosedException).
+            raise self._abandoned
+        if self._closed and self._close_task is None:
             return
         task = self._begin_close()
         # Not `await task`: cancelling this caller must not cancel a close others may wait for too.

@@ -58,12 +58,6 @@ async def test_add_through_a_closed_client(cluster: LocalCluster) -> None:
             await w.append(b"foobar")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quorumlog/client/write_handle.py WriteHandle.close(): a handle abandoned by Client.close() returns "
-    "from close() as if it had closed the ledger, which stays OPEN in metadata (BookKeeper: "
-    "ClientClosedException)",
-)
 async def test_close_a_ledger_through_a_closed_client(cluster: LocalCluster, client: Client) -> None:
     """BookKeeperCloseTest.testCloseLedger: closing a write handle whose client was closed fails with
     ClientClosedError: the ledger was not closed (it stays OPEN in metadata for a recoverer), and a caller
