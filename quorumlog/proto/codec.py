@@ -70,28 +70,11 @@ _V3_ADD_OK_FRAME = re.compile(
 )
 
 
-def _uvarint(b: bytes) -> int:
-    """The value of one varint, `b` being exactly its bytes (validated by the caller's regex)."""
-    n = len(b)
-    if n == 1:
-        return b[0]
-    if n == 2:
-        return (b[0] & 0x7F) | (b[1] << 7)
-    if n == 3:
-        return (b[0] & 0x7F) | ((b[1] & 0x7F) << 7) | (b[2] << 14)
-    value = 0
-    shift = 0
-    for c in b:
-        value |= (c & 0x7F) << shift
-        shift += 7
-    return value
-
-
 def scan_v3_add_ok(data: bytes | bytearray | memoryview, pos: int, out: list[Response]) -> int:
     """Decode the whole EOK AddResponse frames at `data[pos:]` onto `out`, up to the first byte that does not
     start one; returns that position. What it appends is what protobuf decodes from the same bytes."""
     match = _V3_ADD_OK_FRAME.match
-    uvarint = _uvarint
+    uvarint = v3.uvarint
     while (m := match(data, pos)) is not None:
         flen, hlen, txn, plen, lid, eid = m.groups()
         end = m.end()

@@ -428,12 +428,16 @@ _READ_OK_HEAD = re.compile(
 _READ_OK_TAIL = re.compile(rb"(?:\x28" + _VARINT + rb")?(?:\x30" + _VARINT + rb")?\Z", re.DOTALL)
 
 
-def _uvarint(b: bytes) -> int:
-    """The value of one varint, `b` being exactly its bytes (validated by a regex)."""
-    if len(b) == 1:
+def uvarint(b: bytes) -> int:
+    """The value of one varint, `b` being exactly its bytes (validated by the caller's regex: here and in
+    `codec.scan_v3_add_ok`)."""
+    n = len(b)
+    if n == 1:
         return b[0]
-    if len(b) == 2:
+    if n == 2:
         return (b[0] & 0x7F) | (b[1] << 7)
+    if n == 3:
+        return (b[0] & 0x7F) | ((b[1] & 0x7F) << 7) | (b[2] << 14)
     value = 0
     shift = 0
     for c in b:
@@ -455,12 +459,12 @@ def _read_response_fast(body: bytes) -> ReadResponse | None:
     if top_status is None or inner_status is None:
         return None
     n = len(body)
-    if _uvarint(part_len) != n - m.start(4) - len(part_len):  # the part runs to the end of the body
+    if uvarint(part_len) != n - m.start(4) - len(part_len):  # the part runs to the end of the body
         return None
     pos = m.end()
     entry: bytes | None = None
     if blen is not None:
-        end = pos + (blen[0] if len(blen) == 1 else _uvarint(blen))
+        end = pos + (blen[0] if len(blen) == 1 else uvarint(blen))
         if end > n:
             return None
         entry = body[pos:end]
@@ -475,12 +479,12 @@ def _read_response_fast(body: bytes) -> ReadResponse | None:
         max_lac, lac_ts = t.groups()
     return ReadResponse(
         top_status if top_status is not StatusCode.EOK else inner_status,
-        _uvarint(lid),
-        _uvarint(eid),
+        uvarint(lid),
+        uvarint(eid),
         entry,
-        None if max_lac is None else _uvarint(max_lac),
-        None if lac_ts is None else _uvarint(lac_ts),
-        txn[0] if len(txn) == 1 else _uvarint(txn),
+        None if max_lac is None else uvarint(max_lac),
+        None if lac_ts is None else uvarint(lac_ts),
+        txn[0] if len(txn) == 1 else uvarint(txn),
     )
 
 
