@@ -221,6 +221,9 @@ async def test_a_writer_whose_recovery_fails_can_open_again_later() -> None:
             assert [(s.seq, s.state) for s in segs] == [(1, SegmentState.OPEN)]
             for i in (0, 1):
                 await cluster.bookie(i).start()
+            # Registered in metadata is not yet seen by this client (its membership watch follows): a new
+            # segment's ensemble needs all three, so wait for the client's view, as an application would.
+            await client.registry.wait_for(lambda r: len(r.writable_bookies()) == 3, timeout_s=READ_WAIT_S)
             async with await log.open_writer() as writer:
                 assert writer.first_position == Position(2, 0, 0)
                 fresh = await writer.write(b"new")
