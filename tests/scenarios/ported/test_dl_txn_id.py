@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 
 import pytest
 
 from quorumlog import Client, Position
-from quorumlog.errors import NotEnoughBookiesError, QuorumLogError
+from quorumlog.errors import QuorumLogError
 from quorumlog.stream.log import Log
 from quorumlog.stream.writer import LogWriter
 from quorumlog.testing.cluster import LocalCluster
@@ -19,13 +18,9 @@ pytestmark = MODULE_LOOP
 
 async def open_writer_once_bookies_are_seen(log: Log) -> LogWriter:
     """The client learns of the restarted bookie from a registration watch, a moment after the bookie is
-    registered; until then a new segment cannot get its three bookies. Bounded."""
-    async with asyncio.timeout(20):
-        while True:
-            try:
-                return await log.open_writer()
-            except NotEnoughBookiesError:
-                await asyncio.sleep(0.1)
+    registered; until then a new segment cannot get its three bookies: wait for the client's view."""
+    await log.client.registry.wait_for(lambda r: len(r.writable_bookies()) >= 3, timeout_s=20)
+    return await log.open_writer()
 
 
 async def test_log_recovers_after_bookies_crash_under_its_writer() -> None:
