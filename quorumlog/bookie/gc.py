@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.compaction import Compactor
+from quorumlog.bookie.index import IndexError_
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class GarbageCollector:
                 unreadable = False
                 try:
                     bookie.book.get(lid)
-                except Exception as exc:
+                except (IndexError_, struct.error) as exc:
                     # BookKeeper's "limbo": remembered as fenced, and dropped all the same.
                     unreadable = True
                     log.warning("gc: ledger %d has an unreadable state (%r); dropping it as fenced", lid, exc)

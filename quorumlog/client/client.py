@@ -106,9 +106,8 @@ class Client:
         self._tasks: set[asyncio.Task[Any]] = set()
         # Write handles still open: close() stops their timers and fails their pending adds.
         self._writers: weakref.WeakSet[WriteHandle] = weakref.WeakSet()
-        self._log_writers: weakref.WeakSet[LogWriter] = (
-            weakref.WeakSet()
-        )  # stream writers, abandoned on close
+        # Stream writers still open: close() abandons them too (their batched records fail at once).
+        self._log_writers: weakref.WeakSet[LogWriter] = weakref.WeakSet()
         # One timer for the explicit LAC of every write handle, armed only while some handle's LAC is
         # ahead of what its bookies saw, and one for add timeouts, armed only while some handle has adds in
         # flight (ticker.py): the periodic cost follows the traffic, not the number of open ledgers.
