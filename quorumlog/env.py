@@ -60,6 +60,11 @@ class Clock(ABC):
     def wall_ms(self) -> int:
         """Milliseconds since the Unix epoch, for timestamps people or other systems read."""
 
+    def loop_monotonic_s(self) -> Callable[[], float]:
+        """`monotonic_s` as a function for code that runs on the current event loop only: a clock read on a
+        hot path (every add) without the lookup of the running loop."""
+        return self.monotonic_s
+
     @abstractmethod
     def timer_s(self) -> float:
         """Seconds on a fine-grained monotonic clock that any thread may read (group-commit waits, timings).
@@ -267,6 +272,9 @@ class OsClock(Clock):
             return asyncio.get_running_loop().time()
         except RuntimeError:
             return time.monotonic()
+
+    def loop_monotonic_s(self) -> Callable[[], float]:
+        return asyncio.get_running_loop().time  # what monotonic_s reads, at a quarter of its cost
 
     def wall_ms(self) -> int:
         return time.time_ns() // 1_000_000

@@ -411,9 +411,15 @@ class AddTracker:
     def on_ack(self, entry_id: int, bookie_id: str, now_s: float = 0.0) -> list[AddAction]:
         """A bookie acknowledged an add. Returns completions (in entry-id order), if any. (`now_s` is not
         needed: an ack starts no timer; the driver may leave it out and save reading the clock per ack.)"""
+        return self._drain_completions() if self.ack(entry_id, bookie_id) else []
+
+    def ack(self, entry_id: int, bookie_id: str) -> bool:
+        """Count an ack without completing anything: True if the entry now has its A acks, so that `drain`
+        may complete entries. A driver that gets many acks at once (one read of a connection) counts them all
+        and drains once: the same completions, in the same order, as `on_ack` one by one."""
         pending = self._pending.get(entry_id)
         if pending is None:
-            return []  # already completed or failed: a late or duplicate answer
+            return False  # already completed or failed: a late or duplicate answer
         # `_index_in_write_set`, inlined (twice per entry at W = 2).
         if self._last_for is self.ensembles and entry_id >= self._last_start:
             ensemble = self._last_list
@@ -422,18 +428,20 @@ class AddTracker:
         try:
             index = ensemble.index(bookie_id)
         except ValueError:
-            return []
+            return False
         failed = self._failed_bookies
         if index not in self._write_sets[entry_id % self._ensemble_size] or (failed and bookie_id in failed):
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
-            return []
+            return False
         pending.sent_s.pop(index, None)
         acked = pending.acked | (1 << index)
         pending.acked = acked
-        if acked.bit_count() < self._ack_quorum:
-            # Most acks: this entry is not complete yet, so no entry can complete now (completion is in
-            # order, and every other entry's acks are unchanged since the last drain).
-            return []
+        # Most acks: this entry is not complete yet, so no entry can complete now (completion is in order,
+        # and every other entry's acks are unchanged since the last drain).
+        return acked.bit_count() >= self._ack_quorum
+
+    def drain(self) -> list[AddAction]:
+        """Complete, in entry-id order, the entries whose acks `ack` counted (none during an ensemble change)."""
         return self._drain_completions()
 
     def on_error(self, entry_id: int, bookie_id: str, error: QuorumLogError, now_s: float) -> list[AddAction]:

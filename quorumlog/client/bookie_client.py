@@ -218,13 +218,17 @@ class _Future(Protocol):
 # maps: every path that resolves one takes it out first, so none is ever called twice. The callback must not
 # block; an exception from it is reported to the loop's handler, never lost and never allowed to abort the
 # delivery of the other answers in the same read.
-_Waiter = _Future | tuple[AnswerCallback, Any]
+#
+# A writer's adds (`send_add_frame`) carry a third element, `batch_end`: called once after a read that
+# delivered successful answers to the pair, when every answer of that read has been delivered. The writer
+# counts acks as they come and completes its entries once per read, not once per ack (write_handle.py).
+# An error answer has no batch end: the callback handles it at once (the writer first completes what the
+# acks before it allow, so the order of a connection's answers is kept).
+_Waiter = _Future | tuple[AnswerCallback, Any] | tuple[AnswerCallback, Any, Callable[[], None]]
 
 
-def _call_back(
-    waiter: tuple[AnswerCallback, Any], response: Response | None, error: QuorumLogError | None
-) -> None:
-    callback, context = waiter
+def _call_back(waiter: tuple[Any, ...], response: Response | None, error: QuorumLogError | None) -> None:
+    callback, context = waiter[0], waiter[1]
     try:
         callback(context, response, error)
     except Exception as e:
@@ -288,6 +292,8 @@ class _Connection(asyncio.Protocol):
         # usually empty, as every entry is no larger than the ones before it.
         self._unproven: dict[Hashable, tuple[int, tuple[int, int]]] = {}
         self._refused = False  # the bookie answered EBADREQ on this connection
+        # The batch ends (`_Waiter`) owed at the end of the current read, in first-answer order.
+        self._batch_ends: dict[Callable[[], None], None] = {}
         self.tls = False  # upgrading or upgraded by START_TLS
         self.tls_heard = False  # the bookie sent something over TLS: it accepted our certificate
         self.tls_refusal = ""  # why the bookie refused us after the handshake (certificate role)
@@ -313,8 +319,18 @@ class _Connection(asyncio.Protocol):
                 return
             self.fail(BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}"))
             return
-        for response in responses:
-            self._deliver(response)
+        batch_ends = self._batch_ends
+        try:
+            for response in responses:
+                self._deliver(response)
+        finally:
+            if batch_ends:
+                self._batch_ends = {}
+                for batch_end in batch_ends:
+                    try:
+                        batch_end()
+                    except Exception as e:
+                        _report_callback_error(e)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:
@@ -432,6 +448,31 @@ class _Connection(asyncio.Protocol):
             else:
                 self.loop.call_at(deadline, self._expire_one, key, fut)
 
+    def send_add_frame(
+        self, txn: int, frame: bytes, ledger_id: int, entry_id: int, waiter: tuple[Any, Any, Any]
+    ) -> bool:
+        """Queue an ADD already encoded as a v3 frame with txn id `txn` (the writer's add path: one frame per
+        entry, sent to each bookie of its write set, without a request object or `_FrameCache`); no timeout
+        (the writer times adds itself). False, with nothing done, if this connection cannot take it as is:
+        not v3, or `txn` not above the ids it has used -- the caller then sends an `AddRequest`."""
+        if not self._unique_keys or txn <= self._max_txn_id:
+            return False
+        if self.pending_count >= self.owner.outstanding_requests_max:
+            raise TooManyRequestsError(
+                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
+                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
+            )
+        self._max_txn_id = txn
+        self.single[txn] = waiter
+        if len(frame) > self.owner.largest_frame_answered_bytes:
+            self._unproven[txn] = (len(frame), (ledger_id, entry_id))
+        self.pending_count += 1
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        return True
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if not self._out or self.transport is None or self.closed:
@@ -474,11 +515,12 @@ class _Connection(asyncio.Protocol):
                 fut, error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
         elif type(fut) is tuple:
-            callback, context = fut
             try:  # `_call_back` inlined: this runs for every ack
-                callback(context, response, None)
+                fut[0](fut[1], response, None)
             except Exception as e:
                 _report_callback_error(e)
+            if len(fut) == 3:
+                self._batch_ends[fut[2]] = None  # type: ignore[misc]
         elif not fut.done():  # type: ignore[union-attr]
             fut.set_result(response)  # type: ignore[union-attr]
 
@@ -661,11 +703,18 @@ class BookieClient:
         return fut
 
     def send_with_callback(
-        self, request: Request, callback: AnswerCallback, context: Any, *, timeout_s: float | None = None
+        self,
+        request: Request,
+        callback: AnswerCallback,
+        context: Any,
+        *,
+        timeout_s: float | None = None,
+        batch_end: Callable[[], None] | None = None,
     ) -> None:
         """As `send`, but the answer is handed to `callback(context, response, None)` or `callback(context,
         None, error)` directly from the connection's read, without a future (the per-entry add path; see
-        `_Waiter`). Raises as `send` does for a closed client or a full connection."""
+        `_Waiter`), and `batch_end()`, if given, follows the successful answers of one read. Raises as `send`
+        does for a closed client or a full connection."""
         conn = self._conns.get(self.version)
         if (
             conn is not None
@@ -673,13 +722,34 @@ class BookieClient:
             and (self.version is ProtocolVersion.V3 or v2_can_carry(request))
         ):
             conn.send_to(
-                request, self.request_timeout_s if timeout_s is None else timeout_s, (callback, context)
+                request,
+                self.request_timeout_s if timeout_s is None else timeout_s,
+                (callback, context) if batch_end is None else (callback, context, batch_end),
             )
             return
         # Not connected yet (or in a backoff): the general path, adapted.
         self.send(request, timeout_s=timeout_s).add_done_callback(
-            functools.partial(_to_callback, callback, context)
+            functools.partial(_to_callback, callback, context, batch_end)
         )
+
+    def send_add_frame(
+        self,
+        txn: int,
+        frame: bytes,
+        ledger_id: int,
+        entry_id: int,
+        callback: AnswerCallback,
+        context: Any,
+        batch_end: Callable[[], None],
+    ) -> bool:
+        """Send an ADD pre-encoded as a v3 frame with txn id `txn` (from `next_txn_id`), answered as by
+        `send_with_callback`, with no timeout; `batch_end()` follows the successful answers of one read
+        (`_Waiter`). False, with nothing sent, when the connection is not up or not v3: the caller then sends
+        the `AddRequest` through `send_with_callback` (where `batch_end` is called after each answer)."""
+        conn = self._conns.get(self.version)
+        if conn is None or conn.closed:
+            return False
+        return conn.send_add_frame(txn, frame, ledger_id, entry_id, (callback, context, batch_end))
 
     @property
     def connected(self) -> bool:
@@ -830,6 +900,12 @@ _SET_ADD_TXN_ID: Callable[[object, int], None] = AddRequest.__dict__["txn_id"]._
 _TXN_IDS = itertools.count(1)
 
 
+def next_txn_id() -> int:
+    """A v3 txn id above every id any connection of this process has used: an ADD encoded with it is taken
+    by each connection as is (`send_add_frame`)."""
+    return next(_TXN_IDS)
+
+
 class _FrameCache:
     """The last ADD frame encoded, reused when the same request object (same txn id, same protocol version)
     goes to the next bookie of its write set: one encode of the 1 KiB entry per entry instead of one per
@@ -880,12 +956,19 @@ def _is_start_tls_refusal(response: Response) -> bool:
     )
 
 
-def _to_callback(callback: AnswerCallback, context: Any, fut: asyncio.Future[Response]) -> None:
+def _to_callback(
+    callback: AnswerCallback,
+    context: Any,
+    batch_end: Callable[[], None] | None,
+    fut: asyncio.Future[Response],
+) -> None:
     if fut.cancelled():
         return
     exc = fut.exception()
     if exc is None:
         callback(context, fut.result(), None)
+        if batch_end is not None:
+            batch_end()  # an answer on its own is a batch of one
     else:
         callback(context, None, exc if isinstance(exc, QuorumLogError) else BookieUnavailableError(str(exc)))
 

@@ -91,7 +91,7 @@ class LedgerHandle:
 
     def __init__(self, client: Client, md: Versioned[LedgerMetadata], password: bytes) -> None:
         self._client = client
-        self._monotonic_s = client.env.clock.monotonic_s  # read on every add and ack
+        self._monotonic_s = client.env.clock.loop_monotonic_s()  # read on every add; handles live on one loop
         self._stats = client.stats
         self._md = md
         meta = md.value

@@ -53,7 +53,7 @@ from quorumlog.client.add_tracker import (
     same_bookie_drop_verdict,
     take_late_bookies,
 )
-from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes
+from quorumlog.client.bookie_client import ConnectionDroppedError, largest_add_entry_bytes, next_txn_id
 from quorumlog.client.driver_common import (
     METADATA_CAS_ATTEMPTS_MAX,
 )
@@ -80,9 +80,11 @@ from quorumlog.proto.messages import (
     WRITE_FLAG_DEFERRED_SYNC,
     AddRequest,
     ForceLedgerRequest,
+    ProtocolVersion,
     Response,
     WriteLacRequest,
 )
+from quorumlog.proto.v3fast import encode_add
 
 if TYPE_CHECKING:
     from quorumlog.client.client import Client
@@ -136,6 +138,8 @@ class WriteHandle(LedgerHandle):
         self._bodies: dict[int, bytes] = {}
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
+        # Adds go out as v3 frames this handle encodes (`_send_adds`); v2 connections encode requests.
+        self._v3 = cfg.protocol_version == ProtocolVersion.V3
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
         self._change_task: asyncio.Task[None] | None = None
@@ -161,6 +165,9 @@ class WriteHandle(LedgerHandle):
         # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
         self._unanswered: dict[str, dict[int, float]] = {}
         self._add_answered = self._on_add_answer  # one bound method, not one per add sent
+        self._add_batch_end = self._on_add_batch_end
+        # An ack gave some entry its A acks since the last drain: the batch end completes entries.
+        self._drain_due = False
         # entry id -> bookie -> resends after drops blamed on another request (usually empty).
         self._resends: dict[int, dict[str, int]] = {}
         # The largest payload an entry of this ledger may carry: its ADD frame (entry header, digest, master
@@ -297,30 +304,40 @@ class WriteHandle(LedgerHandle):
         return fut
 
     def _send_adds(self, actions: Sequence[SendAdd], now: float | None = None) -> None:
-        req: AddRequest | None = None
         if now is None:
             now = self._now()
         bookies = self._client._bookies
+        sent_entry = -1
+        sent_recovery = False
+        frame = b""
+        txn = 0
         for action in actions:
-            body = self._bodies.get(action.entry_id)
+            entry_id = action.entry_id
+            body = self._bodies.get(entry_id)
             if body is None:
                 continue  # completed or failed meanwhile
-            if req is None or req.entry_id != action.entry_id or req.recovery != action.recovery:
-                # One request object per entry, sent to each bookie of its write set (the connection sets
-                # its txn id just before encoding).
-                req = AddRequest(
-                    self.ledger_id,
-                    action.entry_id,
-                    self._master_key,
-                    body,
-                    action.recovery,
-                    self._write_flags,
+            if entry_id != sent_entry or action.recovery != sent_recovery:
+                # One v3 frame per entry, with one txn id, sent as is to each bookie of its write set.
+                sent_entry, sent_recovery = entry_id, action.recovery
+                txn = next_txn_id()
+                frame = (
+                    encode_add(
+                        self.ledger_id,
+                        entry_id,
+                        self._master_key,
+                        body,
+                        txn,
+                        sent_recovery,
+                        self._write_flags,
+                    )
+                    if self._v3
+                    else b""
                 )
             # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
             unanswered = self._unanswered.get(action.bookie_id)
             if unanswered is None:
                 unanswered = self._unanswered[action.bookie_id] = {}
-            unanswered[action.entry_id] = now
+            unanswered[entry_id] = now
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._Waiter): this runs for every replica of every entry.
@@ -332,13 +349,26 @@ class WriteHandle(LedgerHandle):
                 bookie = bookies.get(action.bookie_id)
                 if bookie is None:
                     bookie = self._client.bookie(action.bookie_id)
-                bookie.send_with_callback(req, self._add_answered, tuple(action), timeout_s=0)
+                context = tuple(action)
+                if not frame or not bookie.send_add_frame(
+                    txn, frame, self.ledger_id, entry_id, self._add_answered, context, self._add_batch_end
+                ):
+                    # Not connected yet, or v2: a request object, encoded by the connection.
+                    req = AddRequest(
+                        self.ledger_id, entry_id, self._master_key, body, sent_recovery, self._write_flags
+                    )
+                    bookie.send_with_callback(
+                        req, self._add_answered, context, timeout_s=0, batch_end=self._add_batch_end
+                    )
             except QuorumLogError as e:
                 unanswered.pop(action.entry_id, None)
                 self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
                 continue
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
+        """One bookie's answer to one add. An ack is only counted here: the entries it completes complete in
+        `_on_add_batch_end`, which the connection calls once the read that brought the ack is delivered
+        (bookie_client `_Waiter`) -- once per read, not once per ack."""
         if self._abandoned is not None:
             return
         entry_id, _, bookie_id, _ = sent
@@ -346,36 +376,44 @@ class WriteHandle(LedgerHandle):
         if unanswered is not None:
             unanswered.pop(entry_id, None)
         if exc is None:
-            actions = self._tracker.on_ack(entry_id, bookie_id)  # (an ack's decision needs no time)
-        else:
-            error = exc
-            if (
-                isinstance(error, ConnectionDroppedError)
-                and error.retry_same_bookie
-                and self._resend_same_bookie(SendAdd(*sent))
-            ):
-                return
-            if isinstance(error, BadRequestError):
-                # About this request, not the bookie: the entry can never be written, so the writer stops
-                # (the tracker fails every pending add), and the bookie stays a good one for everyone.
-                error = BadRequestError(
-                    f"ledger {self.ledger_id}: bookie {bookie_id} refused the add of entry {entry_id} "
-                    f"({error}); the entry can never be written, so the writer stops"
-                )
-                if self._tracker.error is None:
-                    log.warning("%s", error)
-            elif (
-                not isinstance(error, LedgerFencedError | UnauthorizedError)
-                and bookie_id not in self._excluded
-            ):
-                # Once per bookie: a dead connection fails every outstanding add with the same story.
-                log.warning(
-                    "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
-                )
-                self._excluded.add(bookie_id)
-            actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
+            if self._tracker.ack(entry_id, bookie_id):  # (an ack's decision needs no time)
+                self._drain_due = True
+            return
+        if self._drain_due:
+            self._on_add_batch_end()  # what the acks before this error completed comes first
+        error = exc
+        if (
+            isinstance(error, ConnectionDroppedError)
+            and error.retry_same_bookie
+            and self._resend_same_bookie(SendAdd(*sent))
+        ):
+            return
+        if isinstance(error, BadRequestError):
+            # About this request, not the bookie: the entry can never be written, so the writer stops
+            # (the tracker fails every pending add), and the bookie stays a good one for everyone.
+            error = BadRequestError(
+                f"ledger {self.ledger_id}: bookie {bookie_id} refused the add of entry {entry_id} "
+                f"({error}); the entry can never be written, so the writer stops"
+            )
+            if self._tracker.error is None:
+                log.warning("%s", error)
+        elif not isinstance(error, LedgerFencedError | UnauthorizedError) and bookie_id not in self._excluded:
+            # Once per bookie: a dead connection fails every outstanding add with the same story.
+            log.warning(
+                "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
+            )
+            self._excluded.add(bookie_id)
+        actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
         if actions:
             self._apply(actions)
+
+    def _on_add_batch_end(self) -> None:
+        if self._drain_due:
+            self._drain_due = False
+            if self._abandoned is None:
+                actions = self._tracker.drain()
+                if actions:
+                    self._apply(actions)
 
     def _resend_same_bookie(self, action: SendAdd) -> bool:
         """Send `action` again to its bookie after a drop blamed on another request, or ignore the drop; False

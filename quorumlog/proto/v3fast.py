@@ -94,21 +94,40 @@ _add_req_prefixes: dict[int, tuple[bytes, bytes, bytes]] = {}
 
 
 def encode_add_request(req: AddRequest) -> bytes:
+    return encode_add(
+        req.ledger_id,
+        req.entry_id,
+        req.master_key,
+        req.body,
+        req.txn_id,
+        req.recovery,
+        req.write_flags,
+        req.priority,
+    )
+
+
+def encode_add(
+    lid_v: int,
+    entry_id: int,
+    key: bytes,
+    body: bytes,
+    txn_id: int,
+    recovery: bool = False,
+    write_flags: int = 0,
+    priority: int = 0,
+) -> bytes:
+    """The v3 frame of `AddRequest(lid_v, entry_id, key, body, recovery, write_flags, txn_id=..., priority=...)`,
+    from its fields: a writer's add path encodes each entry once without building the request object
+    (client/write_handle.py)."""
     # Every piece is computed first so the frame is one join: the 1 KiB body is copied exactly once.
     # Range checks that `_varint` alone would miss (it encodes any value in [-2**63, 2**64)), so that out-of-
     # range input fails here exactly where protobuf would fail.
-    lid_v = req.ledger_id
-    txn_id = req.txn_id
-    entry_id = req.entry_id
     if txn_id < 0 or lid_v >= _I64_SIGN or entry_id >= _I64_SIGN:
-        raise _out_of_range(f"txn_id/ledger_id/entry_id of {req!r:.80}")
-    priority = req.priority
+        raise _out_of_range(f"txn_id/ledger_id/entry_id ({txn_id}, {lid_v}, {entry_id}) of an AddRequest")
     if priority and not 0 <= priority < _U32:
         raise _out_of_range(f"priority {priority}")
-    write_flags = req.write_flags
     if write_flags and not -_I32_SIGN <= write_flags < _I32_SIGN:
         raise _out_of_range(f"write_flags {write_flags}")
-    key = req.master_key
     cached = _add_req_prefixes.get(lid_v)
     if cached is None or key is not cached[0] or type(key) is not bytes:  # (a bytearray may change)
         # The fields around the entry id and the body's tag, joined with their neighbours' tags once.
@@ -122,12 +141,11 @@ def encode_add_request(req: AddRequest) -> bytes:
         _add_req_prefixes[lid_v] = cached
     txn = _varint(txn_id)
     eid = _varint(entry_id)
-    body = req.body
     blen = _varint(len(body))
-    if priority or write_flags or req.recovery:
+    if priority or write_flags or recovery:
         prio = b"\x20" + _varint(priority) if priority else b""
         tail = b"\x28" + _varint(write_flags) if write_flags else b""
-        if req.recovery:
+        if recovery:
             tail += _RECOVERY_FLAG
     else:
         prio = tail = b""

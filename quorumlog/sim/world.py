@@ -34,6 +34,9 @@ class SimClock(Clock):
     def monotonic_s(self) -> float:
         return asyncio.get_running_loop().time()
 
+    def loop_monotonic_s(self) -> Callable[[], float]:
+        return asyncio.get_running_loop().time
+
     def wall_ms(self) -> int:
         return EPOCH_MS + self.wall_offset_ms + int(asyncio.get_running_loop().time() * 1000)
 

@@ -75,13 +75,14 @@ async def test_a_writer_stays_on_the_add_timeout_tick_while_a_bookie_owes_an_ans
         # Hold back the slowest bookie's answer: take its waiter off its connection before it answers.
         conn = client._bookies[slow]._conns[client.config.protocol_version]
         held = [(k, v) for k, v in conn.single.items() if type(v) is tuple and v[1] is not None]
-        assert [ctx[0] for _, (_, ctx) in held] == [1]
+        assert [waiter[1][0] for _, waiter in held] == [1]  # (callback, context, batch end)
         for key, _ in held:
             del conn.single[key]
         conn.pending_count -= len(held)
         assert await fut == 1
         assert w in ticker, "a bookie still owes an answer: its add must stay watched for add_timeout_s"
-        for _, (callback, ctx) in held:
+        for _, (callback, ctx, batch_end) in held:
             callback(ctx, None, None)  # the held answer arrives: an EOK ack
+            batch_end()
         assert w.last_add_confirmed == 1
         await w.close()

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quorumlog.client.bookie_client import BookieClient, static_resolver
+from quorumlog.client.bookie_client import BookieClient, next_txn_id, static_resolver
 from quorumlog.env import OsEnv
 from quorumlog.errors import LedgerFencedError, OperationTimeoutError
 from quorumlog.proto import v3
@@ -32,6 +32,7 @@ from quorumlog.proto.codec import ClientConnection, ServerConnection
 from quorumlog.proto.entry import DigestManager, DigestType, master_key
 from quorumlog.proto.messages import AddRequest, AddResponse, ProtocolVersion, ReadRequest
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3fast import encode_add
 from tests.bookie.helpers import BookieProcess, free_port
 
 V3 = ProtocolVersion.V3
@@ -371,4 +372,50 @@ async def test_v2_duplicated_and_stray_answers_call_each_callback_once(raw: RawB
     assert [ctx for ctx, _, _ in calls.got if ctx in (3, "3 again", "3 third")] == [3, "3 again", "3 third"]
     assert all(err is None for _, _, err in calls.got)
     assert c.unmatched_responses == 3
+    await c.close()
+
+
+async def test_a_writers_batch_end_follows_the_answers_of_each_read_once(raw: RawBookie) -> None:
+    """Adds sent as pre-encoded frames (`send_add_frame`, the writer's path): a read with several EOK answers
+    and an error among them calls each add's callback in the order of the answers, and the batch end once,
+    after all of them; the next read calls it again. An add sent before the connection is up (no frame:
+    `send_with_callback` with a batch end) gets its batch end after its answer too."""
+    port = int(raw.server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    c = _client(port)
+    log: list[Any] = []
+    ended = asyncio.Event()
+
+    def answer(ctx: Any, resp: Any, err: Exception | None) -> None:
+        log.append((ctx, type(err).__name__ if err is not None else "ok"))
+
+    def batch_end() -> None:
+        log.append("end")
+        ended.set()
+
+    async def next_batch() -> list[Any]:
+        await asyncio.wait_for(ended.wait(), 10)
+        ended.clear()
+        got = list(log)
+        log.clear()
+        return got
+
+    c.send_with_callback(_add(5, 0), answer, 0, timeout_s=0, batch_end=batch_end)
+    (first,) = await raw.wait(1)
+    raw.write(Answer(first.txn_id, 5, 0).frame())
+    assert await next_batch() == [(0, "ok"), "end"]
+    txns = []
+    for e in range(1, 7):
+        txn = next_txn_id()
+        txns.append(txn)
+        frame = encode_add(5, e, KEY, _add(5, e).body, txn)
+        assert c.send_add_frame(txn, frame, 5, e, answer, e, batch_end)
+    reqs = await raw.wait(7)
+    assert [r.txn_id for r in reqs[1:]] == txns  # sent as encoded, with the caller's txn ids
+    statuses = [0, 0, int(StatusCode.EFENCED), 0]
+    raw.write(
+        b"".join(Answer(t, 5, e, s).frame() for t, e, s in zip(txns, range(1, 5), statuses, strict=False))
+    )
+    assert await next_batch() == [(1, "ok"), (2, "ok"), (3, "LedgerFencedError"), (4, "ok"), "end"]
+    raw.write(b"".join(Answer(t, 5, e).frame() for t, e in zip(txns[4:], range(5, 7), strict=True)))
+    assert await next_batch() == [(5, "ok"), (6, "ok"), "end"]
     await c.close()
