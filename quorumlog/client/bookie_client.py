@@ -69,7 +69,7 @@ from quorumlog.errors import (
     UnauthorizedError,
     error_for_status,
 )
-from quorumlog.proto.codec import ClientConnection
+from quorumlog.proto.codec import ClientConnection, RawAddOk, add_ok_response
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
@@ -221,7 +221,9 @@ class _Future(Protocol):
 #
 # A writer's adds (`send_add_frame`) carry a third element, `batch_end`: called once after a read that
 # delivered successful answers to the pair, when every answer of that read has been delivered. The writer
-# counts acks as they come and completes its entries once per read, not once per ack (write_handle.py).
+# counts acks as they come and completes its entries once per read, not once per ack (write_handle.py). It
+# matches answers by txn id alone, so its callback gets no response object for a v3 EOK answer (None): the
+# connection does not decode one (`_deliver_add_ok`).
 # An error answer has no batch end: the callback handles it at once (the writer first completes what the
 # acks before it allow, so the order of a connection's answers is kept).
 _Waiter = _Future | tuple[AnswerCallback, Any] | tuple[AnswerCallback, Any, Callable[[], None]]
@@ -309,7 +311,7 @@ class _Connection(asyncio.Protocol):
         first_over_tls = self.tls and not self.tls_heard
         self.tls_heard = True
         try:
-            responses = self.codec.receive(data)
+            responses = self.codec.receive(data, True)
         except QuorumLogError as e:
             if first_over_tls and self.version is ProtocolVersion.V2:
                 # A bookie refusing our certificate role answers START_TLS again in v3 (EIO), which a v2
@@ -322,7 +324,10 @@ class _Connection(asyncio.Protocol):
         batch_ends = self._batch_ends
         try:
             for response in responses:
-                self._deliver(response)
+                if type(response) is tuple:
+                    self._deliver_add_ok(response)
+                else:
+                    self._deliver(response)  # type: ignore[arg-type]
         finally:
             if batch_ends:
                 self._batch_ends = {}
@@ -523,6 +528,30 @@ class _Connection(asyncio.Protocol):
                 self._batch_ends[fut[2]] = None  # type: ignore[misc]
         elif not fut.done():  # type: ignore[union-attr]
             fut.set_result(response)  # type: ignore[union-attr]
+
+    def _deliver_add_ok(self, raw: RawAddOk) -> None:
+        """An EOK AddResponse the codec left undecoded (v3): a writer's add waiter (the three-element
+        `_Waiter`) gets its callback with no response object -- it matches by txn id alone, as BookKeeper's v3
+        client does -- and anyone else the decoded AddResponse."""
+        txn = raw[0]
+        fut = self.single.pop(txn, None)
+        if fut is None:
+            self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
+            return
+        self.pending_count -= 1
+        if self._unproven:
+            self._answered(self._unproven.pop(txn, None))
+        if type(fut) is tuple:
+            try:
+                if len(fut) == 3:
+                    fut[0](fut[1], None, None)
+                    self._batch_ends[fut[2]] = None  # type: ignore[misc]
+                else:
+                    fut[0](fut[1], add_ok_response(raw), None)
+            except Exception as e:
+                _report_callback_error(e)
+        elif not fut.done():  # type: ignore[union-attr]
+            fut.set_result(add_ok_response(raw))  # type: ignore[union-attr]
 
     def _tls_refused(self, status: int) -> None:
         self.tls_refusal = (

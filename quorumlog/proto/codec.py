@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Hashable
+from typing import overload
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto import v2, v3
@@ -70,9 +71,20 @@ _V3_ADD_OK_FRAME = re.compile(
 )
 
 
-def scan_v3_add_ok(data: bytes | bytearray | memoryview, pos: int, out: list[Response]) -> int:
+# An EOK AddResponse left undecoded (`ClientConnection.receive(data, raw_add_ok=True)`): its txn id, and the
+# varint bytes of its ledger and entry ids, which `add_ok_response` decodes when someone needs them.
+RawAddOk = tuple[int, bytes, bytes]
+
+
+def scan_v3_add_ok(
+    data: bytes | bytearray | memoryview,
+    pos: int,
+    out: list[Response] | list[Response | RawAddOk],
+    raw: bool = False,
+) -> int:
     """Decode the whole EOK AddResponse frames at `data[pos:]` onto `out`, up to the first byte that does not
-    start one; returns that position. What it appends is what protobuf decodes from the same bytes."""
+    start one; returns that position. What it appends is what protobuf decodes from the same bytes -- or,
+    with `raw`, a `RawAddOk` of it."""
     match = _V3_ADD_OK_FRAME.match
     uvarint = v3.uvarint
     while (m := match(data, pos)) is not None:
@@ -80,9 +92,18 @@ def scan_v3_add_ok(data: bytes | bytearray | memoryview, pos: int, out: list[Res
         end = m.end()
         if flen[0] != end - pos - 4 or hlen[0] != 5 + len(txn) or plen[0] != 4 + len(lid) + len(eid):
             break  # the lengths say something else: protobuf decides
-        out.append(AddResponse(_EOK, uvarint(lid), uvarint(eid), uvarint(txn)))
+        if raw:
+            out.append((uvarint(txn), lid, eid))  # type: ignore[arg-type]
+        else:
+            out.append(AddResponse(_EOK, uvarint(lid), uvarint(eid), uvarint(txn)))
         pos = end
     return pos
+
+
+def add_ok_response(raw: RawAddOk) -> AddResponse:
+    """The AddResponse a `RawAddOk` stands for."""
+    txn, lid, eid = raw
+    return AddResponse(_EOK, v3.uvarint(lid), v3.uvarint(eid), txn)
 
 
 def detect_version(body: bytes) -> ProtocolVersion:
@@ -176,11 +197,24 @@ class ClientConnection:
             return v3.encode_request(request)
         return self._encode(request)
 
-    def receive(self, data: bytes | bytearray | memoryview) -> list[Response]:
+    @overload
+    def receive(self, data: bytes | bytearray | memoryview) -> list[Response]: ...
+
+    @overload
+    def receive(
+        self, data: bytes | bytearray | memoryview, raw_add_ok: bool
+    ) -> list[Response | RawAddOk]: ...
+
+    def receive(
+        self, data: bytes | bytearray | memoryview, raw_add_ok: bool = False
+    ) -> list[Response] | list[Response | RawAddOk]:
+        """The responses in `data` (and what earlier chunks left unfinished). With `raw_add_ok`, a v3
+        connection leaves each EOK AddResponse in the canonical layout undecoded, as a `RawAddOk` (a writer
+        matching answers by txn id alone needs nothing else of it)."""
         decode = self._decode
         if not self._v3_until_start_tls:
             if self.version is ProtocolVersion.V3:
-                return self._receive_v3(data)
+                return self._receive_v3(data, raw_add_ok)
             return [decode(b) for b in self._frames.feed(data)]
         out: list[Response] = []
         for body in self._frames.feed(data):
@@ -195,14 +229,16 @@ class ClientConnection:
             out.append(decode(body))
         return out
 
-    def _receive_v3(self, data: bytes | bytearray | memoryview) -> list[Response]:
+    def _receive_v3(
+        self, data: bytes | bytearray | memoryview, raw_add_ok: bool
+    ) -> list[Response | RawAddOk]:
         # EOK AddResponses (nearly every frame a writer gets) are scanned straight out of the chunk
         # (`scan_v3_add_ok`); every other frame, and the end of a frame split across chunks, goes through
         # the frame decoder and protobuf one frame at a time, and the scan resumes after it. Each turn
         # consumes at least one byte, so the loop ends within len(data) turns.
         frames = self._frames
         decode = self._decode
-        out: list[Response] = []
+        out: list[Response | RawAddOk] = []
         pos = 0
         n = len(data)
         while pos < n:
@@ -211,7 +247,7 @@ class ClientConnection:
                 out.extend(map(decode, frames.feed(memoryview(data)[pos:])))
                 break
             if want == 0:
-                pos = scan_v3_add_ok(data, pos, out)
+                pos = scan_v3_add_ok(data, pos, out, raw_add_ok)
                 if pos == n:
                     break
                 # Not an EOK AddResponse: this one frame through the decoder (the rest of it, if split).

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from quorumlog.errors import ProtocolError
 from quorumlog.proto import messages as m
 from quorumlog.proto import v3, v3fast
-from quorumlog.proto.codec import ClientConnection, scan_v3_add_ok
+from quorumlog.proto.codec import ClientConnection, add_ok_response, scan_v3_add_ok
 from quorumlog.proto.frame import FrameDecoder
 from quorumlog.proto.status import StatusCode
 
@@ -28,14 +28,22 @@ def _reference(stream: bytes) -> list[m.Response]:
     return [v3.decode_response_pb(b) for b in FrameDecoder().feed(stream)]
 
 
-def _receive_chunked(stream: bytes, cuts: list[int]) -> list[m.Response]:
+def _receive_chunked(stream: bytes, cuts: list[int], raw_add_ok: bool = False) -> list[m.Response]:
+    """What a connection receives from `stream` cut into chunks; with `raw_add_ok` (the writer's connection),
+    the undecoded EOK AddResponses are decoded here with `add_ok_response`."""
     conn = ClientConnection(m.ProtocolVersion.V3)
     got: list[m.Response] = []
     pos = i = 0
     while pos < len(stream):
         step = cuts[i % len(cuts)]
         chunk = stream[pos : pos + step]
-        got += conn.receive(memoryview(chunk) if i % 3 == 2 else chunk)
+        for r in conn.receive(memoryview(chunk) if i % 3 == 2 else chunk, raw_add_ok):
+            if raw_add_ok and type(r) is tuple:
+                assert isinstance(r[0], int) and type(r[1]) is bytes and type(r[2]) is bytes
+                got.append(add_ok_response(r))
+            else:
+                assert isinstance(r, m.Response.__args__)  # type: ignore[attr-defined]
+                got.append(r)
         pos += step
         i += 1
     return got
@@ -51,6 +59,16 @@ def test_any_mix_and_chunking_decodes_as_protobuf_does(
     stream = b"".join(enc(r) for r, enc in responses)  # type: ignore[operator]
     assert _receive_chunked(stream, cuts) == _reference(stream)
     assert _receive_chunked(stream, [len(stream) or 1]) == _reference(stream)
+    assert _receive_chunked(stream, cuts, raw_add_ok=True) == _reference(stream)
+
+
+def test_raw_mode_leaves_only_canonical_eok_add_responses_undecoded() -> None:
+    ok = m.AddResponse(StatusCode.EOK, 7, 300, txn_id=2**21 + 5)
+    fenced = m.AddResponse(StatusCode.EFENCED, 7, 301, txn_id=2**21 + 6)
+    stream = v3fast.encode_add_response(ok) + v3.encode_response_pb(fenced) + v3fast.encode_add_response(ok)
+    got = ClientConnection(m.ProtocolVersion.V3).receive(stream, True)
+    assert got == [(2**21 + 5, b"\x07", b"\xac\x02"), fenced, (2**21 + 5, b"\x07", b"\xac\x02")]
+    assert add_ok_response(got[0]) == ok  # type: ignore[arg-type]
 
 
 @given(st.builds(m.AddResponse, st.just(StatusCode.EOK), _ids, _ids, txn_id=_ids))

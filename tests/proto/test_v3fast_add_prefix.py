@@ -1,12 +1,16 @@
 """`v3fast.encode_add_request` keeps each ledger's fixed part of an ADD (ledger id and master key fields) per
 ledger, bounded (docs/PERFORMANCE.md, "Session 8: client CPU per entry"): the frames stay the protobuf
-reference's bytes whatever order ledgers come in, when a ledger's key changes, and past the bound."""
+reference's bytes whatever order ledgers come in, when a ledger's key changes, and past the bound. Its varints
+(a table for small values, one int's bytes for the common widths) are protobuf's."""
 
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Iterable
 
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
 
 from quorumlog.proto import v3, v3fast
 from quorumlog.proto.messages import AddRequest
@@ -45,3 +49,19 @@ def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         req = _add(lid, 1, key, lid + 1)
         assert v3fast.encode_add_request(req) == v3.encode_request_pb(req)
         assert len(v3fast._add_req_prefixes) <= 8
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        range(0, 70_000),  # every value of the table (below 2**14) and the first three-byte ones
+        [2**21 - 1, 2**21, 2**28 - 1, 2**28, 2**35, 2**63 - 1, 2**64 - 1, -1, -(2**63)],
+        random.Random(17).sample(range(2**28), 20_000),
+    ],
+    ids=["small", "edges", "random"],
+)
+def test_varints_are_protobufs(values: Iterable[int]) -> None:
+    for n in values:
+        want = _VarintBytes(n & (2**64 - 1))  # protobuf's own encoder (an int64 negative is 10 bytes)
+        assert v3fast._varint(n) == want, n
+        assert v3fast._varint(n) == want, n  # (a table hit the second time)
