@@ -132,12 +132,19 @@ AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed
 @fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
 @dataclass(frozen=True, slots=True)
 class Appended:
-    """What `append` fixed at call time: the entry header fields, and where to send the entry."""
+    """What `append` fixed at call time: the entry header fields, and where to send the entry: `sends`, the
+    (ensemble index, bookie id) pairs of its write set that get it now (shared between entries: the driver
+    reads it, never changes it), or, as actions, `actions`."""
 
     entry_id: int
     last_add_confirmed: int  # piggybacked in the entry header
     length: int  # cumulative ledger length after this entry
-    actions: list[SendAdd]
+    sends: tuple[tuple[int, str], ...]
+    recovery: bool = False
+
+    @property
+    def actions(self) -> list[SendAdd]:
+        return [SendAdd(self.entry_id, index, bookie, self.recovery) for index, bookie in self.sends]
 
 
 class _Pending:
@@ -147,14 +154,14 @@ class _Pending:
 
     __slots__ = ("acked", "first_sent_s", "length", "recovery", "sent_s")
 
-    def __init__(self, length: int, recovery: bool, first_sent_s: float) -> None:
+    def __init__(self, length: int, recovery: bool, first_sent_s: float, sent_s: dict[int, float]) -> None:
         # Ensemble indices (of the entry's write set) that acknowledged it: bit i is index i.
         self.acked = 0
         self.length = length
         self.recovery = recovery
         self.first_sent_s = first_sent_s
         # index -> when the request now outstanding at that index was sent (absent once acked or failed).
-        self.sent_s: dict[int, float] = {}
+        self.sent_s = sent_s
 
 
 class AddTracker:
@@ -175,6 +182,10 @@ class AddTracker:
         "_last_list",
         "_last_start",
         "_pending",
+        "_sends",
+        "_sends_failed",
+        "_sends_for",
+        "_sends_start",
         "_write_sets",
         "add_quorum_timeout_s",
         "add_timeout_s",
@@ -250,6 +261,13 @@ class AddTracker:
         self._last_for: dict[int, list[str]] | None = None
         self._last_start = 0
         self._last_list: Sequence[str] = ()
+        # What a new entry e is sent to: `_sends[e % E]`, the (index, bookie) pairs of its write set in the last
+        # ensemble less the bookies awaiting replacement; valid while `self.ensembles` and
+        # `self._failed_bookies` are the objects it was made from (both are replaced, never changed in place).
+        self._sends: list[tuple[tuple[int, str], ...]] = []
+        self._sends_for: dict[int, list[str]] | None = None
+        self._sends_failed: frozenset[str] = _NO_BOOKIES
+        self._sends_start = 0
 
     # --- state the driver reads -------------------------------------------------------------------------
 
@@ -343,20 +361,37 @@ class AddTracker:
         lac = self.last_add_confirmed
         if lac > self.lac_sent_to_bookies:
             self.lac_sent_to_bookies = lac
-        pending = _Pending(length, recovery, now_s)
-        self._pending[entry_id] = pending
-        ensemble = self._ensemble_of(entry_id)
-        actions: list[SendAdd] = []
-        sent_s = pending.sent_s
+        if (
+            self._sends_for is self.ensembles
+            and self._sends_failed is self._failed_bookies
+            and entry_id >= self._sends_start
+        ):
+            sends = self._sends[entry_id % self._ensemble_size]
+        else:
+            sends = self._sends_of(entry_id)
+        self._pending[entry_id] = _Pending(length, recovery, now_s, {index: now_s for index, _ in sends})
+        return Appended(entry_id, lac, length, sends, recovery)
+
+    def _sends_of(self, entry_id: int) -> tuple[tuple[int, str], ...]:
+        """Where entry `entry_id` goes now: its write set in its ensemble, less the bookies awaiting
+        replacement (they get nothing new: the replacement receives it on commit). Kept for the last
+        ensemble, where every new entry goes; a recovery add may belong to an earlier one."""
         failed = self._failed_bookies
-        for index in self._write_sets[entry_id % self._ensemble_size]:
-            bookie = ensemble[index]
-            # A bookie awaiting replacement gets nothing new: the replacement receives it on commit.
-            if failed and bookie in failed:
-                continue
-            sent_s[index] = now_s
-            actions.append(SendAdd(entry_id, index, bookie, recovery))
-        return Appended(entry_id, lac, length, actions)
+        if self._sends_for is not self.ensembles or self._sends_failed is not failed:
+            start, last = last_ensemble(self.ensembles)
+            self._sends = [
+                tuple((index, last[index]) for index in write_set if last[index] not in failed)
+                for write_set in self._write_sets
+            ]
+            self._sends_for, self._sends_failed, self._sends_start = self.ensembles, failed, start
+        if entry_id >= self._sends_start:
+            return self._sends[entry_id % self._ensemble_size]
+        ensemble = ensemble_for(self.ensembles, entry_id)[1]
+        return tuple(
+            (index, ensemble[index])
+            for index in self._write_sets[entry_id % self._ensemble_size]
+            if ensemble[index] not in failed
+        )
 
     def fail_pending(self, error: QuorumLogError) -> list[AddAction]:
         """The handle is being closed with adds in flight: they fail now with `error` (BookKeeper's close

@@ -274,7 +274,7 @@ class WriteHandle(LedgerHandle):
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[eid] = body
         self._futures[eid] = fut
-        self._send_adds(appended.actions, now)
+        self._send_entry(eid, body, appended.sends, False, now)
         self._schedule_timeouts()
         return fut
 
@@ -299,71 +299,71 @@ class WriteHandle(LedgerHandle):
         fut: asyncio.Future[int] = self._loop.create_future()
         self._bodies[entry_id] = body
         self._futures[entry_id] = fut
-        self._send_adds(appended.actions)
+        self._send_entry(entry_id, body, appended.sends, True, self._now())
         self._schedule_timeouts()
         return fut
 
-    def _send_adds(self, actions: Sequence[SendAdd], now: float | None = None) -> None:
-        if now is None:
-            now = self._now()
+    def _send_adds(self, actions: Sequence[SendAdd]) -> None:
+        """Send these adds (resends, after an ensemble change or a connection drop): each entry's replicas
+        together, as `_send_entry` does."""
+        now = self._now()
+        i, n = 0, len(actions)
+        while i < n:
+            first = actions[i]
+            j = i + 1
+            while j < n and actions[j].entry_id == first.entry_id and actions[j].recovery == first.recovery:
+                j += 1
+            body = self._bodies.get(first.entry_id)
+            if body is not None:  # (else completed or failed meanwhile)
+                sends = tuple((a.index, a.bookie_id) for a in actions[i:j])
+                self._send_entry(first.entry_id, body, sends, first.recovery, now)
+            i = j
+
+    def _send_entry(
+        self, entry_id: int, body: bytes, sends: Sequence[tuple[int, str]], recovery: bool, now: float
+    ) -> None:
+        """Send entry `entry_id` to the (ensemble index, bookie) pairs in `sends`: one v3 frame, with one txn
+        id, encoded once and handed as is to each bookie's connection (`send_add_frame`)."""
         bookies = self._client._bookies
-        sent_entry = -1
-        sent_recovery = False
-        frame = b""
-        txn = 0
-        for action in actions:
-            entry_id = action.entry_id
-            body = self._bodies.get(entry_id)
-            if body is None:
-                continue  # completed or failed meanwhile
-            if entry_id != sent_entry or action.recovery != sent_recovery:
-                # One v3 frame per entry, with one txn id, sent as is to each bookie of its write set.
-                sent_entry, sent_recovery = entry_id, action.recovery
-                txn = next_txn_id()
-                frame = (
-                    encode_add(
-                        self.ledger_id,
-                        entry_id,
-                        self._master_key,
-                        body,
-                        txn,
-                        sent_recovery,
-                        self._write_flags,
-                    )
-                    if self._v3
-                    else b""
-                )
+        txn = next_txn_id()
+        frame = (
+            encode_add(self.ledger_id, entry_id, self._master_key, body, txn, recovery, self._write_flags)
+            if self._v3
+            else b""
+        )
+        for index, bookie_id in sends:
             # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
-            unanswered = self._unanswered.get(action.bookie_id)
+            unanswered = self._unanswered.get(bookie_id)
             if unanswered is None:
-                unanswered = self._unanswered[action.bookie_id] = {}
+                unanswered = self._unanswered[bookie_id] = {}
             unanswered[entry_id] = now
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._Waiter): this runs for every replica of every entry.
-                # The callback's context is the action's fields as a plain tuple (no closure per request),
-                # not the `SendAdd` itself: the cyclic GC stops tracking a plain tuple of ints and strings at
-                # its first collection, but never a named tuple, and this one lives until the bookie
-                # answers -- long enough to be promoted with every add in flight (docs/PERFORMANCE.md,
-                # "Session 7: client CPU per entry").
-                bookie = bookies.get(action.bookie_id)
+                # The callback's context is a plain tuple of the add's fields (no closure per request): the
+                # cyclic GC stops tracking a plain tuple of ints and strings at its first collection, but
+                # never a named tuple such as `SendAdd`, and this one lives until the bookie answers -- long
+                # enough to be promoted with every add in flight (docs/PERFORMANCE.md, "Session 7: client
+                # CPU per entry").
+                bookie = bookies.get(bookie_id)
                 if bookie is None:
-                    bookie = self._client.bookie(action.bookie_id)
-                context = tuple(action)
+                    bookie = self._client.bookie(bookie_id)
+                context = (entry_id, index, bookie_id, recovery)
                 if not frame or not bookie.send_add_frame(
                     txn, frame, self.ledger_id, entry_id, self._add_answered, context, self._add_batch_end
                 ):
                     # Not connected yet, or v2: a request object, encoded by the connection.
                     req = AddRequest(
-                        self.ledger_id, entry_id, self._master_key, body, sent_recovery, self._write_flags
+                        self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
                     )
                     bookie.send_with_callback(
                         req, self._add_answered, context, timeout_s=0, batch_end=self._add_batch_end
                     )
             except QuorumLogError as e:
-                unanswered.pop(action.entry_id, None)
-                self._apply(self._tracker.on_error(action.entry_id, action.bookie_id, e, self._now()))
-                continue
+                unanswered.pop(entry_id, None)
+                self._apply(self._tracker.on_error(entry_id, bookie_id, e, self._now()))
+                if entry_id not in self._bodies:
+                    return  # the error failed the entry (or the writer): its other replicas are not sent
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
         """One bookie's answer to one add. An ack is only counted here: the entries it completes complete in

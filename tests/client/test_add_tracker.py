@@ -317,6 +317,32 @@ def test_recovery_adds_keep_the_ids_and_lengths_recovery_read() -> None:
     assert t.on_ack(5, "b0", 0) == [AddCompleted(5, 47)]
 
 
+def test_recovery_adds_go_to_the_ensemble_their_entry_belongs_to() -> None:
+    # The writer changed ensemble at entry 4 and died; the bookies' LAC says 2, so recovery re-adds 3 to the
+    # first ensemble, then 4 and 5 to the second (whose bookie b3 replaced b0).
+    t = AddTracker(Quorum(3, 2, 2), {0: B, 4: ["b3", "b1", "b2"]}, last_add_confirmed=2, length=20)
+    assert sends(t.append_recovery(3, 30, 0.0).actions) == [(3, "b0"), (3, "b1")]
+    assert sends(t.append_recovery(4, 40, 0.0).actions) == [(4, "b1"), (4, "b2")]
+    assert t.append_recovery(5, 50, 0.0).sends == ((2, "b2"), (0, "b3"))
+    assert t.on_ack(3, "b0") == [] and t.on_ack(3, "b1") == [AddCompleted(3, 30)]
+
+
+def test_where_new_entries_go_follows_a_failed_bookie_and_a_committed_change() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    assert [t.append(1, 0.0).sends for _ in range(3)] == [
+        ((0, "b0"), (1, "b1")),
+        ((1, "b1"), (2, "b2")),
+        ((2, "b2"), (0, "b0")),
+    ]
+    (change,) = t.on_error(1, "b1", BookieUnavailableError("down"), 0.0)
+    assert isinstance(change, EnsembleChangeNeeded)
+    assert t.append(1, 0.0).sends == ((0, "b0"),)  # entry 3: nothing new for b1, awaiting replacement
+    assert t.append(1, 0.0).sends == ((2, "b2"),)
+    t.ensemble_change_committed(change.first_entry_id, ["b0", "b4", "b2"], 0.0)
+    assert t.append(1, 0.0).sends == ((2, "b2"), (0, "b0"))  # entry 5
+    assert t.append(1, 0.0).sends == ((0, "b0"), (1, "b4"))
+
+
 # --- deferred sync (BookKeeper DeferredSyncTest; WriteFlag.DEFERRED_SYNC) -----------------------------------
 
 
