@@ -262,9 +262,9 @@ class AddTracker:
         self._last_start = 0
         self._last_list: Sequence[str] = ()
         # What a new entry e is sent to: `_sends[e % E]`, the (index, bookie) pairs of its write set in the last
-        # ensemble less the bookies awaiting replacement; valid while `self.ensembles` and
+        # ensemble less the bookies awaiting replacement, and their indices; valid while `self.ensembles` and
         # `self._failed_bookies` are the objects it was made from (both are replaced, never changed in place).
-        self._sends: list[tuple[tuple[int, str], ...]] = []
+        self._sends: list[tuple[tuple[tuple[int, str], ...], tuple[int, ...]]] = []
         self._sends_for: dict[int, list[str]] | None = None
         self._sends_failed: frozenset[str] = _NO_BOOKIES
         self._sends_start = 0
@@ -366,10 +366,11 @@ class AddTracker:
             and self._sends_failed is self._failed_bookies
             and entry_id >= self._sends_start
         ):
-            sends = self._sends[entry_id % self._ensemble_size]
+            sends, indices = self._sends[entry_id % self._ensemble_size]
         else:
             sends = self._sends_of(entry_id)
-        self._pending[entry_id] = _Pending(length, recovery, now_s, {index: now_s for index, _ in sends})
+            indices = tuple(index for index, _ in sends)
+        self._pending[entry_id] = _Pending(length, recovery, now_s, dict.fromkeys(indices, now_s))
         return Appended(entry_id, lac, length, sends, recovery)
 
     def _sends_of(self, entry_id: int) -> tuple[tuple[int, str], ...]:
@@ -379,13 +380,13 @@ class AddTracker:
         failed = self._failed_bookies
         if self._sends_for is not self.ensembles or self._sends_failed is not failed:
             start, last = last_ensemble(self.ensembles)
-            self._sends = [
-                tuple((index, last[index]) for index in write_set if last[index] not in failed)
-                for write_set in self._write_sets
-            ]
+            self._sends = []
+            for write_set in self._write_sets:
+                indices = tuple(index for index in write_set if last[index] not in failed)
+                self._sends.append((tuple((index, last[index]) for index in indices), indices))
             self._sends_for, self._sends_failed, self._sends_start = self.ensembles, failed, start
         if entry_id >= self._sends_start:
-            return self._sends[entry_id % self._ensemble_size]
+            return self._sends[entry_id % self._ensemble_size][0]
         ensemble = ensemble_for(self.ensembles, entry_id)[1]
         return tuple(
             (index, ensemble[index])
@@ -650,19 +651,27 @@ class AddTracker:
     def _drain_completions(self) -> list[AddAction]:
         if self._changing is not None:
             return []
+        pending_adds = self._pending
+        # Pending entries are consecutive from the last one completed, so the head is found by its id: the
+        # dict's first key (`next(iter(...))`) would be found by walking over every key deleted from its
+        # front since it last resized, up to a thousand at 1000 adds in flight, for each completion.
+        entry_id = self.last_add_completed + 1
+        pending = pending_adds.get(entry_id)
+        if pending is None and pending_adds:  # (never expected; kept for safety: the first in entry order)
+            entry_id = next(iter(pending_adds))
+            pending = pending_adds[entry_id]
         done: list[AddAction] = []
-        while self._pending:
-            entry_id = next(iter(self._pending))
-            pending = self._pending[entry_id]
-            if pending.acked.bit_count() < self._ack_quorum:
-                break
-            del self._pending[entry_id]
+        quorum = self._ack_quorum
+        while pending is not None and pending.acked.bit_count() >= quorum:
+            del pending_adds[entry_id]
             self.last_add_completed = entry_id
             self.length_completed = pending.length
             if not self.deferred_sync:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
             done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s))
+            entry_id += 1
+            pending = pending_adds.get(entry_id)
         return done
 
     def _bookie_failed(self, bookie_id: str) -> list[AddAction]:

@@ -438,6 +438,8 @@ def uvarint(b: bytes) -> int:
         return (b[0] & 0x7F) | (b[1] << 7)
     if n == 3:
         return (b[0] & 0x7F) | ((b[1] & 0x7F) << 7) | (b[2] << 14)
+    if n == 4:  # a writer's txn ids from 2**21 on
+        return (b[0] & 0x7F) | ((b[1] & 0x7F) << 7) | ((b[2] & 0x7F) << 14) | (b[3] << 21)
     value = 0
     shift = 0
     for c in b:
