@@ -331,6 +331,7 @@ class WriteHandle(LedgerHandle):
             if self._v3
             else b""
         )
+        req: AddRequest | None = None
         for index, bookie_id in sends:
             # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
             unanswered = self._unanswered.get(bookie_id)
@@ -352,10 +353,12 @@ class WriteHandle(LedgerHandle):
                 if not frame or not bookie.send_add_frame(
                     txn, frame, self.ledger_id, entry_id, self._add_answered, context, self._add_batch_end
                 ):
-                    # Not connected yet, or v2: a request object, encoded by the connection.
-                    req = AddRequest(
-                        self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
-                    )
+                    # Not connected yet, or v2: a request object, encoded by the connection -- one for all
+                    # the replicas, so its frame is encoded once (bookie_client._FrameCache).
+                    if req is None:
+                        req = AddRequest(
+                            self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
+                        )
                     bookie.send_with_callback(
                         req, self._add_answered, context, timeout_s=0, batch_end=self._add_batch_end
                     )

@@ -8,12 +8,14 @@ batch end), from waiters taken off a real connection before its bookie answered.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from quorumlog import Client
+from quorumlog.client.write_handle import WriteHandle
 from quorumlog.errors import LedgerFencedError
 from quorumlog.testing.cluster import LocalCluster
 
@@ -26,23 +28,25 @@ async def cluster() -> AsyncIterator[LocalCluster]:
         yield c
 
 
-def _take_waiters(client: Client, bookie: str) -> list[tuple[Any, Any, Any]]:
-    """The add waiters in flight to `bookie`, taken off its connection in send order (its bookie's answers
-    will find nothing waiting and be dropped)."""
-    conn = client._bookies[bookie]._conns[client.config.protocol_version]
-    held = [(k, w) for k, w in conn.single.items() if type(w) is tuple and len(w) == 3]
+async def _appends_held(
+    client: Client, n: int
+) -> tuple[WriteHandle, list[asyncio.Future[int]], list[tuple[Any, Any, Any]]]:
+    """A ledger on the one bookie, with entries 1..n appended and their add waiters taken off the connection
+    in send order (the bookie's answers will find nothing waiting and be dropped)."""
+    w = await client.create_ledger(1, 1, 1, password=PW)
+    assert await w.append(b"connect") == 0
+    futs = [w.append(b"e%d" % i) for i in range(1, n + 1)]
+    conn = client._bookies[w._tracker.current_ensemble[0]]._conns[client.config.protocol_version]
+    held = [(k, x) for k, x in conn.single.items() if type(x) is tuple and len(x) == 3]
     for key, _ in held:
         del conn.single[key]
     conn.pending_count -= len(held)
-    return [w for _, w in held]
+    return w, futs, [waiter for _, waiter in held]
 
 
 async def test_acks_before_an_error_in_one_read_complete_their_entries_first(cluster: LocalCluster) -> None:
     async with await Client.connect(cluster.uri) as client:
-        w = await client.create_ledger(1, 1, 1, password=PW)
-        assert await w.append(b"connect") == 0
-        futs = [w.append(b"e%d" % i) for i in range(1, 5)]
-        waiters = _take_waiters(client, w._tracker.current_ensemble[0])
+        w, futs, waiters = await _appends_held(client, 4)
         assert [ctx[0] for _, ctx, _ in waiters] == [1, 2, 3, 4]
         # One read: EOK for entries 1 and 2, then EFENCED for entry 3 (entry 4's answer never comes).
         (cb1, ctx1, end), (cb2, ctx2, _), (cb3, ctx3, _), _ = waiters
@@ -61,10 +65,7 @@ async def test_acks_before_an_error_in_one_read_complete_their_entries_first(clu
 
 async def test_a_reads_acks_complete_in_order_at_its_batch_end(cluster: LocalCluster) -> None:
     async with await Client.connect(cluster.uri) as client:
-        w = await client.create_ledger(1, 1, 1, password=PW)
-        assert await w.append(b"connect") == 0
-        futs = [w.append(b"e%d" % i) for i in range(1, 6)]
-        waiters = _take_waiters(client, w._tracker.current_ensemble[0])
+        w, futs, waiters = await _appends_held(client, 5)
         # One read answering 3, 1, 2 (entry 4 and 5 later): at its end 1, 2, 3 complete, in order.
         for i in (2, 0, 1):
             cb, ctx, _ = waiters[i]

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
-from quorumlog.client import bookie_client
+from quorumlog import Client
+from quorumlog.client import bookie_client, write_handle
 from quorumlog.client.bookie_client import BookieClient, static_resolver
 from quorumlog.env import OsEnv
 from quorumlog.proto.codec import ClientConnection
 from quorumlog.proto.messages import AddRequest, AddResponse, ProtocolVersion, Request
+from quorumlog.testing.cluster import LocalCluster
 
 from .test_bookie_client import FakeBookie, add
 
@@ -78,3 +81,34 @@ async def test_one_request_to_a_write_set_is_encoded_once_and_still_matched(
     assert [(await first).entry_id, (await second).entry_id] == [99, 99]
     for c in clients:
         await c.close()
+
+
+@pytest.mark.parametrize("protocol", ["v3", "v2"])
+async def test_a_writer_encodes_each_entry_once_for_its_write_set(
+    protocol: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a write handle (E3 W2 A2): v3 entries are encoded by the handle, one frame per entry; v2
+    entries as one request object per entry, which the connections' frame cache encodes once."""
+    async with LocalCluster(3, journal_sync=False) as cluster:
+        async with await Client.connect(cluster.uri, protocol=protocol) as client:
+            w = await client.create_ledger(3, 2, 2, password=b"pw")
+            for _ in range(3):
+                await w.append(b"connect")  # write sets {0,1}, {1,2}, {2,0}: every connection is up
+            encodes = 0
+            real_send, real_encode = ClientConnection.send, write_handle.encode_add
+
+            def counting_send(self: ClientConnection, request: Request) -> bytes:
+                nonlocal encodes
+                encodes += type(request) is AddRequest
+                return real_send(self, request)
+
+            def counting_encode(*args: Any, **kwargs: Any) -> bytes:
+                nonlocal encodes
+                encodes += 1
+                return real_encode(*args, **kwargs)
+
+            monkeypatch.setattr(ClientConnection, "send", counting_send)
+            monkeypatch.setattr(write_handle, "encode_add", counting_encode)
+            assert await asyncio.gather(*(w.append(b"e%d" % i) for i in range(20))) == list(range(3, 23))
+            assert encodes == 20
+            await w.close()
