@@ -138,7 +138,7 @@ class WriteHandle(LedgerHandle):
         self._bodies: dict[int, bytes] = {}
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
-        # Adds go out as v3 frames this handle encodes (`_send_adds`); v2 connections encode requests.
+        # Adds go out as v3 frames this handle encodes (`_send_entry`); v2 connections encode requests.
         self._v3 = cfg.protocol_version == ProtocolVersion.V3
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0

@@ -6,6 +6,7 @@ that does not parse."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -62,17 +63,24 @@ async def test_two_reads_pending_on_one_reader_get_consecutive_records(client: C
     assert [r.payload for r in rest] == [b"three", b"four"]
 
 
-async def test_closing_a_reader_ends_every_read_pending_on_it(client: Client) -> None:
-    """TestAsyncReaderWriter.testCancelReadRequestOnReaderClosed, with several reads pending: closing the
-    reader ends each of them (DistributedLog: ReadCancelledException; here the iteration ends, docs/STREAMS.md
-    "Differences from DistributedLog"), and a read after the close ends at once."""
-    log = await client.namespace("arw").create_log("close-pending")
+async def _reads_pending(ns: Any, name: str, n: int) -> tuple[Any, list[asyncio.Future[Any]]]:
+    """A new log `name` holding one record, a reader that has read it, and `n` reads pending on that reader
+    (given a moment to park: nothing can complete them yet)."""
+    log = await ns.create_log(name)
     async with await log.open_writer() as writer:
         await writer.write(b"1")
     reader = await log.open_reader(Position.HEAD)
     assert [r.payload for r in await read_n(reader, 1)] == [b"1"]
-    pending = [asyncio.ensure_future(anext(reader)) for _ in range(3)]
+    pending = [asyncio.ensure_future(anext(reader)) for _ in range(n)]
     await asyncio.sleep(0.05)
+    return reader, pending
+
+
+async def test_closing_a_reader_ends_every_read_pending_on_it(client: Client) -> None:
+    """TestAsyncReaderWriter.testCancelReadRequestOnReaderClosed, with several reads pending: closing the
+    reader ends each of them (DistributedLog: ReadCancelledException; here the iteration ends, docs/STREAMS.md
+    "Differences from DistributedLog"), and a read after the close ends at once."""
+    reader, pending = await _reads_pending(client.namespace("arw"), "close-pending", 3)
     assert not any(p.done() for p in pending)
     await reader.close()
     async with asyncio.timeout(READ_WAIT_S):
@@ -88,13 +96,7 @@ async def test_every_read_pending_on_a_deleted_log_fails(client: Client) -> None
     waiting, and so does every later read: a reader that failed stays failed (DistributedLog's keeps its
     last exception) rather than ending as if it had read the whole log."""
     ns = client.namespace("arw")
-    log = await ns.create_log("deleted-pending")
-    async with await log.open_writer() as writer:
-        await writer.write(b"1")
-    reader = await log.open_reader(Position.HEAD)
-    assert [r.payload for r in await read_n(reader, 1)] == [b"1"]
-    pending = [asyncio.ensure_future(anext(reader)) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    reader, pending = await _reads_pending(ns, "deleted-pending", 2)
     await ns.delete_log("deleted-pending")
     async with asyncio.timeout(READ_WAIT_S):
         outcomes = await asyncio.gather(*pending, return_exceptions=True)
