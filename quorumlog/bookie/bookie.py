@@ -575,15 +575,23 @@ class Bookie:
         if req.piggyback and req.previous_lac is not None:
             self._long_poll(req, reply, owner)
             return
-        state = self.book.get(lid)
-        if state is None:
-            reply(m.ReadResponse(StatusCode.ENOLEDGER, lid, eid, txn_id=req.txn_id))
-            return
-        body = self._entry(state, eid)
+        status, body, lac = self.read_plain(lid, eid)
         if body is None:
-            reply(m.ReadResponse(StatusCode.ENOENTRY, lid, eid, txn_id=req.txn_id))
+            reply(m.ReadResponse(status, lid, eid, txn_id=req.txn_id))
             return
-        reply(m.ReadResponse(StatusCode.EOK, lid, eid, body, max_lac=state.lac, txn_id=req.txn_id))
+        reply(m.ReadResponse(status, lid, eid, body, max_lac=lac, txn_id=req.txn_id))
+
+    def read_plain(self, ledger_id: int, entry_id: int) -> tuple[StatusCode, bytes | None, int]:
+        """A plain READ's answer: (EOK, the entry, the ledger's LAC), or (ENOLEDGER / ENOENTRY, None, -1).
+        Raises on storage failure (`CorruptEntryError`, `IndexError_`, `OSError`: answered EIO). The
+        connection answers canonical plain reads with it directly (server.py)."""
+        state = self.book.get(ledger_id)
+        if state is None:
+            return StatusCode.ENOLEDGER, None, -1
+        body = self._entry(state, entry_id)
+        if body is None:
+            return StatusCode.ENOENTRY, None, -1
+        return StatusCode.EOK, body, state.lac
 
     def _fencing_read(self, req: m.ReadRequest, reply: Reply) -> None:
         lid, eid, txn = req.ledger_id, req.entry_id, req.txn_id

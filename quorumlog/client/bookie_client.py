@@ -87,7 +87,7 @@ from quorumlog.proto.messages import (
     WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
-from quorumlog.proto.v3fast import encode_add_request
+from quorumlog.proto.v3fast import encode_add_request, encode_read
 from quorumlog.security.auth import AUTH_DISABLED_PLUGIN, AuthenticationError, ClientAuth
 from quorumlog.security.tls import TLSContextSource, describe_handshake_failure
 
@@ -445,13 +445,42 @@ class _Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
         if timeout_s > 0:
-            deadline = self.loop.time() + timeout_s
-            if timeout_s == self.owner.request_timeout_s:
-                self._expiry.append((deadline, key, fut))
-                if self._expiry_timer is None:
-                    self._expiry_timer = self.loop.call_at(deadline, self._expire)
-            else:
-                self.loop.call_at(deadline, self._expire_one, key, fut)
+            self._expire_after(timeout_s, key, fut)
+
+    def _expire_after(self, timeout_s: float, key: Hashable, fut: _Waiter) -> None:
+        deadline = self.loop.time() + timeout_s
+        if timeout_s == self.owner.request_timeout_s:
+            self._expiry.append((deadline, key, fut))
+            if self._expiry_timer is None:
+                self._expiry_timer = self.loop.call_at(deadline, self._expire)
+        else:
+            self.loop.call_at(deadline, self._expire_one, key, fut)
+
+    def send_read(self, ledger_id: int, entry_id: int, waiter: tuple[Any, Any], timeout_s: float) -> bool:
+        """Queue a plain READ of one entry, encoded straight from its ids (`v3fast.encode_read`: no request
+        object, no `_FrameCache`, no codec dispatch -- a reader sends one per entry). False, with nothing done,
+        if this connection is not v3: the caller then sends a `ReadRequest`."""
+        if not self._unique_keys:
+            return False
+        if self.pending_count >= self.owner.outstanding_requests_max:
+            raise TooManyRequestsError(
+                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
+                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
+            )
+        txn = next(_TXN_IDS)
+        if txn <= self._max_txn_id:
+            txn = self._max_txn_id + 1
+        frame = encode_read(ledger_id, entry_id, txn)  # raises (out of range) before anything is recorded
+        self._max_txn_id = txn
+        self.single[txn] = waiter
+        self.pending_count += 1
+        self._out.append(frame)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        if timeout_s > 0:
+            self._expire_after(timeout_s, txn, waiter)
+        return True
 
     def send_add_frame(
         self, txn: int, frame: bytes, ledger_id: int, entry_id: int, waiter: tuple[Any, Any, Any]
@@ -760,6 +789,27 @@ class BookieClient:
         self.send(request, timeout_s=timeout_s).add_done_callback(
             functools.partial(_to_callback, callback, context, batch_end)
         )
+
+    def send_read(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        callback: AnswerCallback,
+        context: Any,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """`send_with_callback(ReadRequest(ledger_id, entry_id), callback, context, timeout_s=timeout_s)`, with
+        the frame encoded from the ids when the connection is up and v3 (a reader's path: one per entry)."""
+        conn = self._conns.get(self.version)
+        timeout = self.request_timeout_s if timeout_s is None else timeout_s
+        if (
+            conn is not None
+            and not conn.closed
+            and conn.send_read(ledger_id, entry_id, (callback, context), timeout)
+        ):
+            return
+        self.send_with_callback(ReadRequest(ledger_id, entry_id), callback, context, timeout_s=timeout_s)
 
     def send_add_frame(
         self,

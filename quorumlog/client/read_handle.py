@@ -237,9 +237,7 @@ class LedgerHandle:
 
         def send(index: int, bookie_id: str) -> None:
             try:
-                client.bookie(bookie_id).send_with_callback(
-                    ReadRequest(ledger_id, first + index), on_answer, (index, bookie_id)
-                )
+                client.bookie(bookie_id).send_read(ledger_id, first + index, on_answer, (index, bookie_id))
             except QuorumLogError as e:
                 on_error(index, bookie_id, e)
 

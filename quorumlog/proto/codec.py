@@ -47,6 +47,7 @@ from quorumlog.proto.messages import (
     StartTLSResponse,
 )
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3 import read_response_at
 
 # A v3 body is a protobuf message whose field 1 (the header, length-delimited) comes first: byte 0x0a. A v2
 # body starts with its header int, whose first byte is the protocol version (2). Protobuf has no field 0, so
@@ -55,6 +56,9 @@ _V3_FIRST_BYTE = b"\x0a"
 _V2_RESPONSE_TYPES = (AddResponse, ReadResponse, AuthResponse)
 _EOK = StatusCode.EOK
 _LEN = struct.Struct(">I")
+# A v3 READ_ENTRY response frame: length prefix, then header {version 3, READ_ENTRY} from its 3rd byte on.
+_READ_HEADER = b"\x08\x03\x10\x01"
+_READ_PREFIX_BYTES = FRAME_PREFIX_BYTES + 6
 
 # A whole v3 frame holding an AddResponse with status EOK, in the layout protobuf (and BookKeeper's bookie)
 # writes: length prefix < 128, header {version 3, ADD_ENTRY, txnId}, status, addResponse {status, ledgerId,
@@ -250,6 +254,17 @@ class ClientConnection:
                 pos = scan_v3_add_ok(data, pos, out, raw_add_ok)
                 if pos == n:
                     break
+                # A READ answer whole in this chunk is read in place as well (no copy of the frame, one of
+                # the entry); anything else goes through the decoder below.
+                if n - pos >= _READ_PREFIX_BYTES and data[pos + 6 : pos + 10] == _READ_HEADER:
+                    end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
+                    if (
+                        end <= n
+                        and (resp := read_response_at(data, pos + FRAME_PREFIX_BYTES, end)) is not None
+                    ):
+                        out.append(resp)
+                        pos = end
+                        continue
                 # Not an EOK AddResponse: this one frame through the decoder (the rest of it, if split).
                 want = (
                     FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]

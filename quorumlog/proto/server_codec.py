@@ -50,14 +50,19 @@ from quorumlog.proto.messages import (
     AddResponse,
     AuthResponse,
     ProtocolVersion,
+    ReadRequest,
     ReadResponse,
     Request,
     Response,
     WriteLacRequest,
 )
 from quorumlog.proto.status import StatusCode
+from quorumlog.proto.v3 import uvarint
 
 FastAdd = tuple[int, int, bytes, bytes, int, bytes, bytes, bytes]
+# A plain v3 READ: (txn_raw, ledger_raw, entry_raw, ledger_id, entry_id), the varints as received (the answer
+# copies them). Five elements, a `FastAdd` eight: the length tells them apart.
+FastRead = tuple[bytes, bytes, bytes, int, int]
 
 _V2 = ProtocolVersion.V2
 _V3 = ProtocolVersion.V3
@@ -104,6 +109,20 @@ _v3_add_match = _V3_ADD.match
 # and the slow path: writers send it only once the LAC is >= 0.
 _V3_WRITE_LAC = _v3_request(b"\x06", b"\xba\x06")
 _v3_write_lac_match = _V3_WRITE_LAC.match
+# A plain READ (READ_ENTRY, readRequest = field 100) {ledgerId, entryId} and nothing else, as a reader sends
+# one per entry: groups header length, txnId, the part's length, ledgerId, entryId. A flag (fence, long poll),
+# a master key, a priority or a negative id (10 bytes) fail the match or the length checks: the slow path.
+_V3_READ = re.compile(
+    rb"\x0a(.)\x08\x03\x10\x01\x18("
+    + _VARINT
+    + rb")\xa2\x06(.)\x08("
+    + _VARINT
+    + rb")\x10("
+    + _VARINT
+    + rb")",
+    re.DOTALL,
+)
+_v3_read_match = _V3_READ.match
 _V2_ADD_HEADER = _LEN.pack((v2.PROTOCOL_VERSION << 24) | (v2.V2OpCode.ADD_ENTRY << 16))  # no flags
 _V2_ADD_MIN = 4 + MASTER_KEY_BYTES + _ENTRY_HEADER_BYTES
 _SMALL = [bytes((i,)) for i in range(128)]
@@ -291,6 +310,24 @@ def encode_write_lac_ok(txn_id: int, ledger_id: int) -> bytes:
     return b"".join((t[0], txn, t[1], lid))
 
 
+def decode_read_v3(data: bytes, start: int = 0, end: int | None = None) -> FastRead | None:
+    """The plain v3 READ in `data[start:end]` (one frame body) as a `FastRead`, if it is in the layout above."""
+    if end is None:
+        end = len(data)
+    m = _v3_read_match(data, start, end)
+    if m is None or m.end() != end:
+        return None
+    hdr, txn, part, lid, eid = m.groups()
+    if hdr[0] != 5 + len(txn) or part[0] != 2 + len(lid) + len(eid):
+        return None
+    return (txn, lid, eid, uvarint(lid), uvarint(eid))
+
+
+def fast_read_request(read: FastRead) -> ReadRequest:
+    """The `ReadRequest` a `FastRead` stands for (slow paths: errors, limits, timed samples)."""
+    return ReadRequest(read[3], read[4], txn_id=uvarint(read[0]))
+
+
 def add_answer(add: FastAdd, status: StatusCode) -> tuple[AddResponse, bytes]:
     """The answer to one add with `status`, and its frame in the protocol version the add came in."""
     txn = add[5]
@@ -316,7 +353,7 @@ class BookieCodec:
 
     def receive(
         self, data: bytes | bytearray | memoryview, fast_adds: bool = True
-    ) -> list[Request | FastAdd]:
+    ) -> list[Request | FastAdd | FastRead]:
         """The requests in `data` (and what earlier chunks left over), in order. Raises `ProtocolError`.
 
         With `fast_adds`, whole canonical add frames are read in place in `data` (`_scan_adds`: no copy of
@@ -328,7 +365,7 @@ class BookieCodec:
         if type(data) is not bytes:
             data = bytes(data)  # entries must be bytes of their own, not views into a reused buffer
         frames = self._frames
-        out: list[Request | FastAdd] = []
+        out: list[Request | FastAdd | FastRead] = []
         pos = 0
         n = len(data)
         while pos < n:
@@ -350,7 +387,7 @@ class BookieCodec:
             pos += take
         return out
 
-    def _scan_adds(self, data: bytes, pos: int, n: int, out: list[Request | FastAdd]) -> int:
+    def _scan_adds(self, data: bytes, pos: int, n: int, out: list[Request | FastAdd | FastRead]) -> int:
         """Append the whole canonical add (and v3 WRITE_LAC) frames that start at `pos`, up to the first other
         frame; returns where that one starts (or `n`)."""
         limit = self._frames.max_frame_bytes
@@ -370,7 +407,9 @@ class BookieCodec:
                     break
                 lac = decode_write_lac_v3(data, pos + FRAME_PREFIX_BYTES, end)
                 if lac is None:
-                    break
+                    lac = decode_read_v3(data, pos + FRAME_PREFIX_BYTES, end)  # type: ignore[assignment]
+                    if lac is None:
+                        break
                 append(lac)
                 self.version = _V3
                 pos = end
@@ -382,8 +421,8 @@ class BookieCodec:
         return pos
 
     def _decode(
-        self, bodies: list[bytes], out: list[Request | FastAdd], fast_adds: bool
-    ) -> list[Request | FastAdd]:
+        self, bodies: list[bytes], out: list[Request | FastAdd | FastRead], fast_adds: bool
+    ) -> list[Request | FastAdd | FastRead]:
         """Append the requests of whole frame bodies to `out` (and return it)."""
         append = out.append
         for body in bodies:
@@ -396,6 +435,8 @@ class BookieCodec:
                         add = decode_add_v3(body)
                         if add is None:
                             add = decode_write_lac_v3(body)  # type: ignore[assignment]
+                        if add is None:
+                            add = decode_read_v3(body)  # type: ignore[assignment]
                         if add is not None:
                             self.version = _V3
                             append(add)

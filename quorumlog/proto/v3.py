@@ -450,7 +450,14 @@ def uvarint(b: bytes) -> int:
 
 def _read_response_fast(body: bytes) -> ReadResponse | None:
     """`body` decoded as protobuf would decode it, if it is a ReadResponse in the bookies' layout; else None."""
-    m = _READ_OK_HEAD.match(body)
+    return read_response_at(body, 0, len(body))
+
+
+def read_response_at(data: bytes | bytearray | memoryview, start: int, n: int) -> ReadResponse | None:
+    """`data[start:n]` (one response body, read in place: the entry is the only copy) decoded as protobuf would
+    decode it, if it is a ReadResponse in the bookies' layout; else None. The client's connection reads every
+    READ answer of a chunk this way (`codec.ClientConnection`)."""
+    m = _READ_OK_HEAD.match(data, start, n)
     if m is None:
         return None
     hdr_len, txn, top, part_len, inner, lid, eid, blen = m.groups()
@@ -460,7 +467,6 @@ def _read_response_fast(body: bytes) -> ReadResponse | None:
     inner_status = _STATUS.get(inner[0])
     if top_status is None or inner_status is None:
         return None
-    n = len(body)
     if uvarint(part_len) != n - m.start(4) - len(part_len):  # the part runs to the end of the body
         return None
     pos = m.end()
@@ -469,13 +475,13 @@ def _read_response_fast(body: bytes) -> ReadResponse | None:
         end = pos + (blen[0] if len(blen) == 1 else uvarint(blen))
         if end > n:
             return None
-        entry = body[pos:end]
+        entry = data[pos:end]
         if type(entry) is not bytes:  # a bytearray or memoryview frame: the message holds its own bytes
             entry = bytes(entry)
         pos = end
     max_lac = lac_ts = None
     if pos != n:
-        t = _READ_OK_TAIL.match(body, pos)
+        t = _READ_OK_TAIL.match(data, pos, n)
         if t is None:
             return None
         max_lac, lac_ts = t.groups()

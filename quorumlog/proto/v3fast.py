@@ -1,4 +1,4 @@
-"""Hand-written v3 *encoders* for the per-entry messages: AddRequest, AddResponse, ReadResponse.
+"""Hand-written v3 *encoders* for the per-entry messages: AddRequest, AddResponse, ReadRequest, ReadResponse.
 
 Why: these run for every entry on every replica. Building the generated protobuf object graph and then
 serializing it costs more than writing the few fields directly (numbers in docs/PERFORMANCE.md, "Codec":
@@ -226,6 +226,37 @@ def encode_add_response(resp: AddResponse) -> bytes:
     )
 
 
+# --- ReadRequest --------------------------------------------------------------------------------------------
+
+
+def encode_read(ledger_id: int, entry_id: int, txn_id: int) -> bytes:
+    """The v3 frame of a plain `ReadRequest(ledger_id, entry_id, txn_id=txn_id)` (no fence, no long poll, no
+    priority), from its fields: a reader sends one per entry (client/read_handle.py), and protobuf's path
+    builds two messages for it. `ledger_id` and `entry_id` are int64 (a negative one takes 10 bytes, as in
+    protobuf)."""
+    if txn_id < 0 or not -_I64_SIGN <= ledger_id < _I64_SIGN or not -_I64_SIGN <= entry_id < _I64_SIGN:
+        raise _out_of_range(f"txn_id/ledger_id/entry_id ({txn_id}, {ledger_id}, {entry_id}) of a ReadRequest")
+    txn = _varint(txn_id)
+    lid = _varint(ledger_id)
+    eid = _varint(entry_id)
+    part_len = 2 + len(lid) + len(eid)  # at most 22: one byte
+    return b"".join(
+        (
+            _LEN.pack(10 + len(txn) + part_len),
+            b"\x0a",
+            _SMALL[5 + len(txn)],
+            _HDR_READ,
+            txn,
+            _TAG_READ_PART,
+            _SMALL[part_len],
+            b"\x08",
+            lid,
+            b"\x10",
+            eid,
+        )
+    )
+
+
 # --- ReadResponse -------------------------------------------------------------------------------------------
 
 
@@ -272,5 +303,36 @@ def encode_read_response(resp: ReadResponse) -> bytes:
             blen,
             body,
             tail,
+        )
+    )
+
+
+def encode_read_ok(txn: bytes, ledger: bytes, entry: bytes, body: bytes, lac: int) -> bytes:
+    """The frame `encode_read_response` gives for `ReadResponse(EOK, ledger_id, entry_id, body, max_lac=lac,
+    txn_id=txn_id)`, from the varints of the request's txnId, ledgerId and entryId as received (a bookie
+    answering a plain READ copies them: `server_codec.FastRead`, canonical, so the same bytes)."""
+    blen = _varint(len(body))
+    maxlac = _varint(lac)
+    part_len = 6 + len(ledger) + len(entry) + len(blen) + len(body) + len(maxlac)
+    plen = _varint(part_len)
+    hdr_len = 5 + len(txn)
+    return b"".join(
+        (
+            _LEN.pack(6 + hdr_len + len(plen) + part_len),
+            b"\x0a",
+            _SMALL[hdr_len],
+            _HDR_READ,
+            txn,
+            b"\x10\x00\xa2\x06",
+            plen,
+            b"\x08\x00\x10",
+            ledger,
+            b"\x18",
+            entry,
+            b"\x22",
+            blen,
+            body,
+            b"\x28",
+            maxlac,
         )
     )
