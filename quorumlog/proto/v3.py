@@ -475,9 +475,9 @@ def read_response_at(data: bytes | bytearray | memoryview, start: int, n: int) -
         end = pos + (blen[0] if len(blen) == 1 else uvarint(blen))
         if end > n:
             return None
-        entry = data[pos:end]
-        if type(entry) is not bytes:  # a bytearray or memoryview frame: the message holds its own bytes
-            entry = bytes(entry)
+        piece = data[pos:end]
+        # A bytearray or memoryview frame: the message holds its own bytes.
+        entry = piece if type(piece) is bytes else bytes(piece)
         pos = end
     max_lac = lac_ts = None
     if pos != n:
