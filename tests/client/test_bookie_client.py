@@ -350,3 +350,79 @@ async def test_a_raising_callback_costs_only_its_own_answer(fake: FakeBookie) ->
     assert sorted(answers.got) == [(0, 0, None), (2, 2, None)]  # type: ignore[type-var]
     assert [str(e) for e in reported] == ["bug in a callback"]
     await c.close()
+
+
+# --- send_read: a plain read encoded from its ids (the reader's path) ---------------------------------------
+
+
+class ReadAnswers:
+    """Records `send_read` answers as (context, status or None, body or None, error type or None)."""
+
+    def __init__(self, expected: int) -> None:
+        self.got: list[tuple[object, object, bytes | None, type | None]] = []
+        self.all_in = asyncio.Event()
+        self.expected = expected
+
+    def __call__(self, context: object, response: Response | None, error: Exception | None) -> None:
+        assert response is None or isinstance(response, ReadResponse)
+        self.got.append(
+            (
+                context,
+                response.status if response is not None else None,
+                response.body if response is not None else None,
+                type(error) if error is not None else None,
+            )
+        )
+        if len(self.got) >= self.expected:
+            self.all_in.set()
+
+
+@pytest.mark.parametrize("version", [ProtocolVersion.V3, ProtocolVersion.V2])
+async def test_send_read_before_and_after_the_connection_is_up_in_either_version(
+    fake: FakeBookie, version: ProtocolVersion
+) -> None:
+    """The first reads go out while connecting (as `ReadRequest`s), the rest straight from their ids over
+    v3 (or as `ReadRequest`s over v2): the bookie sees the same plain reads, and each answer comes back to
+    its context, errors typed."""
+    c = client(fake, version=version)
+    answers = ReadAnswers(4)
+    c.send_read(7, 1, answers, "early")
+    c.send_read(7, 404, answers, "absent")
+    await fake.wait_requests(2)
+    await c.request(add(0))  # connected now
+    c.send_read(7, 2, answers, "late")
+    c.send_read(7, 504, answers, "fenced")
+    await asyncio.wait_for(answers.all_in.wait(), 10)  # a lost answer fails here, not by hanging
+    assert sorted(answers.got, key=str) == sorted(
+        [
+            ("early", StatusCode.EOK, b"e1", None),
+            ("absent", None, None, NoSuchEntryError),
+            ("late", StatusCode.EOK, b"e2", None),
+            ("fenced", None, None, LedgerFencedError),
+        ],
+        key=str,
+    )
+    reads = [r for r in fake.requests if isinstance(r, ReadRequest)]
+    assert [(r.ledger_id, r.entry_id, r.fence, r.piggyback, r.master_key) for r in reads] == [
+        (7, e, False, False, None) for e in (1, 404, 2, 504)
+    ]
+    if version is ProtocolVersion.V3:
+        assert len({r.txn_id for r in reads}) == 4
+    await c.close()
+
+
+async def test_send_read_times_out_and_a_late_answer_is_dropped(fake: FakeBookie) -> None:
+    c = client(fake, request_timeout_s=0.05)
+    await c.request(add(0))
+    fake.answer = lambda req: None
+    answers = ReadAnswers(2)
+    c.send_read(7, 1, answers, "default")
+    c.send_read(7, 2, answers, "own", timeout_s=0.02)
+    await asyncio.wait_for(answers.all_in.wait(), 10)  # a lost answer fails here, not by hanging
+    assert sorted(answers.got, key=str) == [
+        ("default", None, None, OperationTimeoutError),
+        ("own", None, None, OperationTimeoutError),
+    ]
+    fake.answer = ok
+    assert (await c.request(ReadRequest(7, 3))).body == b"e3"  # type: ignore[union-attr]
+    await c.close()
