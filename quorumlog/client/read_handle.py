@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, assert_never
 
@@ -77,8 +78,9 @@ log = logging.getLogger("quorumlog.client")
 
 # Entries of one `read` call in flight at once (bounds memory and bookie queues per call).
 READ_WINDOW_ENTRIES = 256
-# Entries `tail` reads per batch once it knows they are confirmed.
-TAIL_BATCH_ENTRIES = 256
+# Entries `tail` reads per batch once it knows they are confirmed, and batches it keeps in flight.
+TAIL_BATCH_ENTRIES = 128
+TAIL_READ_AHEAD = 4
 # Longest single long-poll `tail` asks a bookie for (it also wakes on metadata changes).
 TAIL_POLL_S = 5.0
 # How often `wait_for_entry` asks again while no bookie of the write set knows the ledger yet (a bookie can
@@ -188,113 +190,19 @@ class LedgerHandle:
         return out
 
     async def _read_window(self, first: int, last: int) -> list[Entry]:
-        """Entries first..last, read by one driver: no task, future or timer per entry.
+        """Entries first..last, read by one driver (`_WindowRead`): no task, future or timer per entry.
 
         Each entry keeps its own `EntryRead` (replica order, speculative reads, errors); what is shared is
-        the plumbing -- answers come straight from the connection's read (`send_with_callback`), one future
-        resolves when every entry is done, and one timer checks the speculative deadlines of all of them
-        (they are sent together, so their deadlines are close). Entries that failed with an error a
-        metadata refresh can fix are retried one by one, as a single-entry read would be.
+        the plumbing -- answers come straight from the connection's read (`send_read`), one future resolves
+        when every entry is done, and one timer checks the speculative deadlines of all of them (they are
+        sent together, so their deadlines are close). Entries that failed with an error a metadata refresh
+        can fix are retried one by one, as a single-entry read would be.
         """
-        loop = asyncio.get_running_loop()
         now = self._now()
         ensembles = self._md.value.ensembles
         failures = self._failures.counts(now)
         speculative_s = self._client.config.speculative_read_timeout_s
-        count = last - first + 1
         readers: list[EntryRead] = []
-        results: list[Entry | None] = [None] * count
-        errors: list[QuorumLogError | None] = [None] * count
-        all_done: asyncio.Future[None] = loop.create_future()
-        remaining = count
-        timer: asyncio.TimerHandle | None = None
-        ledger_id, digest, lac, client, stats = (
-            self.ledger_id,
-            self._digest,
-            self._lac,
-            self._client,
-            self._stats,
-        )
-
-        def apply(index: int, actions: Sequence[ReadAction]) -> None:
-            nonlocal remaining
-            for action in actions:
-                match action:
-                    case SendRead():
-                        if action.speculative:
-                            stats.speculative_reads += 1
-                        send(index, action.bookie_id)
-                        continue
-                    case ReadDone():
-                        results[index] = action.data
-                    case ReadFailed():
-                        errors[index] = action.error
-                    case _:
-                        assert_never(action)
-                remaining -= 1
-                if remaining == 0 and not all_done.done():
-                    all_done.set_result(None)
-
-        def send(index: int, bookie_id: str) -> None:
-            try:
-                client.bookie(bookie_id).send_read(ledger_id, first + index, on_answer, (index, bookie_id))
-            except QuorumLogError as e:
-                on_error(index, bookie_id, e)
-
-        def on_error(index: int, bookie_id: str, error: QuorumLogError) -> None:
-            if not isinstance(error, NOT_BOOKIE_FAULTS):
-                self._failures.record_failure(bookie_id, self._now())
-            apply(index, readers[index].on_error(bookie_id, error, self._now()))
-            if timer is None:
-                arm()  # an error may give the reader a deadline again (stop waiting for slow replicas)
-
-        def on_answer(context: tuple[int, str], resp: Response | None, exc: QuorumLogError | None) -> None:
-            index, bookie_id = context
-            if exc is not None:
-                on_error(index, bookie_id, exc)
-                return
-            assert isinstance(resp, ReadResponse)
-            entry_id = first + index
-            if resp.body is None:
-                on_error(
-                    index,
-                    bookie_id,
-                    NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}"),
-                )
-                return
-            try:
-                entry = digest.decode_entry(resp.body, entry_id)
-            except (DigestMismatchError, ProtocolError) as e:
-                log.error(
-                    "ledger %d entry %d from bookie %s is corrupt: %s", ledger_id, entry_id, bookie_id, e
-                )
-                stats.read_corrupt += 1
-                on_error(index, bookie_id, DigestMismatchError(str(e)))
-                return
-            self._failures.record_success(bookie_id)
-            # The answering bookie's LAC (v3 maxLAC: the largest LAC it knows, piggybacked or explicit, each one
-            # its writer confirmed) moves the handle's, as BookKeeper's PendingReadOp moves it on every good
-            # non-recovery read answer -- even of an old entry. v2 answers carry none: then a read moves
-            # nothing, as in BookKeeper over v2. (tests/scenarios/ported/test_bk_ledger_handles.py)
-            if resp.max_lac is not None:
-                lac.observe(resp.max_lac)
-            apply(index, readers[index].on_success(bookie_id, entry))
-
-        def arm() -> None:
-            nonlocal timer
-            deadlines = [d for r in readers if not r.done and (d := r.next_deadline_s()) is not None]
-            if deadlines and not all_done.done():
-                timer = loop.call_later(max(0.0, min(deadlines) - self._now()), on_timer)
-
-        def on_timer() -> None:
-            nonlocal timer
-            timer = None
-            t = self._now()
-            for index, reader in enumerate(readers):
-                if not reader.done:
-                    apply(index, reader.check_timeouts(t))
-            arm()
-
         # Replica order depends only on the ensemble and entry_id % E: computed once per rotation while the
         # window stays in one ensemble (the common case), not per entry.
         quorum = self.quorum
@@ -313,19 +221,16 @@ class LedgerHandle:
             readers.append(
                 EntryRead(quorum, entry_id, ensemble, speculative_timeout_s=speculative_s, replicas=replicas)
             )
-        for index, reader in enumerate(readers):
-            apply(index, reader.start(now))
-        if timer is None:  # an immediate send error may have armed it already
-            arm()
+        window = _WindowRead(self, first, readers)
+        window.start(now)
         try:
-            await all_done
+            await window.all_done
         finally:
-            if timer is not None:
-                timer.cancel()
+            window.stop()
         out: list[Entry] = []
-        for index, entry in enumerate(results):
+        for index, entry in enumerate(window.results):
             if entry is None:
-                error = errors[index]
+                error = window.errors[index]
                 assert error is not None
                 if not isinstance(error, NoSuchEntryError | BookieUnavailableError | OperationTimeoutError):
                     raise error
@@ -611,15 +516,23 @@ class LedgerHandle:
             if self._watch_task is None
             else None
         )
+        # Confirmed entries are read ahead: up to TAIL_READ_AHEAD batches in flight, yielded in order, so a
+        # reader that fell behind (a pause, a slow consumer) catches up at the bookies' pace instead of one
+        # round trip per batch. Every answer carries its bookie's LAC, so a batch often makes room for the next.
+        ahead: deque[asyncio.Future[list[Entry]]] = deque()
         try:
-            next_id = start
+            next_id = start  # the first entry no batch in flight (or yielded) covers
             while True:
                 lac = self._lac.lac
-                if next_id <= lac:
+                while next_id <= lac and len(ahead) < TAIL_READ_AHEAD:
                     last = min(lac, next_id + TAIL_BATCH_ENTRIES - 1)
-                    for entry in await self._read_range(next_id, last):
-                        yield entry
+                    ahead.append(asyncio.ensure_future(self._read_range(next_id, last)))
                     next_id = last + 1
+                if ahead:
+                    batch = await ahead[0]
+                    ahead.popleft()
+                    for entry in batch:
+                        yield entry
                     continue
                 if self.is_closed:
                     return
@@ -651,6 +564,11 @@ class LedgerHandle:
                     yield polled
                     next_id += 1
         finally:
+            for pending in ahead:
+                pending.cancel()
+            if ahead:
+                # The batches' reads end with them (their answers, if any come, find no one waiting).
+                await asyncio.gather(*ahead, return_exceptions=True)
             if watch_task is not None:
                 await cancel_and_wait(watch_task)
 
@@ -692,3 +610,136 @@ class LedgerHandle:
 
 class ReadHandle(LedgerHandle):
     """A ledger opened for reading (API.md). Made by `Client.open_ledger`."""
+
+
+class _WindowRead:
+    """The answers of one `_read_window`: feeds each entry's `EntryRead` and sends what it says.
+
+    A class and not closures on purpose: closures that call one another form a reference cycle (function ->
+    cell -> function) that only the cyclic GC frees, and it held every `EntryRead` and entry of the window. A
+    tailing reader made 150,000 such objects for a generation-1 collection every few seconds, each a pause of
+    up to 200 ms (docs/PERFORMANCE.md, "Session 10"). Here nothing points back at the window but the waiters
+    its sends registered, so it is freed when the last answer (or the connection) lets go of it.
+    """
+
+    __slots__ = (
+        "all_done",
+        "client",
+        "digest",
+        "errors",
+        "first",
+        "handle",
+        "lac",
+        "ledger_id",
+        "loop",
+        "readers",
+        "remaining",
+        "results",
+        "stats",
+        "timer",
+    )
+
+    def __init__(self, handle: LedgerHandle, first: int, readers: list[EntryRead]) -> None:
+        self.handle = handle
+        self.client = handle._client
+        self.stats = handle._stats
+        self.digest = handle._digest
+        self.lac = handle._lac
+        self.ledger_id = handle.ledger_id
+        self.first = first
+        self.readers = readers
+        count = len(readers)
+        self.results: list[Entry | None] = [None] * count
+        self.errors: list[QuorumLogError | None] = [None] * count
+        self.loop = asyncio.get_running_loop()
+        self.all_done: asyncio.Future[None] = self.loop.create_future()
+        self.remaining = count
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self, now: float) -> None:
+        for index, reader in enumerate(self.readers):
+            self.apply(index, reader.start(now))
+        if self.timer is None:  # an immediate send error may have armed it already
+            self.arm()
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def apply(self, index: int, actions: Sequence[ReadAction]) -> None:
+        for action in actions:
+            match action:
+                case SendRead():
+                    if action.speculative:
+                        self.stats.speculative_reads += 1
+                    self.send(index, action.bookie_id)
+                    continue
+                case ReadDone():
+                    self.results[index] = action.data
+                case ReadFailed():
+                    self.errors[index] = action.error
+                case _:
+                    assert_never(action)
+            self.remaining -= 1
+            if self.remaining == 0 and not self.all_done.done():
+                self.all_done.set_result(None)
+
+    def send(self, index: int, bookie_id: str) -> None:
+        try:
+            self.client.bookie(bookie_id).send_read(
+                self.ledger_id, self.first + index, self.on_answer, (index, bookie_id)
+            )
+        except QuorumLogError as e:
+            self.on_error(index, bookie_id, e)
+
+    def on_error(self, index: int, bookie_id: str, error: QuorumLogError) -> None:
+        handle = self.handle
+        if not isinstance(error, NOT_BOOKIE_FAULTS):
+            handle._failures.record_failure(bookie_id, handle._now())
+        self.apply(index, self.readers[index].on_error(bookie_id, error, handle._now()))
+        if self.timer is None:
+            self.arm()  # an error may give the reader a deadline again (stop waiting for slow replicas)
+
+    def on_answer(self, context: tuple[int, str], resp: Response | None, exc: QuorumLogError | None) -> None:
+        index, bookie_id = context
+        if exc is not None:
+            self.on_error(index, bookie_id, exc)
+            return
+        assert isinstance(resp, ReadResponse)
+        entry_id = self.first + index
+        if resp.body is None:
+            self.on_error(
+                index, bookie_id, NoSuchEntryError(f"bookie {bookie_id} sent no body for entry {entry_id}")
+            )
+            return
+        try:
+            entry = self.digest.decode_entry(resp.body, entry_id)
+        except (DigestMismatchError, ProtocolError) as e:
+            log.error(
+                "ledger %d entry %d from bookie %s is corrupt: %s", self.ledger_id, entry_id, bookie_id, e
+            )
+            self.stats.read_corrupt += 1
+            self.on_error(index, bookie_id, DigestMismatchError(str(e)))
+            return
+        self.handle._failures.record_success(bookie_id)
+        # The answering bookie's LAC (v3 maxLAC: the largest LAC it knows, piggybacked or explicit, each one
+        # its writer confirmed) moves the handle's, as BookKeeper's PendingReadOp moves it on every good
+        # non-recovery read answer -- even of an old entry. v2 answers carry none: then a read moves
+        # nothing, as in BookKeeper over v2. (tests/scenarios/ported/test_bk_ledger_handles.py)
+        if resp.max_lac is not None:
+            self.lac.observe(resp.max_lac)
+        self.apply(index, self.readers[index].on_success(bookie_id, entry))
+
+    def arm(self) -> None:
+        deadlines = [d for r in self.readers if not r.done and (d := r.next_deadline_s()) is not None]
+        if deadlines and not self.all_done.done():
+            self.timer = self.loop.call_later(max(0.0, min(deadlines) - self.handle._now()), self.on_timer)
+
+    def on_timer(self) -> None:
+        self.timer = None
+        t = self.handle._now()
+        for index, reader in enumerate(self.readers):
+            if not reader.done:
+                self.apply(index, reader.check_timeouts(t))
+        self.arm()
