@@ -286,7 +286,7 @@ class _Connection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._flush_scheduled = False
         # Default-timeout requests expire in send order, so one FIFO and one timer serve them all.
-        self._expiry: deque[tuple[float, Hashable, _Waiter]] = deque()
+        self._expiry: deque[tuple[float, Hashable, _Waiter | None]] = deque()
         self._expiry_timer: asyncio.TimerHandle | None = None
         self._max_txn_id = 0  # the highest v3 txn id sent on this connection
         # ADDs in flight larger than any request this bookie has answered: key -> (frame bytes, (ledger
@@ -450,7 +450,10 @@ class _Connection(asyncio.Protocol):
     def _expire_after(self, timeout_s: float, key: Hashable, fut: _Waiter) -> None:
         deadline = self.loop.time() + timeout_s
         if timeout_s == self.owner.request_timeout_s:
-            self._expiry.append((deadline, key, fut))
+            # v3 keys are unique on a connection, so the FIFO keeps only the key: holding the waiter kept
+            # every answered request's callback -- and what it holds, a read window's entries -- alive for the
+            # whole timeout (5 s of a tailing reader's entries, promoted through the GC's generations).
+            self._expiry.append((deadline, key, None if self._unique_keys else fut))
             if self._expiry_timer is None:
                 self._expiry_timer = self.loop.call_at(deadline, self._expire)
         else:
@@ -609,23 +612,28 @@ class _Connection(asyncio.Protocol):
         if self._expiry:
             self._expiry_timer = self.loop.call_at(self._expiry[0][0], self._expire)
 
-    def _settled(self, key: Hashable, fut: _Waiter) -> bool:
-        """Whether `fut` was answered, failed or (a future) given up on by its caller."""
+    def _settled(self, key: Hashable, fut: _Waiter | None) -> bool:
+        """Whether `fut` (None: whatever waits under the v3 key `key`) was answered, failed or (a future)
+        given up on by its caller."""
+        if fut is None:
+            waiting = self.single.get(key)
+            return waiting is None or (type(waiting) is not tuple and waiting.done())  # type: ignore[union-attr]
         if type(fut) is not tuple:
             return fut.done()  # type: ignore[union-attr]
         if self._unique_keys:
             return self.single.get(key) is not fut
         return not any(f is fut for f in self.pending.get(key, ()))
 
-    def _expire_one(self, key: Hashable, fut: _Waiter) -> None:
+    def _expire_one(self, key: Hashable, fut: _Waiter | None) -> None:
         if self._settled(key, fut):
             return
         if self._unproven:
             self._unproven.pop(key, None)
         if self._unique_keys:
-            if self.single.get(key) is fut:
-                del self.single[key]
+            waiting = self.single.pop(key, None)
+            if waiting is not None:
                 self.pending_count -= 1
+                fut = waiting
         elif (futs := self.pending.get(key)) is not None:
             for i, f in enumerate(futs):
                 if f is fut:  # by identity: two (callback, context) pairs may be equal
@@ -634,6 +642,7 @@ class _Connection(asyncio.Protocol):
                     break
             if not futs:
                 del self.pending[key]
+        assert fut is not None  # (v2 keeps the waiter itself in the FIFO)
         _fail_waiter(fut, OperationTimeoutError(f"bookie {self.owner.bookie_id} did not answer in time"))
 
     def fail(self, error: QuorumLogError) -> None:

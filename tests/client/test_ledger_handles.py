@@ -8,11 +8,14 @@ check); everything else -- wire protocol, bookie storage, metadata CAS -- is the
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
 
 from quorumlog import Client, DigestType
+from quorumlog.client.read_handle import TAIL_READ_AHEAD, LedgerHandle, _WindowRead
+from quorumlog.client.read_logic import EntryRead
 from quorumlog.errors import (
     DigestMismatchError,
     IllegalOperationError,
@@ -26,7 +29,7 @@ from quorumlog.errors import (
     UnauthorizedError,
 )
 from quorumlog.meta.ledger_metadata import LedgerState
-from quorumlog.proto.entry import DigestManager
+from quorumlog.proto.entry import DigestManager, Entry
 from quorumlog.proto.messages import AddRequest
 from quorumlog.testing.cluster import LocalCluster
 
@@ -235,6 +238,76 @@ async def test_tail_sees_every_entry_once_in_order_and_ends_at_close(client: Cli
     await w.close()
     await asyncio.wait_for(task, 10)
     assert seen == list(range(200))
+
+
+async def test_a_tail_behind_the_lac_reads_batches_ahead_and_yields_each_entry_once_in_order(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader starting 1,000 confirmed entries behind keeps several batches in flight (never more than
+    TAIL_READ_AHEAD), and still yields every entry once, in order; closing it mid-way leaves no read
+    running."""
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await asyncio.gather(*(w.append(b"t%d" % i) for i in range(1000)))
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    assert r.last_add_confirmed >= 900  # open read the LAC: the tail starts far behind it
+    running = peak = 0
+    real = LedgerHandle._read_range
+
+    async def counted(self: LedgerHandle, first: int, last: int) -> list[Entry]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            return await real(self, first, last)
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(LedgerHandle, "_read_range", counted)
+    seen: list[int] = []
+    tail = r.tail(0)
+    async for entry in tail:
+        assert entry.payload == b"t%d" % entry.entry_id
+        seen.append(entry.entry_id)
+        if entry.entry_id == 300:
+            break
+    await tail.aclose()  # (what `break` leaves to the GC: here at once, to look at what is left)
+    assert seen == list(range(301))
+    assert 1 < peak <= TAIL_READ_AHEAD
+    assert running == 0, "batches read ahead were left running after the tail was closed"
+    seen.clear()
+    async for entry in r.tail(301):  # again to the end: the writer closes once it has been read
+        seen.append(entry.entry_id)
+        if entry.entry_id == 999:
+            await w.close()
+    assert seen == list(range(301, 1000))
+
+
+async def test_reads_leave_nothing_for_the_cyclic_gc_nor_alive_after_their_answers(client: Client) -> None:
+    """Reading frees what it made by reference counting, once the answers are in: nothing for the cyclic GC
+    (a window's closures once held its entries in a cycle, and a tailing reader paid for it with long
+    generation-1 pauses), and nothing kept alive by the connections' timeout bookkeeping (it once held each
+    answered read's callback, and so its window's entries, for the whole read timeout)."""
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await asyncio.gather(*(w.append(b"c%d" % i) for i in range(600)))
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    await r.read(0, 9)  # connections made, first-use caches filled
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        assert len(await r.read(0, 599)) == 600
+        seen = 0
+        async for _ in r.tail(300):
+            seen += 1
+            if seen == 300:
+                break
+        gc.collect()
+        cyclic = [o for o in gc.garbage if type(o) in (EntryRead, Entry, _WindowRead)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert cyclic == []
+    alive = [o for o in gc.get_objects() if type(o) in (EntryRead, _WindowRead)]
+    assert alive == []
 
 
 async def test_force_on_a_deferred_sync_ledger(client: Client) -> None:
