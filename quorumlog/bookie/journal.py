@@ -81,6 +81,9 @@ REC_HEADER_SIZE = _REC_HEADER.size
 _LEN_TYPE = struct.Struct(">IB")
 _SALT = struct.Struct(">QI")
 _ZEROS = bytes(1 << 20)
+# Background preallocation: a pause after each synced megabyte of zeros (64 MiB then take about 0.5 s, while a
+# file fills in seconds at the fastest), so the journal's own syncs get the disk in between.
+PREALLOC_PAUSE_S = 0.005
 MAX_BATCH_BYTES = 256 << 20
 FIRST_FILE_BYTES = 16 << 20  # a longer batch length read back from disk is garbage
 
@@ -269,6 +272,8 @@ class Journal:
         self._offset = 0
         self._ready: list[tuple[int, File]] = []  # prepared next files (guarded by _cond)
         self._preparing = False
+        # Set when the zeroing of the next file must finish at full speed: the journal closes, or a roll waits.
+        self._hurry = threading.Event()
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None  # the worker when the Env has no threads
         self._wakeup: asyncio.Event | None = None  # the task's wake-up (the thread waits on _cond)
@@ -579,8 +584,13 @@ class Journal:
             self._wakeup = asyncio.Event()
             self._task = self.env.spawn(self._run_task(), name="journal-sync")
 
-    def _prepare_file(self, seq: int, size: int | None = None) -> tuple[int, File]:
-        """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop."""
+    def _prepare_file(self, seq: int, size: int | None = None, *, paced: bool = False) -> tuple[int, File]:
+        """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop.
+
+        `paced` (the background preparation): the zeros go out a megabyte at a time, each synced, with a
+        pause between, unless the journal closes or a roll waits for this file (`_hurry`). Written whole and synced once, they held the disk for
+        100-140 ms (64 MiB here), and every add waiting on a journal sync meanwhile waited that long: write
+        latency spikes once per file at any rate (docs/PERFORMANCE.md, "Session 10")."""
         size = self.file_size_bytes if size is None else size
         path = self._path(seq)
         with self._cond:
@@ -597,6 +607,9 @@ class Journal:
                 n = min(len(_ZEROS), size - off)
                 f.pwrite(memoryview(_ZEROS)[:n], off)
                 off += n
+                if paced and not self._hurry.is_set():
+                    f.fdatasync()
+                    self._hurry.wait(PREALLOC_PAUSE_S)
         f.pwrite(_header_bytes(seq), 0)
         f.fdatasync()
         disk.sync_dir(self.directory)
@@ -873,6 +886,8 @@ class Journal:
         f.close()
         with self._cond:
             self._closed_files.append(self._file_seq)
+            if not self._ready and self._preparing:
+                self._hurry.set()  # the file filled before its successor was zeroed at the paced rate
             while not self._ready and self._preparing:
                 self._cond.wait()
             ready = self._ready.pop(0) if self._ready else None
@@ -897,12 +912,13 @@ class Journal:
             if self._preparing or self._ready or self._closing:
                 return
             self._preparing = True
+            self._hurry.clear()
         threading.Thread(target=self._prepare_next, name="ql-journal-prealloc", daemon=True).start()
 
     def _prepare_next(self) -> None:
         ready = None
         try:
-            ready = self._prepare_file(self._reserve_seq())
+            ready = self._prepare_file(self._reserve_seq(), paced=True)
         except BaseException:
             log.exception("journal: preparing the next file failed (the next roll will retry)")
         finally:
@@ -956,6 +972,7 @@ class Journal:
         with self._cond:
             self._closing = True
             self._notify()
+        self._hurry.set()
         if not self._task.done():
             await asyncio.wait([self._task])
         self._task = None
@@ -967,6 +984,7 @@ class Journal:
         with self._cond:
             self._closing = True
             self._notify()
+        self._hurry.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

@@ -4,6 +4,7 @@ recycled files, and refusal of damage that is not a tail."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import random
@@ -427,4 +428,39 @@ async def test_a_failed_sync_fails_waiters_and_every_later_append(tmp_path: str)
     assert all(isinstance(r, OSError) for r in results)
     later = await append_all(j, [payload(3)])
     assert isinstance(later[0], OSError)
+    await asyncio.to_thread(j.close)
+
+
+async def test_the_next_file_is_zeroed_in_synced_steps_in_the_background_and_at_once_when_hurried(
+    tmp_path: str,
+) -> None:
+    """Background preallocation writes the next file's zeros a megabyte at a time, each synced (one sync of a
+    whole file held the disk for 100+ ms, and the adds waiting on the journal's own syncs with it); a roll
+    that needs the file before it is done, and a close, make it finish without pauses."""
+    disk = WrappedDisk(OsDisk(), record=True)
+    env = DiskEnv(disk)
+    d = os.path.join(tmp_path, "j")
+    size = 6 << 20
+    j = journal(env, d, file_size_bytes=size)
+    assert replayed(j) == []
+    j.start(asyncio.get_running_loop())
+    await append_all(j, [payload(0)])
+    disk.events.clear()
+    _, f = await asyncio.to_thread(j._prepare_file, 90, size, paced=True)
+    path = f.path
+    f.close()
+    mine = [e[0] for e in disk.events if e[1] == path]
+    zero_writes = [i for i, e in enumerate(disk.events) if e[:2] == ("write", path) and e[2] >= HEADER_SIZE]
+    assert len(zero_writes) == 6
+    # Every zeroed megabyte is followed by a sync of that file before the next one is written.
+    for a, b in itertools.pairwise(zero_writes):
+        assert ("sync", path) in disk.events[a:b]
+    assert mine.count("sync") >= 6
+    # Hurried (a roll waits, or the journal closes): no sync per step, one at the end.
+    disk.events.clear()
+    j._hurry.set()
+    _, f = await asyncio.to_thread(j._prepare_file, 91, size, paced=True)
+    path = f.path
+    f.close()
+    assert [e[0] for e in disk.events if e[1] == path].count("sync") == 1
     await asyncio.to_thread(j.close)
