@@ -22,6 +22,9 @@ API:
   least 32 bytes and its header's ids are the request's: a tuple is an add that passed the codec's share of
   the checks.
 * `fast_add_request(add)` -- the `AddRequest` a `FastAdd` stands for (slow paths: errors, parking).
+* `FastRead` = `(txn_raw, ledger_raw, entry_raw, ledger_id, entry_id)`: a plain v3 READ (ledgerId and entryId
+  only, as readers send one per entry), returned by `receive` like a `FastAdd` (a tuple of five, not eight);
+  the answer copies its varints (`v3fast.encode_read_ok`). `decode_read_v3(body)`, `fast_read_request(read)`.
 * `decode_write_lac_v3(body)` -- a WRITE_LAC in the layout BookKeeper's and our clients send, as the
   `WriteLacRequest` protobuf decodes, without protobuf; `encode_write_lac_ok(txn_id, ledger_id)` -- its EOK
   answer's frame. A writer with an explicit-LAC interval sends one per ledger per interval to each bookie of

@@ -409,9 +409,10 @@ decode_request = decode_request_pb
 #
 # Every entry a reader gets comes in a ReadResponse. protobuf (upb) parses one carrying a 1 MiB body in about
 # 1.2 ms: it copies the body twice into fresh large allocations, 30x the cost of one copy. Below 32 KiB it is
-# as fast as this module's regex (about 3 µs; docs/PERFORMANCE.md, "Session 8: reading ReadResponses"), so
-# only bodies from FAST_READ_MIN_BYTES on -- what catch-up, stream and Spark reads of batched entries get --
-# take the hand-written path. Bookies (BookKeeper's protobuf-java and our v3fast) write one layout: header
+# as fast as this module's regex on a body of its own (about 3 µs; docs/PERFORMANCE.md, "Session 8: reading
+# ReadResponses"), so `decode_response` takes the hand-written path only from FAST_READ_MIN_BYTES on. The
+# client's connection reads every READ answer that is whole in its chunk in place (`read_response_at`, from
+# `codec.ClientConnection`), whatever its size: that skips the frame decoder's copy too ("Session 10"). Bookies (BookKeeper's protobuf-java and our v3fast) write one layout: header
 # {version 3, READ_ENTRY, txnId}, status, then field 100 {status, ledgerId, entryId[, body][, maxLAC]
 # [, lacUpdateTimestamp]}, fields in number order, each once. A body in exactly that layout -- statuses this
 # build knows, varints of at most 9 bytes (so every value is below 2**63 and reads the same signed or not),

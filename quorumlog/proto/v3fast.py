@@ -10,8 +10,8 @@ same tags, varints for every integer (negative int64/int32 values as 10-byte two
 
 Decoding is not here. A pure-Python parser of the canonical layout (varint loops) was measured no faster
 than protobuf's C parser, so it was dropped; what is fast now matches the whole canonical frame with one
-regular expression (its loops run in C): the bookie's canonical adds in `server_codec.py` and the client's
-EOK AddResponses in `codec.py`. Every other encoding (any field order, unknown fields, flags) still goes
+regular expression (its loops run in C): the bookie's canonical adds and plain reads in `server_codec.py`,
+the client's EOK AddResponses in `codec.py` and its ReadResponses in `v3.read_response_at`. Every other encoding (any field order, unknown fields, flags) still goes
 through protobuf, the reference both fast paths are tested against.
 """
 
