@@ -125,6 +125,23 @@ def test_client_cpu_quick_run() -> None:
         assert round_["entries_per_s"] > 0
 
 
+@pytest.mark.slow
+def test_read_cpu_quick_run() -> None:
+    """Real bookie processes: both sides' CPU per entry read is measured (the bookies did work too)."""
+    out = _bench_json("read_cpu", "--entries", "600", "--window", "100", "--rounds", "2")
+    assert out["benchmark"] == "read_cpu" and out["config"]["entries"] == 600
+    assert len(out["results"]["rounds"]) == 2
+    for round_ in out["results"]["rounds"]:
+        assert round_["entries_per_s"] > 0
+        assert round_["client_cpu_us_per_entry"] > 0 and round_["bookies_cpu_us_per_entry"] > 0
+
+
+def test_read_cpu_refuses_a_zero_window() -> None:
+    r = ql("bench", "read_cpu", "--window", "0")
+    assert_clean_error(r, 2)
+    assert "--window" in r.stderr
+
+
 def test_client_cpu_refuses_a_bad_case() -> None:
     r = ql("bench", "client_cpu", "--quick", "--cases", "E3X2A2")
     assert r.returncode != 0 and "E<n>W<n>A<n>" in r.stderr
