@@ -403,10 +403,7 @@ class _Connection(asyncio.Protocol):
     def send_to(self, request: Request, timeout_s: float, fut: _Waiter) -> None:
         """Queue `request`; its answer resolves `fut` (a future or a `(callback, context)` pair: `_Waiter`)."""
         if self.pending_count >= self.owner.outstanding_requests_max:
-            raise TooManyRequestsError(
-                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
-                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
-            )
+            raise self._too_many()
         if self._unique_keys:  # v3
             # The txn id is the transport's to assign: set it in place through the slot (a frozen message's
             # `dataclasses.replace` cost more than encoding it). Ids come from one process-wide counter and
@@ -447,6 +444,12 @@ class _Connection(asyncio.Protocol):
         if timeout_s > 0:
             self._expire_after(timeout_s, key, fut)
 
+    def _too_many(self) -> TooManyRequestsError:
+        return TooManyRequestsError(
+            f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
+            f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
+        )
+
     def _expire_after(self, timeout_s: float, key: Hashable, fut: _Waiter) -> None:
         deadline = self.loop.time() + timeout_s
         if timeout_s == self.owner.request_timeout_s:
@@ -466,10 +469,7 @@ class _Connection(asyncio.Protocol):
         if not self._unique_keys:
             return False
         if self.pending_count >= self.owner.outstanding_requests_max:
-            raise TooManyRequestsError(
-                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
-                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
-            )
+            raise self._too_many()
         txn = next(_TXN_IDS)
         if txn <= self._max_txn_id:
             txn = self._max_txn_id + 1
@@ -495,10 +495,7 @@ class _Connection(asyncio.Protocol):
         if not self._unique_keys or txn <= self._max_txn_id:
             return False
         if self.pending_count >= self.owner.outstanding_requests_max:
-            raise TooManyRequestsError(
-                f"{self.pending_count} requests outstanding to bookie {self.owner.bookie_id} "
-                f"(outstanding_requests_max={self.owner.outstanding_requests_max})"
-            )
+            raise self._too_many()
         self._max_txn_id = txn
         self.single[txn] = waiter
         if len(frame) > self.owner.largest_frame_answered_bytes:
