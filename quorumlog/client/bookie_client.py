@@ -436,6 +436,10 @@ class _Connection(asyncio.Protocol):
         frame = _FRAMES.get(request, self.version, self.codec)
         if len(frame) > self.owner.largest_frame_answered_bytes and type(request) is AddRequest:
             self._unproven[key] = (len(frame), (request.ledger_id, request.entry_id))
+        self._queue(frame, key, fut, timeout_s)
+
+    def _queue(self, frame: bytes, key: Hashable, fut: _Waiter, timeout_s: float) -> None:
+        """`frame` goes out with this loop iteration's write; `fut` waits under `key` for up to `timeout_s`."""
         self.pending_count += 1
         self._out.append(frame)
         if not self._flush_scheduled:
@@ -476,13 +480,7 @@ class _Connection(asyncio.Protocol):
         frame = encode_read(ledger_id, entry_id, txn)  # raises (out of range) before anything is recorded
         self._max_txn_id = txn
         self.single[txn] = waiter
-        self.pending_count += 1
-        self._out.append(frame)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-        if timeout_s > 0:
-            self._expire_after(timeout_s, txn, waiter)
+        self._queue(frame, txn, waiter, timeout_s)
         return True
 
     def send_add_frame(
