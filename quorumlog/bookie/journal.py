@@ -588,9 +588,10 @@ class Journal:
         """A file for `seq` with a durable header and a zeroed (or recycled) body. Runs off the loop.
 
         `paced` (the background preparation): the zeros go out a megabyte at a time, each synced, with a
-        pause between, unless the journal closes or a roll waits for this file (`_hurry`). Written whole and synced once, they held the disk for
-        100-140 ms (64 MiB here), and every add waiting on a journal sync meanwhile waited that long: write
-        latency spikes once per file at any rate (docs/PERFORMANCE.md, "Session 10")."""
+        pause between, unless the journal closes or a roll waits for this file (`_hurry`). Written whole and
+        synced once, they held the disk for 100-140 ms (64 MiB here), and every add waiting on a journal sync
+        meanwhile waited that long: write latency spikes once per file at any rate (docs/PERFORMANCE.md,
+        "Session 10")."""
         size = self.file_size_bytes if size is None else size
         path = self._path(seq)
         with self._cond:
