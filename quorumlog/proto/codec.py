@@ -265,7 +265,8 @@ class ClientConnection:
                         out.append(resp)
                         pos = end
                         continue
-                # Not an EOK AddResponse: this one frame through the decoder (the rest of it, if split).
+                # Neither an EOK AddResponse nor a whole READ answer: this one frame through the decoder (the
+                # rest of it, if split).
                 want = (
                     FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
                     if n - pos >= FRAME_PREFIX_BYTES

@@ -391,8 +391,8 @@ class BookieCodec:
         return out
 
     def _scan_adds(self, data: bytes, pos: int, n: int, out: list[Request | FastAdd | FastRead]) -> int:
-        """Append the whole canonical add (and v3 WRITE_LAC) frames that start at `pos`, up to the first other
-        frame; returns where that one starts (or `n`)."""
+        """Append the whole canonical add (and v3 WRITE_LAC and plain READ) frames that start at `pos`, up to the
+        first other frame; returns where that one starts (or `n`)."""
         limit = self._frames.max_frame_bytes
         v3_side = self.version is not _V2
         decode = decode_add_v3 if v3_side else decode_add_v2
@@ -408,12 +408,14 @@ class BookieCodec:
             if add is None:
                 if not v3_side:
                     break
-                lac = decode_write_lac_v3(data, pos + FRAME_PREFIX_BYTES, end)
-                if lac is None:
-                    lac = decode_read_v3(data, pos + FRAME_PREFIX_BYTES, end)  # type: ignore[assignment]
-                    if lac is None:
+                other: WriteLacRequest | FastRead | None = decode_write_lac_v3(
+                    data, pos + FRAME_PREFIX_BYTES, end
+                )
+                if other is None:
+                    other = decode_read_v3(data, pos + FRAME_PREFIX_BYTES, end)
+                    if other is None:
                         break
-                append(lac)
+                append(other)
                 self.version = _V3
                 pos = end
                 continue
