@@ -19,15 +19,23 @@ JOB_WAIT_S = 60.0
 PW = b"admin-recovery"
 
 
-async def write_ledgers(uri: str, count: int) -> list[int]:
+async def write_ledgers(uri: str, count: int, naming: str) -> list[int]:
+    """`count` closed E2 ledgers of ten entries, and more if needed until at least one names bookie `naming`.
+
+    Placement is random: six E2 ledgers on three bookies all miss a given one once in 729 runs."""
     client = await Client.connect(uri)
     try:
-        ids = []
-        for n in range(count):
+        ids: list[int] = []
+        named = False
+        for n in range(count + 40):
+            if n >= count and named:
+                break
             w = await client.create_ledger(2, 2, 2, password=PW)
             await asyncio.gather(*(w.append(b"l%d e%d" % (n, i)) for i in range(10)))
             await w.close()
             ids.append(w.ledger_id)
+            named = named or naming in w.metadata.bookies()
+        assert named, f"no ledger of {len(ids)} placed on {naming}"
         return ids
     finally:
         await client.close()
@@ -80,7 +88,7 @@ async def test_recover_bookie_rereplicates_a_lost_bookie_and_deletes_its_cookie(
     await admin_bookie("b")
     c = await admin_bookie("c")
     lost = c.service.bookie_id
-    ids = await write_ledgers(a.uri, 6)
+    ids = await write_ledgers(a.uri, 6, naming=lost)
     on_lost = await ledgers_naming(a.uri, ids, lost)
     assert on_lost  # E2 of 3 bookies: some ledgers are on it
     await c.service.stop()
@@ -122,8 +130,8 @@ async def test_decommission_refuses_a_writable_bookie_it_cannot_make_read_only(
     a = await admin_bookie("a")
     b = await admin_bookie("b")
     await admin_bookie("c")
-    ids = await write_ledgers(a.uri, 4)
     other = b.service.bookie_id
+    ids = await write_ledgers(a.uri, 4, naming=other)
     before = await ledgers_naming(a.uri, ids, other)
     url = "/api/v1/autorecovery/decommission"
     status, body = await a.put(url, json={"bookie_src": other})
@@ -145,7 +153,7 @@ async def test_decommission_of_itself_goes_read_only_first_then_drains(
     await admin_bookie("b")
     await admin_bookie("c")
     me = a.service.bookie_id
-    ids = await write_ledgers(a.uri, 6)
+    ids = await write_ledgers(a.uri, 6, naming=me)
     assert await ledgers_naming(a.uri, ids, me)
     store = await open_store(a.uri)
     registry = BookieRegistry(store)
