@@ -17,6 +17,7 @@ _LAZY = {
     "Position": "quorumlog.stream.position",
     "LedgerMetadata": "quorumlog.meta.ledger_metadata",
     "LedgerState": "quorumlog.meta.ledger_metadata",
+    "TokenAuth": "quorumlog.security.auth",
     "errors": "quorumlog.errors",
 }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -46,7 +47,7 @@ from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.registration import BookieRegistry
 from quorumlog.meta.store import MetadataStore, open_cluster_store
 from quorumlog.proto.entry import DigestType, Entry
-from quorumlog.security.auth import ClientAuth
+from quorumlog.security.auth import ClientAuth, TokenAuth
 from quorumlog.security.tls import TLSContextSource
 
 __all__ = ["CLIENT_TABLE", "Client", "ClientConfig", "Entry", "ReadHandle", "WriteHandle"]
@@ -67,6 +68,26 @@ def _check_password(password: Any) -> bytes:
     return bytes(password)
 
 
+def _tls_argument(tls: Any, tls_enabled: bool, tls_files: bool) -> tuple[ssl.SSLContext | None, bool]:
+    """`Client.connect`'s `tls=` -> (the application's context or None, tls_enabled). `tls_files`: whether
+    any other `tls_*` setting was given."""
+    if tls is None:
+        return None, tls_enabled
+    if isinstance(tls, bool):
+        if not tls and tls_enabled:
+            raise InvalidArgumentError("tls=False contradicts tls_enabled=True")
+        return None, tls
+    if isinstance(tls, ssl.SSLContext):
+        if tls.protocol == ssl.PROTOCOL_TLS_SERVER:
+            raise InvalidArgumentError("tls=: a server-side SSLContext cannot connect to bookies")
+        if tls_enabled or tls_files:
+            raise InvalidArgumentError(
+                "tls=<SSLContext> carries its own certificates and checks: leave the tls_* settings unset"
+            )
+        return tls, False  # tls_enabled stays off: the tls_* file settings do not apply to it
+    raise InvalidArgumentError(f"tls must be True, False or an ssl.SSLContext, not {type(tls).__name__}")
+
+
 class Client:
     """A connection to one quorumlog / BookKeeper cluster. Make one with `await Client.connect(uri)`."""
 
@@ -80,6 +101,8 @@ class Client:
         *,
         owns_store: bool = True,
         metrics_registry: CollectorRegistry | None = None,
+        tls: ssl.SSLContext | None = None,
+        auth: TokenAuth | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
@@ -89,10 +112,18 @@ class Client:
         self.ledger_manager = LedgerManager(store, env=env)
         self._owns_store = owns_store
         # Read here, once: a missing or malformed token file fails Client.connect, not the first write.
-        self._auth = ClientAuth(config.auth_plugin, config.auth_token_file) if config.auth_plugin else None
+        self._auth = (
+            ClientAuth(auth)
+            if auth is not None
+            else ClientAuth.from_settings(config.auth_plugin, config.auth_token_file)
+            if config.auth_plugin
+            else None
+        )
         # Likewise unusable certificate files fail here (TLSError naming the file), not every connection.
         self._tls = (
-            TLSContextSource(
+            TLSContextSource(server_side=False, context=tls)
+            if tls is not None
+            else TLSContextSource(
                 server_side=False,
                 certificate_path=config.tls_certificate_path,
                 key_path=config.tls_key_path,
@@ -158,6 +189,8 @@ class Client:
         tls_key_path: str = ClientConfig.tls_key_path,
         tls_trust_store_path: str = ClientConfig.tls_trust_store_path,
         tls_hostname_verification: bool = ClientConfig.tls_hostname_verification,
+        tls: bool | ssl.SSLContext | None = None,
+        auth: TokenAuth | None = None,
         env: Env | None = None,
         store: MetadataStore | None = None,
         metrics_registry: CollectorRegistry | None = None,
@@ -169,7 +202,19 @@ class Client:
         serve them with the application's own); by default the client has a registry of its own,
         `client.metrics_registry` (docs/CLIENT.md "Metrics").
         A `file://` directory holding no initialised cluster is refused (`MetadataNotFoundError`), not created.
+
+        Security in one argument each, instead of the `tls_*` / `auth_*` settings (docs/SECURITY.md):
+        `tls=True` is `tls_enabled=True` (with the `tls_*` files, if given); `tls=ssl_context` talks TLS to
+        every bookie with the application's own client context, as given (it is not rebuilt when files
+        change). `auth=TokenAuth(name, token)` authenticates with the `quorumlog-token` plugin. Giving both
+        forms of one is an `InvalidArgumentError`.
         """
+        tls_files = bool(tls_certificate_path or tls_key_path or tls_trust_store_path)
+        context, tls_enabled = _tls_argument(tls, tls_enabled, tls_files or tls_hostname_verification)
+        if auth is not None and (not isinstance(auth, TokenAuth) or auth_plugin or auth_token_file):
+            raise InvalidArgumentError(
+                f"auth={auth!r}: must be a TokenAuth, and not given with auth_plugin / auth_token_file"
+            )
         config = ClientConfig(
             explicit_lac_interval_s=explicit_lac_interval_s,
             add_timeout_s=add_timeout_s,
@@ -213,6 +258,8 @@ class Client:
                 env,
                 owns_store=owns,
                 metrics_registry=metrics_registry,
+                tls=context,
+                auth=auth,
             )
         except BaseException:
             await registry.close()

@@ -31,9 +31,9 @@ import hmac
 import os
 import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from quorumlog.errors import ConfigError, UnauthorizedError
+from quorumlog.errors import ConfigError, InvalidArgumentError, UnauthorizedError
 
 AUTH_DISABLED_PLUGIN = "AuthDisabledPlugin"  # BookKeeper's name for "this bookie authenticates nobody"
 TOKEN_PLUGIN = "quorumlog-token"
@@ -65,6 +65,15 @@ def _mac(token: bytes, role: bytes, client_nonce: bytes, bookie_nonce: bytes) ->
     return hmac.new(token, role + client_nonce + bookie_nonce, hashlib.sha256).digest()
 
 
+def token_problem(name: str, token: str | bytes) -> str | None:
+    """What is wrong with a token (the same rules for a file's line and a `TokenAuth`), or None."""
+    if not name or len(name.encode()) > _NAME_BYTES_MAX or "\0" in name or len(name.split()) != 1:
+        return f"token name {name!r} must be 1 to {_NAME_BYTES_MAX} bytes, without spaces or NUL"
+    if len(token) < _TOKEN_CHARS_MIN:
+        return f"token {name!r} is shorter than {_TOKEN_CHARS_MIN} characters"
+    return None
+
+
 def parse_tokens(text: str, source: str) -> dict[str, bytes]:
     """`name token` lines (blank lines and `#` comments ignored) -> {name: token}."""
     tokens: dict[str, bytes] = {}
@@ -76,10 +85,9 @@ def parse_tokens(text: str, source: str) -> dict[str, bytes]:
         if len(parts) != 2:
             raise ConfigError(f"{source}:{n}: expected 'name token', got {len(parts)} fields")
         name, token = parts
-        if len(token) < _TOKEN_CHARS_MIN:
-            raise ConfigError(f"{source}:{n}: token {name!r} is shorter than {_TOKEN_CHARS_MIN} characters")
-        if len(name.encode()) > _NAME_BYTES_MAX or "\0" in name:
-            raise ConfigError(f"{source}:{n}: token name too long or not printable")
+        problem = token_problem(name, token)
+        if problem is not None:
+            raise ConfigError(f"{source}:{n}: {problem}")
         if name in tokens:
             raise ConfigError(f"{source}:{n}: token name {name!r} appears twice")
         tokens[name] = token.encode()
@@ -195,17 +203,51 @@ class TokenClientSession:
         return None
 
 
+@dataclass(frozen=True)
+class TokenAuth:
+    """`Client.connect(auth=TokenAuth(name, token))`: the `quorumlog-token` plugin with a token the application
+    holds (from its secret store, say) rather than in `auth_token_file`. The rules are a token file's: a name
+    without spaces, a token of at least 16 characters. The token never appears in the repr."""
+
+    name: str
+    token: str | bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not isinstance(self.token, (str, bytes)):
+            raise InvalidArgumentError("TokenAuth(name, token): name is a str, token a str or bytes")
+        problem = token_problem(self.name, self.token)
+        if problem is not None:
+            raise InvalidArgumentError(f"TokenAuth: {problem}")
+
+    @classmethod
+    def from_file(cls, path: str) -> TokenAuth:
+        """The one `name token` line of a client's token file (ConfigError if it cannot be read or used)."""
+        name, token = client_token(path)
+        return cls(name, token)
+
+    @property
+    def token_bytes(self) -> bytes:
+        return self.token.encode() if isinstance(self.token, str) else self.token
+
+
 class ClientAuth:
     """A client's plugin: its name and a fresh session per bookie connection (the token is read once, at
     `Client.connect`, so a bad file fails there and not on the first write)."""
 
-    def __init__(self, plugin: str, token_file: str) -> None:
+    plugin = TOKEN_PLUGIN
+
+    def __init__(self, credentials: TokenAuth) -> None:
+        self.name = credentials.name
+        self._token = credentials.token_bytes
+
+    @classmethod
+    def from_settings(cls, plugin: str, token_file: str) -> ClientAuth:
+        """From the `auth_plugin` and `auth_token_file` settings."""
         if plugin != TOKEN_PLUGIN:
             raise ConfigError(f"unknown auth plugin {plugin!r} (known: {TOKEN_PLUGIN})")
         if not token_file:
             raise ConfigError(f"auth_plugin={plugin} needs auth_token_file (a 'name token' line)")
-        self.plugin = plugin
-        self.name, self._token = client_token(token_file)
+        return cls(TokenAuth.from_file(token_file))
 
     def new_session(self) -> TokenClientSession:
         return TokenClientSession(self.name, self._token)
@@ -227,6 +269,7 @@ __all__ = [
     "AuthStep",
     "AuthenticationError",
     "ClientAuth",
+    "TokenAuth",
     "TokenClientSession",
     "TokenFile",
     "TokenServerSession",

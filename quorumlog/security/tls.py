@@ -196,7 +196,13 @@ class TLSContextSource:
         trust_store_path: str = "",
         client_auth: str = "none",
         check_hostname: bool = False,
+        context: ssl.SSLContext | None = None,
     ) -> None:
+        """`context`: the application's own client context (`Client.connect(tls=ctx)`), used as given and
+        never rebuilt; its `check_hostname` decides whether the bookie's address is checked."""
+        if context is not None:
+            server_side, check_hostname = False, context.check_hostname
+            certificate_path = key_path = trust_store_path = ""
         self.server_side = server_side
         self.certificate_path = certificate_path
         self.key_path = key_path
@@ -207,7 +213,8 @@ class TLSContextSource:
         self.reloads = 0  # successful rebuilds after the first (observability, tests)
         self.reload_failures = 0
         self._stamp = _stamp(self._paths)
-        self._ctx = self._build()  # raises TLSError: bad files at start are fatal
+        # Without files there is nothing to reload: context() keeps returning this one.
+        self._ctx = context if context is not None else self._build()  # TLSError: bad files are fatal
 
     def _build(self) -> ssl.SSLContext:
         if self.server_side:

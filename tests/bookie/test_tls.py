@@ -21,7 +21,7 @@ from quorumlog.bookie.service import BookieService
 from quorumlog.client.bookie_client import BookieClient, static_resolver
 from quorumlog.client.client import Client
 from quorumlog.env import default_env
-from quorumlog.errors import BookieTLSError, ConfigError, TLSError, UnauthorizedError
+from quorumlog.errors import BookieTLSError, ConfigError, InvalidArgumentError, TLSError, UnauthorizedError
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 from quorumlog.security.tls import TLSContextSource, authorize_roles, peer_roles, roles_from_ou
@@ -133,6 +133,55 @@ async def test_client_writes_and_reads_over_mutual_tls(
                 assert conn.transport.get_extra_info("ssl_object").version() in ("TLSv1.2", "TLSv1.3")
     finally:
         await client.close()
+
+
+def client_context(pki: dict[str, Any], who: str | None) -> ssl.SSLContext:
+    """An application's own client context: trusts our CA, presents `pki[who]`'s certificate."""
+    ctx = ssl.create_default_context(cafile=pki["ca"].ca)
+    ctx.check_hostname = False  # bookies are addressed by IP, as in BookKeeper
+    if who is not None:
+        ctx.load_cert_chain(pki[who].cert, pki[who].key)
+    return ctx
+
+
+async def test_tls_argument_takes_the_applications_context_or_true(
+    mtls_cluster: LocalCluster, pki: dict[str, Any]
+) -> None:
+    """API.md's planned `tls=`: an `ssl.SSLContext` used as given, or True for the `tls_*` files."""
+    for kwargs in (
+        {"tls": client_context(pki, "writer")},
+        {"tls": True, **{k: v for k, v in client_tls(pki, "writer").items() if k != "tls_enabled"}},
+    ):
+        async with await Client.connect(mtls_cluster.uri, **kwargs) as client:
+            lh = await client.create_ledger(3, 2, 2, password=b"pw")
+            await asyncio.gather(*(lh.append(b"x%d" % i) for i in range(10)))
+            await lh.close()
+            rh = await client.open_ledger(lh.ledger_id, password=b"pw")
+            assert [e.payload for e in await rh.read(0, 9)] == [b"x%d" % i for i in range(10)]
+            conns = [c for bc in client._bookies.values() for c in bc._conns.values()]
+            assert conns and all(c.tls and c.transport is not None for c in conns)
+    # A context without the client certificate the bookies require is refused at the handshake.
+    async with await Client.connect(mtls_cluster.uri, tls=client_context(pki, None)) as client:
+        bookie_id = mtls_cluster.bookie(0).bookie_id
+        with pytest.raises(BookieTLSError, match="refused the handshake"):
+            await client.bookie(bookie_id).request(m.GetBookieInfoRequest())
+
+
+async def test_tls_argument_is_checked_before_anything_is_opened(
+    mtls_cluster: LocalCluster, pki: dict[str, Any]
+) -> None:
+    ctx = client_context(pki, "writer")
+    for kwargs in (
+        {"tls": "yes"},
+        {"tls": 1.0},
+        {"tls": False, "tls_enabled": True},
+        {"tls": ctx, "tls_enabled": True},
+        {"tls": ctx, "tls_trust_store_path": pki["ca"].ca},
+        {"tls": ctx, "tls_hostname_verification": True},
+        {"tls": ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)},
+    ):
+        with pytest.raises(InvalidArgumentError, match="tls"):
+            await Client.connect(mtls_cluster.uri, **kwargs)
 
 
 async def test_tls_required_refuses_clear_text(mtls_cluster: LocalCluster) -> None:

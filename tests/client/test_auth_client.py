@@ -5,12 +5,13 @@ Client.connect at once."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 
-from quorumlog import Client
-from quorumlog.errors import ConfigError, QuorumLogError, UnauthorizedError
+from quorumlog import Client, TokenAuth
+from quorumlog.errors import ConfigError, InvalidArgumentError, QuorumLogError, UnauthorizedError
 from quorumlog.security.auth import TOKEN_PLUGIN, AuthenticationError
 from quorumlog.testing.cluster import LocalCluster
 
@@ -74,3 +75,62 @@ async def test_a_missing_or_malformed_token_file_fails_connect(tmp_path: str) ->
         bad = _write(os.path.join(tmp_path, "bad"), "app short\n")
         with pytest.raises(ConfigError, match="shorter"):
             await Client.connect(cluster.uri, auth_plugin=TOKEN_PLUGIN, auth_token_file=bad)
+
+
+async def test_auth_argument_takes_a_token_held_in_code(tmp_path: str) -> None:
+    """`Client.connect(auth=TokenAuth(name, token))` (API.md's planned `auth=`): the token from the
+    application, not a file; the wrong one is refused as with a file."""
+    accepted = _write(os.path.join(tmp_path, "bookie-tokens"), f"app {TOKEN}\n")
+    async with LocalCluster(
+        3,
+        processes=True,
+        base_dir=os.path.join(tmp_path, "c"),
+        auth_plugin=TOKEN_PLUGIN,
+        auth_token_file=accepted,
+    ) as cluster:
+        async with await Client.connect(cluster.uri, auth=TokenAuth("app", TOKEN)) as client:
+            lh = await client.create_ledger(3, 2, 2, password=b"pw")
+            await asyncio.gather(*(lh.append(b"entry %d" % i) for i in range(10)))
+            await lh.close()
+            rh = await client.open_ledger(lh.ledger_id, password=b"pw")
+            assert [e.payload for e in await rh.read(0, 9)] == [b"entry %d" % i for i in range(10)]
+        wrong = TokenAuth("app", b"not-the-right-token-at-all")
+        async with await Client.connect(cluster.uri, auth=wrong) as bad:
+            with pytest.raises(AuthenticationError, match="refused quorumlog-token authentication as 'app'"):
+                lh = await bad.create_ledger(3, 2, 2, password=b"pw")
+                await lh.append(b"never")
+
+
+def test_token_auth_checks_its_token_and_hides_it(tmp_path: str) -> None:
+    auth = TokenAuth("app", TOKEN)
+    assert TOKEN not in repr(auth) and "app" in repr(auth)
+    assert (
+        auth.token_bytes == TOKEN.encode() and TokenAuth("app", TOKEN.encode()).token_bytes == TOKEN.encode()
+    )
+    for name, token in (
+        ("app", "short"),
+        ("", TOKEN),
+        ("two words", TOKEN),
+        ("a\0b", TOKEN),
+        ("x" * 300, TOKEN),
+    ):
+        with pytest.raises(InvalidArgumentError):
+            TokenAuth(name, token)
+    with pytest.raises(InvalidArgumentError):
+        TokenAuth("app", 12345678901234567890)  # type: ignore[arg-type]
+    path = _write(os.path.join(tmp_path, "client-token"), f"# mine\napp {TOKEN}\n")
+    assert TokenAuth.from_file(path) == TokenAuth("app", TOKEN.encode())
+    with pytest.raises(ConfigError, match="cannot read token file"):
+        TokenAuth.from_file(os.path.join(tmp_path, "none"))
+
+
+async def test_auth_argument_is_checked_before_anything_is_opened(tmp_path: str) -> None:
+    async with LocalCluster(0, base_dir=os.path.join(tmp_path, "c")) as cluster:
+        token_file = _write(os.path.join(tmp_path, "client-token"), f"app {TOKEN}\n")
+        for kwargs in (
+            {"auth": f"app {TOKEN}"},
+            {"auth": TokenAuth("app", TOKEN), "auth_plugin": TOKEN_PLUGIN, "auth_token_file": token_file},
+            {"auth": TokenAuth("app", TOKEN), "auth_token_file": token_file},
+        ):
+            with pytest.raises(InvalidArgumentError, match="TokenAuth"):
+                await Client.connect(cluster.uri, **kwargs)  # type: ignore[arg-type]
