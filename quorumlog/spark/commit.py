@@ -33,11 +33,12 @@ from quorumlog.errors import (
     EndOfStreamError,
     MetadataVersionError,
     NoSuchLedgerError,
+    ProtocolError,
     WriterFencedError,
 )
 from quorumlog.meta.store import Versioned
 from quorumlog.stream.log import Log
-from quorumlog.stream.metadata import LogMetadata, PendingLink, SegmentInfo, SegmentState
+from quorumlog.stream.metadata import LogMetadata, PendingLink, SegmentInfo, SegmentState, next_seq_error
 from quorumlog.stream.writer import CAS_RETRIES_MAX, complete_pending_link, recover_segment
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,19 @@ async def link_ledgers(
 
     # 2. recover what the previous writer left open, complete someone else's pending link
     segments = {s.value.seq: s for s in await store.segments(ns, name)}
+    # First, as a writer opening does: the new segments get the numbers from next_seq on, so a next_seq at or
+    # behind a taken number (set back by hand, restored from an old copy) would decide them over existing
+    # segments, whose keys step 4 then skips as already written -- a commit reported done, its rows in no
+    # segment. Refused before anything is recovered, decided or linked.
+    bad = next_seq_error(ns, name, md.value, segments)
+    if bad is not None:
+        if (await store.read_log(ns, name)).value.writer_epoch != epoch:
+            # the keys were listed after our epoch CAS: one past next_seq is a newer writer's
+            raise WriterFencedError(
+                f"log {ns}/{name}: a newer writer took over while committing a Spark write (epoch {epoch}); "
+                "nothing was linked"
+            )
+        raise ProtocolError(f"{bad}; the Spark write was not committed (nothing was linked)")
     open_ones: dict[int, tuple[int, Versioned[SegmentInfo] | None]] = {
         seq: (s.value.ledger_id, s) for seq, s in segments.items() if s.value.state == SegmentState.OPEN
     }

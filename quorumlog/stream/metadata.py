@@ -31,6 +31,7 @@ from __future__ import annotations
 import builtins
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -194,6 +195,35 @@ class LogMetadata:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProtocolError(f"malformed log metadata: {exc}") from exc
+
+
+def next_seq_error(
+    namespace: str, log: str, md: LogMetadata, segment_seqs: Iterable[int]
+) -> ProtocolError | None:
+    """The error refusing whoever would take over the log (a writer opening, a Spark linked commit) because a
+    sequence number at or past `md.next_seq` is taken already, or None when `next_seq` is past every one.
+
+    Taken are the segment keys (`segment_seqs`), the announced open segment and a pending linked batch. Every
+    segment is announced (next_seq moved past it) before its key is written, so none of them can be numbered
+    next_seq or above -- unless the log node was set back by hand or restored from an old copy. The next
+    segment would then be numbered like an existing one: its key write fails (a writer's, after creating its
+    ledger) or is skipped as already done (a linked commit's, whose records would silently go missing). So
+    both check this right after their epoch CAS, before they create a ledger, recover or link a segment.
+    Sequence numbers only have to grow: a next_seq ahead of every taken number is fine. Pure: the caller
+    decides whether a newer writer explains the mismatch (it re-reads the epoch).
+    """
+    taken = list(segment_seqs)
+    if md.open_segment is not None:
+        taken.append(md.open_segment.seq)
+    if md.pending_link is not None:
+        taken += [info.seq for info in md.pending_link.segments]
+    highest = max(taken, default=0)
+    if highest < md.next_seq:
+        return None
+    return ProtocolError(
+        f"malformed log metadata: log {namespace}/{log} has segment {highest} but its next_seq is "
+        f"{md.next_seq}; set next_seq past {highest} to write again"
+    )
 
 
 @dataclass(frozen=True)

@@ -37,13 +37,19 @@ from quorumlog.errors import (
     MetadataExistsError,
     MetadataVersionError,
     NoSuchLedgerError,
-    ProtocolError,
     QuorumLogError,
     TooManyRequestsError,
     WriterFencedError,
 )
 from quorumlog.meta.store import Versioned
-from quorumlog.stream.metadata import LogMetadata, OpenSegment, PendingLink, SegmentInfo, SegmentState
+from quorumlog.stream.metadata import (
+    LogMetadata,
+    OpenSegment,
+    PendingLink,
+    SegmentInfo,
+    SegmentState,
+    next_seq_error,
+)
 from quorumlog.stream.position import Position
 from quorumlog.stream.records import (
     HEADER_BYTES,
@@ -244,32 +250,21 @@ class LogWriter:
             await self._cas_log(lambda md: replace(md, open_segment=None, pending_link=None))
 
     async def _check_next_seq(self, segments: dict[int, Versioned[SegmentInfo]]) -> None:
-        """Refuse to write if a sequence number at or past `next_seq` is taken already.
+        """Refuse to write if a sequence number at or past `next_seq` is taken already (`next_seq_error`,
+        shared with the Spark linked commit); DistributedLog refuses such a log too (TestLogSegmentsZK).
 
-        Every segment is announced (next_seq moved past it) before its key is written, so no key, announced
-        segment or linked segment can be numbered next_seq or above -- unless the log node was set back by
-        hand or restored from an old copy. The next segment would then be announced over an existing one
-        (and its key write would fail after a ledger was created for it); DistributedLog refuses such a log
-        too (TestLogSegmentsZK). The keys were listed after this writer's epoch CAS, so a key past next_seq
-        can only come from a writer that opened since: then this one is fenced, not facing bad metadata.
+        The keys were listed after this writer's epoch CAS, so a key past next_seq can only come from a
+        writer that opened since: then this one is fenced, not facing bad metadata.
         """
         assert self._md is not None
         md = self._md.value
-        taken = list(segments)
-        if md.open_segment is not None:
-            taken.append(md.open_segment.seq)
-        if md.pending_link is not None:
-            taken += [info.seq for info in md.pending_link.segments]
-        highest = max(taken, default=0)
-        if highest < md.next_seq:
+        error = next_seq_error(self._ns, self._name, md, segments)
+        if error is None:
             return
         current = await self._store.read_log(self._ns, self._name)
         if current.value.writer_epoch != md.writer_epoch:
             raise self._fence(f"writer epoch is now {current.value.writer_epoch}, ours was {md.writer_epoch}")
-        raise ProtocolError(
-            f"malformed log metadata: log {self._ns}/{self._name} has segment {highest} but its next_seq is "
-            f"{md.next_seq}; set next_seq past {highest} to write again"
-        )
+        raise error
 
     async def _cas_log(self, update: Callable[[LogMetadata], LogMetadata]) -> None:
         """Apply `update` to the log node by CAS, as this writer.

@@ -1,6 +1,7 @@
 """What the `quorumlog` source refuses on the driver, without a SparkSession (docs/SPARK.md "Options",
 issue 18): a range whose end is before its start, and a start past the end of the log, are errors instead of
-an empty read."""
+an empty read; and a sink commit into a log whose next_seq is behind its segments is an error instead of a
+commit whose rows are in no segment."""
 
 from __future__ import annotations
 
@@ -226,3 +227,51 @@ def test_stream_start_at_tail_makes_batch_0_empty_at_the_tail(quorumlog_uri: str
     )
     with pytest.raises(InvalidArgumentError, match="start=TAIL means no data for a batch read"):
         source.reader(base_schema())
+
+
+def test_sink_commit_over_a_next_seq_behind_the_segments_is_refused(quorumlog_uri: str) -> None:
+    """The sink's commit, as Spark's driver calls it, on a log whose node was set back (next_seq 2 over
+    segments 1..3): the write fails with ProtocolError naming the log and the mismatch instead of being
+    reported committed with its rows in no segment; Spark's abort then deletes the task's ledger, and the
+    log's records and segments are as they were."""
+    from dataclasses import replace
+
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    from quorumlog.errors import ProtocolError
+    from quorumlog.spark.source import QuorumLogDataSource
+
+    async def setup(client: Any) -> list[Any]:
+        log = await client.namespace("checks").create_log("set-back", **SMALL)
+        for i in range(3):
+            async with await log.open_writer() as w:
+                await w.write(b"%d" % i)
+        md = await log.log_store.read_log("checks", "set-back")
+        await log.log_store.write_log("checks", replace(md.value, next_seq=2), version=md.version)
+        return await log.segments()
+
+    async def state(client: Any) -> tuple[list[Any], int, list[bytes]]:
+        log = await client.namespace("checks").open_log("set-back")
+        segs = await log.segments()
+        reader = await log.open_reader(start=Position.HEAD, end=Position(segs[-1].seq + 1, 0, 0))
+        return segs, (await log.metadata()).next_seq, [r.payload async for r in reader]
+
+    with connect(quorumlog_uri) as conn:
+        before = conn.run(setup)
+    assert [s.seq for s in before] == [1, 2, 3]
+    schema = StructType([StructField("payload", StringType())])
+    writer = QuorumLogDataSource(
+        {"metadata": quorumlog_uri, "namespace": "checks", "log": "set-back"}
+    ).writer(schema, False)
+    messages = [writer.write(iter([("lost?",)]))]
+    with pytest.raises(ProtocolError, match=r"checks/set-back has segment 3 but its next_seq is 2"):
+        writer.commit(messages)
+    writer.abort(messages)
+    ledger_id = messages[0].task.ledger_id
+
+    async def ledger_exists(client: Any) -> bool:
+        return ledger_id in {lid async for lid in client.list_ledgers()}
+
+    with connect(quorumlog_uri) as conn:
+        assert conn.run(state) == (before, 2, [b"0", b"1", b"2"])
+        assert not conn.run(ledger_exists)

@@ -18,9 +18,11 @@ from quorumlog.stream.metadata import (
     LogMetadata,
     LogSettings,
     OpenSegment,
+    PendingLink,
     SegmentInfo,
     SegmentState,
     StreamLayout,
+    next_seq_error,
 )
 from quorumlog.stream.position import Position
 
@@ -122,3 +124,38 @@ async def test_namespace_defaults(logs: LogStore) -> None:
     custom = LogSettings(ensemble_size=5, write_quorum=3, ack_quorum=2)
     await logs.set_namespace_settings("fresh", custom)
     assert await logs.namespace_settings("fresh") == custom
+
+
+@pytest.mark.parametrize(
+    ("next_seq", "segments", "open_seq", "pending", "highest"),
+    [
+        (4, [1, 2, 3], None, [], None),  # as every writer leaves it
+        (99, [1, 2, 3], None, [], None),  # ahead: sequence numbers only have to grow
+        (1, [], None, [], None),  # a new log
+        (3, [1, 2, 3], None, [], 3),  # at a segment key
+        (2, [1, 2, 3], None, [], 3),  # behind it
+        (4, [1, 2, 3], 4, [], 4),  # an announced segment whose key is not written yet
+        (4, [1, 2, 3], None, [4, 5], 5),  # a pending linked batch
+        (6, [1, 2, 3], 4, [5], None),
+    ],
+)
+def test_next_seq_must_be_past_every_taken_sequence_number(
+    next_seq: int, segments: list[int], open_seq: int | None, pending: list[int], highest: int | None
+) -> None:
+    """The one rule a writer opening and a Spark linked commit both apply before taking over a log."""
+    md = LogMetadata(
+        "l",
+        1,
+        LogSettings(),
+        next_seq=next_seq,
+        open_segment=None if open_seq is None else OpenSegment(open_seq, 7),
+        pending_link=PendingLink("c", tuple(SegmentInfo(s, 8, SegmentState.CLOSED, 1, 1) for s in pending))
+        if pending
+        else None,
+    )
+    error = next_seq_error("ns", "l", md, segments)
+    if highest is None:
+        assert error is None
+    else:
+        assert isinstance(error, ProtocolError)
+        assert f"log ns/l has segment {highest} but its next_seq is {next_seq}" in str(error)
