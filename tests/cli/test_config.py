@@ -113,7 +113,7 @@ def test_text_parsing() -> None:
 
 
 # Client.connect parameters that are not settings: objects an application passes in.
-_CONNECT_NON_SETTINGS = {"uri", "env", "store", "metrics_registry"}
+_CONNECT_NON_SETTINGS = {"uri", "env", "store", "metrics_registry", "tls", "auth"}  # objects, not settings
 
 
 def test_client_connect_the_dataclass_and_the_table_agree() -> None:
