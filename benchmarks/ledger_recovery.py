@@ -1,7 +1,9 @@
 """Paper workload 6: time to recover a ledger whose writer died (SIGKILL) with 1000 adds outstanding.
 
 Per round a writer process creates an E3 W2 A2 ledger of 1 KiB entries and keeps `--outstanding` appends in
-flight; after `--kill-after-s` of writing this process `kill -9`s it. A client here then opens the ledger with
+flight; `--kill-after-s` after the writer reports its first acknowledgement (so every round has acknowledged
+entries to keep and adds still outstanding; a writer with no acknowledgement within FIRST_ACK_WAIT_S fails the
+run) this process `kill -9`s it. A client here then opens the ledger with
 recovery and the time of that call is measured: fence + read LAC + recovery reads (and re-writes of
 entries that reached fewer than an ack quorum) + close in metadata. Three bookie processes, journal fsync
 on. Reports median/p99/max recovery time over `--rounds`, and per round how many entries the closed ledger
@@ -25,6 +27,7 @@ from quorumlog.env import run
 
 SCRIPT = os.path.abspath(__file__)
 REPORT_S = 0.05
+FIRST_ACK_WAIT_S = 60.0  # a bound, not a pace: the kill waits for the writer's first acknowledgement
 
 
 async def _child(uri: str, outstanding: int, entry_bytes: int) -> None:
@@ -75,14 +78,33 @@ async def _round(client: Any, uri: str, args: Any) -> dict[str, Any]:
             raise RuntimeError(f"writer process did not start (exit {await proc.wait()})")
         ledger_id = int(first[1])
         last_acked = -1
+        acked = asyncio.Event()
 
         async def watch() -> None:
             nonlocal last_acked
             assert proc.stdout is not None
             while line := await proc.stdout.readline():
                 last_acked = int(line.split()[1])
+                if last_acked >= 0:
+                    acked.set()
 
         watcher = asyncio.ensure_future(watch())
+        # The kill timer starts at the first acknowledgement, not at the ledger's creation: on a slow machine
+        # the first adds can take longer than --kill-after-s, and a round with nothing acknowledged would not
+        # measure what this benchmark is about. The watcher ending first means the writer died on its own.
+        first_ack = asyncio.ensure_future(acked.wait())
+        try:
+            await asyncio.wait(
+                {first_ack, watcher}, timeout=FIRST_ACK_WAIT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            first_ack.cancel()
+        if not acked.is_set():
+            if watcher.done():
+                raise RuntimeError(
+                    f"writer process exited before any acknowledgement (exit {await proc.wait()})"
+                )
+            raise RuntimeError(f"writer process reported no acknowledgement within {FIRST_ACK_WAIT_S} s")
         await asyncio.sleep(args.kill_after_s)
         proc.kill()
         await proc.wait()

@@ -16,24 +16,33 @@ from tests.bookie.helpers import KEY, BookieProcess, RawClient, entry, free_port
 
 ROUNDS = 5
 WINDOW = 300  # outstanding adds
+FIRST_ACK_WAIT_S = 60.0  # a bound: a bookie that acknowledges nothing by then is killed and the round fails
 
 
 async def _append_until_killed(
     proc: BookieProcess, ledger_id: int, version: m.ProtocolVersion, kill_after_s: float
 ) -> dict[int, bytes]:
-    """Pipeline adds until the bookie dies under us; return what it acknowledged."""
+    """Pipeline adds until the bookie dies under us; return what it acknowledged. The kill comes
+    `kill_after_s` after the first acknowledgement (so every round has some to check, however slow the
+    machine), or after FIRST_ACK_WAIT_S without any."""
     c = await RawClient.connect("127.0.0.1", proc.port, version)
     acked: dict[int, bytes] = {}
     sem = asyncio.Semaphore(WINDOW)
     loop = asyncio.get_running_loop()
-    killer = loop.call_later(kill_after_s, proc.kill)
+    killer = loop.call_later(FIRST_ACK_WAIT_S, proc.kill)
+    armed = False
 
     async def one(eid: int) -> None:
+        nonlocal killer, armed
         body = entry(ledger_id, eid, os.urandom(random.randint(10, 2000)))
         try:
             r = await c.call(m.AddRequest(ledger_id, eid, KEY, body), 30)
             if r.status == StatusCode.EOK:
                 acked[eid] = body
+                if not armed:
+                    armed = True
+                    killer.cancel()
+                    killer = loop.call_later(kill_after_s, proc.kill)
         except (ConnectionError, TimeoutError):
             pass
         finally:

@@ -28,7 +28,9 @@ async def test_every_client_metric_family_moves_with_its_event() -> None:
             cluster.uri,
             metrics_registry=registry,
             speculative_read_timeout_s=0.05,
-            add_timeout_s=2.0,
+            # The killed bookie is noticed by its lost connections; a long add timeout keeps a live one that is
+            # slow under load (the one just resumed from its pause, say) from adding an ensemble change.
+            add_timeout_s=60.0,
             read_timeout_s=2.0,
         )
         try:

@@ -18,8 +18,11 @@ from quorumlog.testing.cluster import LocalCluster
 async def test_acknowledged_entries_survive_bookie_churn(seed: int) -> None:
     rng = random.Random(seed)
     async with LocalCluster(5, journal_sync=False) as cluster:
+        # A stopped in-process bookie closes its connections, which the writer notices at once; a long add
+        # timeout keeps live bookies that are merely slow under load from counting as failed too (with one
+        # bookie down, that could leave no replacement).
         async with await Client.connect(
-            cluster.uri, add_timeout_s=1.0, read_timeout_s=1.0, explicit_lac_interval_s=0.05
+            cluster.uri, add_timeout_s=30.0, read_timeout_s=1.0, explicit_lac_interval_s=0.05
         ) as client:
             w = await client.create_ledger(3, 2, 2, password=b"churn")
             acked: list[int] = []

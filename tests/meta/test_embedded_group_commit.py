@@ -315,8 +315,13 @@ asyncio.run(main())
 """
 
 
+SESSION_S = 4.0
+
+
 async def test_heartbeats_hold_while_another_process_floods_the_database(tmp_path: Path) -> None:
-    store = await open_store(f"file://{tmp_path}", session_timeout_s=1.5)
+    # 4 s: long enough that our own heartbeats (every session / 3) are not late on a loaded machine without
+    # any flood; the flood below lasts four sessions, so a heartbeat starved by it would still expire us.
+    store = await open_store(f"file://{tmp_path}", session_timeout_s=SESSION_S)
     flooder = await asyncio.create_subprocess_exec(
         sys.executable, "-c", _FLOODER, str(tmp_path), stdout=subprocess.PIPE, env=_CHILD_ENV
     )
@@ -327,7 +332,9 @@ async def test_heartbeats_hold_while_another_process_floods_the_database(tmp_pat
         await store.create("/mine", ephemeral=True)
         assert flooder.stdout is not None
         assert await flooder.stdout.readline() == b"flooding\n"
-        await asyncio.sleep(4 * 1.5)  # four session timeouts of the other process holding the write lock
+        await asyncio.sleep(
+            4 * SESSION_S
+        )  # four session timeouts of the other process holding the write lock
         assert flooder.returncode is None, "the flooding process stopped early"
         assert expired == [] and store.session_id == session, "the other process's load expired our session"
         assert await store.exists("/mine") is not None

@@ -17,7 +17,12 @@ async def test_disabled_ensemble_change_writes_on_while_the_ack_quorum_holds() -
     Expected: with ensemble changes disabled, a dead bookie of a W3 A2 ensemble changes nothing in the
     metadata, and adds keep completing on the two live replicas; the entries read back.
     """
-    async with fresh_cluster(4) as cluster, await connect(cluster, ensemble_change="disabled") as client:
+    # The dead bookie is noticed by its lost connections (kill -9); a long add timeout keeps a live bookie
+    # that is merely slow under load from counting as failed too, which would leave entries short of A.
+    async with (
+        fresh_cluster(4) as cluster,
+        await connect(cluster, ensemble_change="disabled", add_timeout_s=60.0) as client,
+    ):
         w = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(w.append(b"v%d" % i) for i in range(10)))
         await cluster.node(w.metadata.ensembles[0][0]).kill()

@@ -19,7 +19,9 @@ async def test_one_failure_makes_one_ensemble_change_for_many_pending_adds() -> 
     Expected: a bookie that fails with many adds outstanding leads to a single ensemble change (one new
     ensemble in the metadata), and every add completes, in order.
     """
-    async with fresh_cluster(4) as cluster, await connect(cluster) as client:
+    # The dead bookie is noticed by its lost connections (kill -9); a long add timeout keeps a live bookie
+    # that is merely slow under load from being replaced too, which would change the ensemble count asserted.
+    async with fresh_cluster(4) as cluster, await connect(cluster, add_timeout_s=60.0) as client:
         w = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(w.append(b"h%d" % i) for i in range(10)))
         victim = w.metadata.ensembles[0][0]
@@ -117,7 +119,12 @@ async def test_delayed_ensemble_change_keeps_the_ensemble_while_the_ack_quorum_h
     (adds still reach two acks); a second dead bookie breaks the ack quorum and forces a change, after which
     adds complete again.
     """
-    async with fresh_cluster(5) as cluster, await connect(cluster, ensemble_change="delayed") as client:
+    # Dead bookies are noticed by their lost connections (kill -9); a long add timeout keeps the live third
+    # bookie, merely slow under load, from counting as failed too, which would break the ack quorum early.
+    async with (
+        fresh_cluster(5) as cluster,
+        await connect(cluster, ensemble_change="delayed", add_timeout_s=60.0) as client,
+    ):
         w = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(w.append(b"y%d" % i) for i in range(10)))
         first = w.metadata.ensembles[0]

@@ -63,7 +63,12 @@ async def test_writer_moves_off_a_bookie_that_turns_read_only() -> None:
     change ensemble to a writable bookie; every add is acknowledged and the read-only bookie is out of the
     new ensemble.
     """
-    async with self_registering(4) as (cluster, services), await connect(cluster) as client:
+    # The read-only bookie refuses adds (an answer, not silence); a long add timeout keeps a writable bookie
+    # that is merely slow under load from being replaced too, which would change the ensemble count asserted.
+    async with (
+        self_registering(4) as (cluster, services),
+        await connect(cluster, add_timeout_s=60.0) as client,
+    ):
         w = await client.create_ledger(3, 3, 2, password=PW)
         await asyncio.gather(*(w.append(b"m%d" % i) for i in range(10)))
         ro = next(s for s in services if s.bookie_id == w.metadata.ensembles[0][2])

@@ -18,7 +18,9 @@ async def test_striped_ledger_survives_an_ensemble_change_and_non_adjacent_losse
     the spare and writing goes on; afterwards, with two bookies of the first ensemble that are never in the
     same write set dead, every entry still has a live replica and the ledger reads back whole.
     """
-    async with fresh_cluster(5) as cluster, await connect(cluster) as client:
+    # The dead bookie is noticed by its lost connections (kill -9); a long add timeout keeps a live bookie
+    # that is merely slow under load from being replaced too, which would change the ensemble count asserted.
+    async with fresh_cluster(5) as cluster, await connect(cluster, add_timeout_s=60.0) as client:
         w = await client.create_ledger(4, 2, 2, password=PW)
         payloads = [b"s%d" % i for i in range(80)]
         await asyncio.gather(*(w.append(p) for p in payloads[:40]))

@@ -19,7 +19,9 @@ async def test_tailing_reader_follows_an_ensemble_change_to_the_close() -> None:
     across the writer's ensemble change (a bookie killed mid-way), stops at the close, and its metadata then
     shows the writer's ensembles and the closed state.
     """
-    async with fresh_cluster(4) as cluster, await connect(cluster) as client:
+    # The dead bookie is noticed by its lost connections (kill -9); a long add timeout keeps a live bookie
+    # that is merely slow under load from being replaced too, which would change the ensemble count asserted.
+    async with fresh_cluster(4) as cluster, await connect(cluster, add_timeout_s=60.0) as client:
         w = await client.create_ledger(3, 3, 2, password=PW)
         await w.append(b"w0")
         async with await connect(cluster) as other:

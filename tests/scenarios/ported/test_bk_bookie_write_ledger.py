@@ -89,7 +89,10 @@ async def test_adv_writes_in_scattered_order_through_a_bookie_failure() -> None:
     n, stride = 100, 5
     order = [j for i in range(stride) for j in range(i, n, stride)]
     async with LocalCluster(4, journal_sync=False) as cluster:
-        async with await Client.connect(cluster.uri, add_timeout_s=1.0, read_timeout_s=2.0) as client:
+        # The stopped in-process bookie closes its connections, which the writer notices at once; a long add
+        # timeout keeps a live bookie that is merely slow under load from counting as failed too (with one of
+        # four down, that would leave no replacement).
+        async with await Client.connect(cluster.uri, add_timeout_s=30.0, read_timeout_s=2.0) as client:
             handles = [await client.create_ledger(3, 2, 2, password=PW, adv=True) for _ in range(2)]
             first = set(handles[0].metadata.ensembles[0])
             futures = []

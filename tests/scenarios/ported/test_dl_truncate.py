@@ -136,12 +136,17 @@ async def test_retention_by_age_purges_only_the_older_segments(client: Client) -
     log = await client.namespace("tr").create_log("purge-age")
     old = await populate(log, 3, 2, prefix="old")
     gap_start_ms = client.env.clock.wall_ms()
-    await asyncio.sleep(0.3)  # not a synchronisation: the two groups of segments need distinct ages
+    # Not a synchronisation: the two groups of segments need distinct ages (wall time must pass; there is no
+    # event to wait for). The gap is wide because the cutoff is fixed from the clock before set_retention (a
+    # metadata write, fsync'd) and enforced against the clock after it: the time between moves the cutoff
+    # later, towards the new segments, by however long that write takes on a loaded machine.
+    await asyncio.sleep(2.0)
     new = await populate(log, 3, 2, prefix="new")
     segs = await log.segments()
     assert all((s.max_timestamp_ms or 0) < gap_start_ms + 1 for s in segs[:3])
-    # Everything written before the middle of the gap is past the retention period, nothing after it.
-    age_s = (client.env.clock.wall_ms() - (gap_start_ms + 150)) / 1000
+    # Everything written before 0.5 s into the 2 s gap is past the retention period, nothing after it: the
+    # cutoff can only move later (by up to 1.5 s before it reaches the new segments), never earlier.
+    age_s = (client.env.clock.wall_ms() - (gap_start_ms + 500)) / 1000
     await log.set_retention(max_age_s=age_s)
     assert await log.enforce_retention() == [1, 2, 3]
     for seg in segs[:3]:
