@@ -171,6 +171,7 @@ class Bookie:
                     self.env,
                     os.path.join(config.ledger_dir, "entrylogs"),
                     log_size_bytes=config.entry_log_size_bytes,
+                    flush_chunk_bytes=config.flush_entrylog_bytes,
                 ),
                 self.index,
                 write_cache_bytes=config.write_cache_bytes,

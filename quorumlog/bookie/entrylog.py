@@ -11,7 +11,7 @@ Rules it keeps:
   add arrives, and travels with the bytes through the write cache into the log, so a checkpoint computes no
   checksums. A read checks the CRC and the ids, and reports a mismatch as `CorruptEntryError` (EIO to
   clients), never as a missing entry.
-- A batch is written and synced in chunks of at most `FLUSH_CHUNK_BYTES` (pwrite, fdatasync, next chunk):
+- A batch is written and synced in chunks of at most `flush_chunk_bytes` (pwrite, fdatasync, next chunk):
   one big fdatasync of a whole write-cache half queues tens of MiB in front of the journal's own fdatasync on
   the same disk and stalls acknowledgements; bounded chunks keep each sync short. The batch is durable only
   after the last chunk's sync, which is when `write_batch` returns -- the index is committed after that.
@@ -39,7 +39,8 @@ _LEN_TYPE = struct.Struct(">IB")
 _IDS = struct.Struct(">qq")
 LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
 _ADD = int(RecordType.ADD)
-# Most bytes written per pwrite + fdatasync of a checkpoint (see the rules above). Three bookies on one disk
+# Most bytes written per pwrite + fdatasync of a checkpoint (see the rules above; the bookie's setting
+# `flush_entrylog_bytes`, this by default). Three bookies on one disk
 # fill their write caches at the same rate and checkpoint together: with 2 MiB chunks a concurrent 8 KiB
 # fdatasync (a journal's) took p50 3-12 ms and p90 16-31 ms while they wrote 16 MiB each; with 256 KiB,
 # p50 2 ms and p90 8-9 ms, the checkpoint taking 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md,

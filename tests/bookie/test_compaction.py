@@ -22,7 +22,7 @@ from quorumlog.bookie.compaction import (
     select_logs,
 )
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.bookie.entrylog import LOCATION, EntryLogs
+from quorumlog.bookie.entrylog import FLUSH_CHUNK_BYTES, LOCATION, EntryLogs
 from quorumlog.bookie.gc import GarbageCollector
 from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import RecordType, record_header
@@ -123,6 +123,16 @@ def test_a_batch_is_written_and_synced_in_bounded_chunks(tmp_path: str) -> None:
     for (h, b), loc in zip(records, locations, strict=True):
         assert logs.read_record(loc) == (h, b)
     logs.close()
+
+
+async def test_the_bookie_flushes_entry_logs_in_chunks_of_its_setting(start_bookie: StartBookie) -> None:
+    """`flush_entrylog_bytes` reaches the entry logs (BookKeeper's flushEntrylogBytes), and its default is the
+    measured `FLUSH_CHUNK_BYTES`; a value below the range is refused naming the key."""
+    assert BookieConfig().flush_entrylog_bytes == FLUSH_CHUNK_BYTES
+    svc = await start_bookie(flush_entrylog_bytes=8192)
+    assert svc.bookie is not None and svc.bookie.storage.entry_logs.flush_chunk_bytes == 8192
+    with pytest.raises(ConfigError, match="flush_entrylog_bytes"):
+        BookieConfig(flush_entrylog_bytes=100)
 
 
 def test_relocate_is_a_compare_and_set_per_entry(tmp_path: str) -> None:
