@@ -24,17 +24,22 @@ def _write(path: str, text: str) -> str:
     return path
 
 
-async def test_a_client_with_the_token_is_served_and_one_without_is_not(tmp_path: str) -> None:
+def _token_cluster(tmp_path: str) -> LocalCluster:
+    """Three bookie processes that accept only the token `app TOKEN`."""
     accepted = _write(os.path.join(tmp_path, "bookie-tokens"), f"app {TOKEN}\n")
-    mine = _write(os.path.join(tmp_path, "client-token"), f"app {TOKEN}\n")
-    wrong = _write(os.path.join(tmp_path, "wrong-token"), "app not-the-right-token-at-all\n")
-    async with LocalCluster(
+    return LocalCluster(
         3,
         processes=True,
         base_dir=os.path.join(tmp_path, "c"),
         auth_plugin=TOKEN_PLUGIN,
         auth_token_file=accepted,
-    ) as cluster:
+    )
+
+
+async def test_a_client_with_the_token_is_served_and_one_without_is_not(tmp_path: str) -> None:
+    mine = _write(os.path.join(tmp_path, "client-token"), f"app {TOKEN}\n")
+    wrong = _write(os.path.join(tmp_path, "wrong-token"), "app not-the-right-token-at-all\n")
+    async with _token_cluster(tmp_path) as cluster:
         async with await Client.connect(
             cluster.uri, auth_plugin=TOKEN_PLUGIN, auth_token_file=mine
         ) as client:
@@ -80,14 +85,7 @@ async def test_a_missing_or_malformed_token_file_fails_connect(tmp_path: str) ->
 async def test_auth_argument_takes_a_token_held_in_code(tmp_path: str) -> None:
     """`Client.connect(auth=TokenAuth(name, token))` (API.md's planned `auth=`): the token from the
     application, not a file; the wrong one is refused as with a file."""
-    accepted = _write(os.path.join(tmp_path, "bookie-tokens"), f"app {TOKEN}\n")
-    async with LocalCluster(
-        3,
-        processes=True,
-        base_dir=os.path.join(tmp_path, "c"),
-        auth_plugin=TOKEN_PLUGIN,
-        auth_token_file=accepted,
-    ) as cluster:
+    async with _token_cluster(tmp_path) as cluster:
         async with await Client.connect(cluster.uri, auth=TokenAuth("app", TOKEN)) as client:
             lh = await client.create_ledger(3, 2, 2, password=b"pw")
             await asyncio.gather(*(lh.append(b"entry %d" % i) for i in range(10)))
