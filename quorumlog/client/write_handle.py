@@ -70,6 +70,7 @@ from quorumlog.errors import (
     LedgerFencedError,
     LedgerRecoveryError,
     MetadataVersionError,
+    NotEnoughBookiesError,
     QuorumLogError,
     UnauthorizedError,
 )
@@ -145,6 +146,9 @@ class WriteHandle(LedgerHandle):
         self._change_task: asyncio.Task[None] | None = None
         # Bookies that failed this writer: not chosen as replacements while others are available.
         self._excluded: set[str] = set()
+        # Why each of them failed, for the error a failed ensemble change gives the application (made on the
+        # first failure: most handles never see one).
+        self._failed_why: dict[str, str] | None = None
         # Made by the first wait_for_capacity (few handles ever wait): at 10,000 open ledgers every object a
         # handle holds is one more for each full GC scan (docs/CLIENT.md, "Garbage collection").
         self._capacity: asyncio.Event | None = None
@@ -406,6 +410,7 @@ class WriteHandle(LedgerHandle):
                 "ledger %d: add of entry %d to %s failed: %s", self.ledger_id, entry_id, bookie_id, error
             )
             self._excluded.add(bookie_id)
+            self._note_failure(bookie_id, str(error))
         actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
         if actions:
             self._apply(actions)
@@ -563,6 +568,7 @@ class WriteHandle(LedgerHandle):
                 add_timeout_s,
             )
             self._excluded.add(bookie_id)
+            self._note_failure(bookie_id, f"no answer to adds within add_timeout_s={add_timeout_s}")
             self._apply(lost)
 
     def _flush_explicit_lac(self) -> bool:
@@ -605,7 +611,7 @@ class WriteHandle(LedgerHandle):
             first, new_ensemble = await self._commit_ensemble_change(change)
         except QuorumLogError as e:
             log.warning("ledger %d: ensemble change failed: %s", self.ledger_id, e)
-            self._apply(self._tracker.ensemble_change_failed(e))
+            self._apply(self._tracker.ensemble_change_failed(self._with_failures(e, change)))
             return
         except Exception as e:  # a bug must not leave the writer hanging: fail it loudly
             log.exception("ledger %d: ensemble change crashed", self.ledger_id)
@@ -622,6 +628,24 @@ class WriteHandle(LedgerHandle):
             dict(change.failed),
         )
         self._apply(self._tracker.ensemble_change_committed(first, new_ensemble, self._now()))
+
+    def _note_failure(self, bookie_id: str, reason: str) -> None:
+        if self._failed_why is None:
+            self._failed_why = {}
+        self._failed_why[bookie_id] = reason
+
+    def _with_failures(self, error: QuorumLogError, change: EnsembleChangeNeeded) -> QuorumLogError:
+        """No replacement bookie: the application's error also says why the replaced ones failed (a refused
+        TLS handshake, say), which "found 0 eligible" alone does not; the placement's error is its cause."""
+        failures = self._failed_why
+        if not isinstance(error, NotEnoughBookiesError) or not failures:
+            return error
+        why = [f"{b}: {failures[b]}" for b in sorted(set(change.failed.values())) if b in failures]
+        if not why:
+            return error
+        out = NotEnoughBookiesError(f"{error} (the bookies being replaced failed: {'; '.join(why)})")
+        out.__cause__ = error
+        return out
 
     async def _commit_ensemble_change(self, change: EnsembleChangeNeeded) -> tuple[int, tuple[str, ...]]:
         refused = change_budget_refusal(

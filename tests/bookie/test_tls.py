@@ -21,7 +21,14 @@ from quorumlog.bookie.service import BookieService
 from quorumlog.client.bookie_client import BookieClient, static_resolver
 from quorumlog.client.client import Client
 from quorumlog.env import default_env
-from quorumlog.errors import BookieTLSError, ConfigError, InvalidArgumentError, TLSError, UnauthorizedError
+from quorumlog.errors import (
+    BookieTLSError,
+    ConfigError,
+    InvalidArgumentError,
+    NotEnoughBookiesError,
+    TLSError,
+    UnauthorizedError,
+)
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 from quorumlog.security.tls import TLSContextSource, authorize_roles, peer_roles, roles_from_ou
@@ -165,6 +172,10 @@ async def test_tls_argument_takes_the_applications_context_or_true(
         bookie_id = mtls_cluster.bookie(0).bookie_id
         with pytest.raises(BookieTLSError, match="refused the handshake"):
             await client.bookie(bookie_id).request(m.GetBookieInfoRequest())
+        # A writer finds no bookie to replace them with, and its error says why they failed.
+        lh = await client.create_ledger(3, 2, 2, password=b"pw")
+        with pytest.raises(NotEnoughBookiesError, match=r"being replaced failed: .*refused the handshake"):
+            await lh.append(b"never")
 
 
 async def test_tls_argument_is_checked_before_anything_is_opened(
