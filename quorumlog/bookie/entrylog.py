@@ -39,12 +39,11 @@ _LEN_TYPE = struct.Struct(">IB")
 _IDS = struct.Struct(">qq")
 LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
 _ADD = int(RecordType.ADD)
-# Most bytes written per pwrite + fdatasync of a checkpoint (see the rules above; the bookie's setting
-# `flush_entrylog_bytes`, this by default). Three bookies on one disk
-# fill their write caches at the same rate and checkpoint together: with 2 MiB chunks a concurrent 8 KiB
-# fdatasync (a journal's) took p50 3-12 ms and p90 16-31 ms while they wrote 16 MiB each; with 256 KiB,
-# p50 2 ms and p90 8-9 ms, the checkpoint taking 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md,
-# "Session 11").
+# Most bytes written per pwrite + fdatasync of a checkpoint by default (see the rules above; the bookie's
+# setting `flush_entrylog_bytes`). Three bookies on one disk fill their write caches at the same rate and
+# checkpoint together: with 2 MiB chunks a concurrent 8 KiB fdatasync (a journal's) took p50 3-12 ms and
+# p90 16-31 ms while they wrote 16 MiB each; with 256 KiB, p50 2 ms and p90 8-9 ms, the checkpoint taking
+# 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md, "Session 11").
 FLUSH_CHUNK_BYTES = 256 << 10
 
 
