@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable
 from typing import overload
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
-from quorumlog.proto import v2, v3
+from quorumlog.proto import speedups, v2, v3
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES, FrameDecoder, OversizedFrame
 from quorumlog.proto.messages import (
     AddResponse,
@@ -102,6 +102,10 @@ def scan_v3_add_ok(
             out.append(AddResponse(_EOK, uvarint(lid), uvarint(eid), uvarint(txn)))
         pos = end
     return pos
+
+
+# The compiled `scan_v3_add_ok(..., raw=True)` (speedups.py), or None where it is not built.
+_scan_add_ok_c = speedups.scan_add_ok
 
 
 def add_ok_response(raw: RawAddOk) -> AddResponse:
@@ -251,7 +255,11 @@ class ClientConnection:
                 out.extend(map(decode, frames.feed(memoryview(data)[pos:])))
                 break
             if want == 0:
-                pos = scan_v3_add_ok(data, pos, out, raw_add_ok)
+                pos = (
+                    _scan_add_ok_c(data, pos, out)
+                    if raw_add_ok and _scan_add_ok_c is not None
+                    else scan_v3_add_ok(data, pos, out, raw_add_ok)
+                )
                 if pos == n:
                     break
                 # A READ answer whole in this chunk is read in place as well (no copy of the frame, one of

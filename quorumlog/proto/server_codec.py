@@ -43,9 +43,10 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
-from quorumlog.proto import v2, v3
+from quorumlog.proto import speedups, v2, v3
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES, FrameDecoder, OversizedFrame
 from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
@@ -174,9 +175,10 @@ def _cached_varint(n: int) -> bytes:
     return raw
 
 
-def decode_add_v3(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
+def decode_add_v3_py(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     """A plain add in the canonical v3 layout as a `FastAdd`; None for anything else (decode it with `v3`).
-    The frame body is `body[pos:end]` (`end` -1: to the end), so frames are read in place in a chunk."""
+    The frame body is `body[pos:end]` (`end` -1: to the end), so frames are read in place in a chunk. The
+    reference for `decode_add_v3`, its compiled twin (speedups.py) where built."""
     if end < 0:
         end = len(body)
     match = _v3_add_match(body, pos, end)
@@ -198,6 +200,12 @@ def decode_add_v3(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     if lid_raw != varint(lid) or eid_raw != varint(eid):
         return None  # ids that the entry does not repeat: `v3` decodes it and the bookie answers EBADREQ
     return (lid, eid, key, body[start:end], lac, txn, eid_raw, lid_raw)
+
+
+# What callers use: the compiled twin where built (speedups.py), which returns exactly what the function above
+# returns; `_scan_adds_v3_c` decodes a run of whole add frames with it, in C.
+decode_add_v3: Callable[..., FastAdd | None] = speedups.decode_add_v3 or decode_add_v3_py
+_scan_adds_v3_c = speedups.scan_adds_v3
 
 
 def decode_write_lac_v3(body: bytes, pos: int = 0, end: int = -1) -> WriteLacRequest | None:
@@ -399,7 +407,14 @@ class BookieCodec:
         append = out.append
         unpack = _LEN.unpack_from
         start = pos
+        fast = _scan_adds_v3_c if v3_side else None
         while n - pos >= FRAME_PREFIX_BYTES:
+            if fast is not None:
+                # The run of canonical adds, in C; what stops it (another request, a frame not whole in this
+                # chunk or over the limit) is looked at below, as without it.
+                pos = fast(data, pos, n, limit, out)
+                if n - pos < FRAME_PREFIX_BYTES:
+                    break
             (length,) = unpack(data, pos)
             end = pos + FRAME_PREFIX_BYTES + length
             if end > n or length > limit:

@@ -18,8 +18,10 @@ through protobuf, the reference both fast paths are tested against.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 
 from quorumlog.errors import InvalidArgumentError
+from quorumlog.proto import speedups
 from quorumlog.proto.messages import AddRequest, AddResponse, ReadResponse
 from quorumlog.proto.status import StatusCode, for_4_14_peer
 
@@ -116,7 +118,7 @@ def encode_add_request(req: AddRequest) -> bytes:
     )
 
 
-def encode_add(
+def encode_add_py(
     lid_v: int,
     entry_id: int,
     key: bytes,
@@ -128,7 +130,7 @@ def encode_add(
 ) -> bytes:
     """The v3 frame of `AddRequest(lid_v, entry_id, key, body, recovery, write_flags, txn_id=..., priority=...)`,
     from its fields: a writer's add path encodes each entry once without building the request object
-    (client/write_handle.py)."""
+    (client/write_handle.py). The reference for `encode_add`, its compiled twin (speedups.py) where built."""
     # Every piece is computed first so the frame is one join: the 1 KiB body is copied exactly once.
     # Range checks that `_varint` alone would miss (it encodes any value in [-2**63, 2**64)), so that out-of-
     # range input fails here exactly where protobuf would fail.
@@ -181,6 +183,14 @@ def encode_add(
             tail,
         )
     )
+
+
+# `encode_add` is what callers use: the compiled twin when it is built (proto/speedups.py), which hands what it
+# does not encode itself -- errors included -- to the Python function, so both fail alike.
+encode_add: Callable[..., bytes] = encode_add_py
+if speedups.encode_add is not None:
+    speedups.install_encode_add_fallback(encode_add_py)
+    encode_add = speedups.encode_add
 
 
 # --- AddResponse --------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`v3fast.encode_add_request` keeps each ledger's fixed part of an ADD (ledger id and master key fields) per
 ledger, bounded (docs/PERFORMANCE.md, "Session 8: client CPU per entry"): the frames stay the protobuf
 reference's bytes whatever order ledgers come in, when a ledger's key changes, and past the bound. Its varints
-(a table for small values, one int's bytes for the common widths) are protobuf's."""
+(a table for small values, one int's bytes for the common widths) are protobuf's. The cache is the Python
+encoder's (`encode_add_py`), so these tests run it even where the compiled twin is built
+(tests/proto/test_speedups.py compares the two)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,11 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 from quorumlog.proto import v3, v3fast
 from quorumlog.proto.messages import AddRequest
+
+
+@pytest.fixture(autouse=True)
+def _python_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(v3fast, "encode_add", v3fast.encode_add_py)
 
 
 def _add(ledger_id: int, entry_id: int, key: bytes, txn_id: int) -> AddRequest:

@@ -1,0 +1,473 @@
+/* Compiled twins of the three codec steps that run for every replica of every entry (proto/speedups.py).
+ *
+ * Why C: in Python each of them is a regular expression plus a dozen slicing, varint and length steps, and
+ * together they are about a quarter of the writer's CPU per entry and a third of a bookie's event loop
+ * (docs/PERFORMANCE.md, "Session 12"). Each function here returns exactly what its Python twin returns for
+ * the same input -- the Python code stays the reference, tests compare both on generated and hostile
+ * input -- and hands anything outside its layout back (None, a stop position, or the Python encoder).
+ *
+ *   scan_add_ok(data, pos, out) -> pos            codec.scan_v3_add_ok(data, pos, out, raw=True)
+ *   scan_adds_v3(data, pos, n, limit, out) -> pos the canonical-add part of BookieCodec._scan_adds
+ *   decode_add_v3(body, pos=0, end=-1)            server_codec.decode_add_v3
+ *   encode_add(lid, eid, key, body, txn, recovery=False, write_flags=0, priority=0)
+ *                                                 v3fast.encode_add (its Python twin for errors)
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The Python encode_add: called for arguments this file does not encode itself (errors, odd types). */
+static PyObject *encode_add_fallback = NULL;
+
+/* A varint as the client's AddResponse pattern takes it: up to 8 bytes with the high bit set, then one
+ * without (a zero last byte allowed). Returns its length, 0 if `p[0:avail]` does not start with one. */
+static Py_ssize_t
+varint_loose(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
+{
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < 9 && i < avail; i++) {
+        v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
+        if (p[i] < 0x80) {
+            *value = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* A canonical varint of a value below 2**63 (the bookie's pattern): one byte below 0x80, or 1 to 8 bytes
+ * with the high bit set and a last byte 0x01..0x7f. Canonical encodings are unique, so two of them are equal
+ * exactly when their values are. */
+static Py_ssize_t
+varint_canonical(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
+{
+    Py_ssize_t n = varint_loose(p, avail, value);
+    if (n > 1 && p[n - 1] == 0) {
+        return 0;
+    }
+    return n;
+}
+
+static Py_ssize_t
+varint_put(unsigned char *p, uint64_t v)
+{
+    Py_ssize_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (unsigned char)v;
+    return n;
+}
+
+static Py_ssize_t
+varint_len(uint64_t v)
+{
+    Py_ssize_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static int64_t
+be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        v = (v << 8) | p[i];
+    }
+    return (int64_t)v;
+}
+
+/* --- the client: EOK AddResponses ----------------------------------------------------------------------- */
+
+static const unsigned char ADD_OK_HEADER[] = {0x08, 0x03, 0x10, 0x02, 0x18};
+static const unsigned char ADD_OK_STATUS[] = {0x10, 0x00, 0xaa, 0x06};
+static const unsigned char ADD_OK_PART[] = {0x08, 0x00, 0x10};
+
+/* The length of the whole EOK AddResponse frame at p[0:avail] and its (txn, lid, eid) varints; 0 if the
+ * bytes there are anything else (codec._V3_ADD_OK_FRAME and the length checks after it). */
+static Py_ssize_t
+match_add_ok(const unsigned char *p, Py_ssize_t avail, uint64_t *txn, Py_ssize_t *lid_at, Py_ssize_t *lid_n,
+             Py_ssize_t *eid_at, Py_ssize_t *eid_n)
+{
+    uint64_t unused;
+    Py_ssize_t i, tn, ln, en;
+    if (avail < 11 || p[0] || p[1] || p[2] || p[4] != 0x0a || memcmp(p + 6, ADD_OK_HEADER, 5) != 0) {
+        return 0;
+    }
+    i = 11;
+    if ((tn = varint_loose(p + i, avail - i, txn)) == 0) {
+        return 0;
+    }
+    i += tn;
+    if (avail - i < 8 || memcmp(p + i, ADD_OK_STATUS, 4) != 0 || memcmp(p + i + 5, ADD_OK_PART, 3) != 0) {
+        return 0;
+    }
+    unsigned char plen = p[i + 4];
+    i += 8;
+    if ((ln = varint_loose(p + i, avail - i, &unused)) == 0) {
+        return 0;
+    }
+    *lid_at = i;
+    *lid_n = ln;
+    i += ln;
+    if (avail - i < 1 || p[i] != 0x18) {
+        return 0;
+    }
+    i += 1;
+    if ((en = varint_loose(p + i, avail - i, &unused)) == 0) {
+        return 0;
+    }
+    *eid_at = i;
+    *eid_n = en;
+    i += en;
+    if (p[3] != i - 4 || p[5] != 5 + tn || plen != 4 + ln + en) {
+        return 0;
+    }
+    return i;
+}
+
+static PyObject *
+scan_add_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "scan_add_ok(data, pos, out) takes 3 arguments");
+        return NULL;
+    }
+    if ((pos = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = view.buf;
+    /* (A negative position finds nothing, as in the Python scan.) */
+    while (pos >= 0 && pos < view.len) {
+        uint64_t txn;
+        Py_ssize_t lid_at, lid_n, eid_at, eid_n;
+        Py_ssize_t n = match_add_ok(buf + pos, view.len - pos, &txn, &lid_at, &lid_n, &eid_at, &eid_n);
+        if (n == 0) {
+            break;
+        }
+        PyObject *item = Py_BuildValue("(Ky#y#)", (unsigned long long)txn, buf + pos + lid_at, lid_n,
+                                       buf + pos + eid_at, eid_n);
+        if (item == NULL || PyList_Append(args[2], item) < 0) {
+            Py_XDECREF(item);
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        Py_DECREF(item);
+        pos += n;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(pos);
+}
+
+/* --- the bookie: canonical v3 AddRequests ---------------------------------------------------------------- */
+
+static const unsigned char ADD_HEADER[] = {0x08, 0x03, 0x10, 0x02, 0x18};
+
+/* The FastAdd tuple of the plain v3 add whose frame body is p[0:avail], a new reference to None if it is
+ * not one (server_codec._V3_ADD and decode_add_v3's checks), NULL on a Python error. */
+static PyObject *
+fast_add(const unsigned char *p, Py_ssize_t avail)
+{
+    uint64_t txn, part_len, lid_v, eid_v, entry_len;
+    Py_ssize_t i, tn, pn, ln, en, kn;
+    Py_ssize_t lid_at, eid_at, key_at, start;
+    if (avail < 7 || p[0] != 0x0a || p[1] < 0x06 || p[1] > 0x0e || memcmp(p + 2, ADD_HEADER, 5) != 0) {
+        Py_RETURN_NONE;
+    }
+    i = 7;
+    if ((tn = varint_canonical(p + i, avail - i, &txn)) == 0) {
+        Py_RETURN_NONE;
+    }
+    i += tn;
+    if (avail - i < 2 || p[i] != 0xaa || p[i + 1] != 0x06) {
+        Py_RETURN_NONE;
+    }
+    i += 2;
+    if ((pn = varint_canonical(p + i, avail - i, &part_len)) == 0) {
+        Py_RETURN_NONE;
+    }
+    i += pn;
+    if (avail - i < 1 || p[i] != 0x08) {
+        Py_RETURN_NONE;
+    }
+    i += 1;
+    lid_at = i;
+    if ((ln = varint_canonical(p + i, avail - i, &lid_v)) == 0) {
+        Py_RETURN_NONE;
+    }
+    i += ln;
+    if (avail - i < 1 || p[i] != 0x10) {
+        Py_RETURN_NONE;
+    }
+    i += 1;
+    eid_at = i;
+    if ((en = varint_canonical(p + i, avail - i, &eid_v)) == 0) {
+        Py_RETURN_NONE;
+    }
+    i += en;
+    if (avail - i < 23 || p[i] != 0x1a || p[i + 1] != 0x14 || p[i + 22] != 0x22) {
+        Py_RETURN_NONE;
+    }
+    key_at = i + 2;
+    i += 23;
+    if ((kn = varint_canonical(p + i, avail - i, &entry_len)) == 0) {
+        Py_RETURN_NONE;
+    }
+    start = i + kn;
+    if (p[1] != 5 + tn || avail - start < 32 || entry_len != (uint64_t)(avail - start) ||
+        part_len != (uint64_t)(avail - 4 - p[1] - pn)) {
+        Py_RETURN_NONE;
+    }
+    int64_t lid = be64(p + start), eid = be64(p + start + 8), lac = be64(p + start + 16);
+    /* The ids the entry repeats must be the request's (else `v3` decodes it and the bookie says EBADREQ). */
+    if (lid < 0 || eid < 0 || (uint64_t)lid != lid_v || (uint64_t)eid != eid_v) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(LLy#y#Ly#y#y#)", (long long)lid, (long long)eid, p + key_at, (Py_ssize_t)20,
+                         p + start, avail - start, (long long)lac, p + 7, tn, p + eid_at, en, p + lid_at, ln);
+}
+
+static PyObject *
+decode_add_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos = 0, end = -1;
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "decode_add_v3(body, pos=0, end=-1) takes 1 to 3 arguments");
+        return NULL;
+    }
+    if (nargs > 1 && (pos = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (nargs > 2 && (end = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (end < 0 || end > view.len) {
+        end = view.len;
+    }
+    PyObject *result;
+    if (pos < 0 || pos >= end) {
+        result = Py_NewRef(Py_None);
+    } else {
+        result = fast_add((const unsigned char *)view.buf + pos, end - pos);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *
+scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos, n, limit;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "scan_adds_v3(data, pos, n, limit, out) takes 5 arguments");
+        return NULL;
+    }
+    if (((pos = PyLong_AsSsize_t(args[1])) == -1 || (n = PyLong_AsSsize_t(args[2])) == -1 ||
+         (limit = PyLong_AsSsize_t(args[3])) == -1) &&
+        PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = view.buf;
+    if (n > view.len) {
+        n = view.len;
+    }
+    while (pos >= 0 && n - pos >= 4) {
+        Py_ssize_t length = ((Py_ssize_t)buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3];
+        Py_ssize_t end = pos + 4 + length;
+        if (end > n || length > limit) {
+            break;
+        }
+        PyObject *add = fast_add(buf + pos + 4, length);
+        if (add == NULL) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        if (add == Py_None) {
+            Py_DECREF(add);
+            break;
+        }
+        int failed = PyList_Append(args[4], add);
+        Py_DECREF(add);
+        if (failed) {
+            PyBuffer_Release(&view);
+            return NULL;
+        }
+        pos = end;
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(pos);
+}
+
+/* --- the client: AddRequest frames ---------------------------------------------------------------------- */
+
+static PyObject *
+call_encode_fallback(PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (encode_add_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "quorumlog.proto._speedups: no encode_add fallback installed");
+        return NULL;
+    }
+    return PyObject_Vectorcall(encode_add_fallback, args, nargsf, kwnames);
+}
+
+/* An int argument as int64, or 0 with *ok = 0 when it is not an exact int in [-2**63, 2**63). */
+static int64_t
+int64_arg(PyObject *o, int *ok)
+{
+    int overflow = 0;
+    if (!PyLong_CheckExact(o)) {
+        *ok = 0;
+        return 0;
+    }
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        *ok = 0;
+        return 0;
+    }
+    return v;
+}
+
+static PyObject *
+encode_add(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int ok = 1, recovery = 0;
+    int64_t write_flags = 0, priority = 0;
+    if (kwnames != NULL || nargs < 5 || nargs > 8 || !PyBytes_CheckExact(args[2]) ||
+        !PyBytes_CheckExact(args[3])) {
+        return call_encode_fallback(args, nargsf, kwnames);
+    }
+    int64_t lid = int64_arg(args[0], &ok);
+    int64_t eid = int64_arg(args[1], &ok);
+    int64_t txn = int64_arg(args[4], &ok);
+    if (nargs > 5 && (recovery = PyObject_IsTrue(args[5])) < 0) {
+        return NULL;
+    }
+    if (nargs > 6) {
+        write_flags = int64_arg(args[6], &ok);
+    }
+    if (nargs > 7) {
+        priority = int64_arg(args[7], &ok);
+    }
+    /* The Python encoder's range checks: it raises the errors. */
+    if (!ok || txn < 0 || priority < 0 || priority >= ((int64_t)1 << 32) || write_flags < INT32_MIN ||
+        write_flags > INT32_MAX) {
+        return call_encode_fallback(args, nargsf, kwnames);
+    }
+    const char *key = PyBytes_AS_STRING(args[2]), *body = PyBytes_AS_STRING(args[3]);
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[2]), blen = PyBytes_GET_SIZE(args[3]);
+    /* Negative ids go out sign-extended to 64 bits, as protobuf writes an int64. */
+    uint64_t ulid = (uint64_t)lid, ueid = (uint64_t)eid, uwf = (uint64_t)write_flags;
+    Py_ssize_t txn_n = varint_len((uint64_t)txn), prio_n = priority ? 1 + varint_len((uint64_t)priority) : 0;
+    Py_ssize_t tail_n = (write_flags ? 1 + varint_len(uwf) : 0) + (recovery ? 3 : 0);
+    Py_ssize_t part = 1 + varint_len(ulid) + 1 + varint_len(ueid) + 1 + varint_len((uint64_t)klen) + klen + 1 +
+                      varint_len((uint64_t)blen) + blen + tail_n;
+    Py_ssize_t hdr = 5 + txn_n + prio_n;
+    Py_ssize_t frame = 4 + hdr + varint_len((uint64_t)part) + part;
+    if (frame > 0xFFFFFFFFLL) {
+        return call_encode_fallback(args, nargsf, kwnames);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + frame);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = (unsigned char)(frame >> 24);
+    p[1] = (unsigned char)(frame >> 16);
+    p[2] = (unsigned char)(frame >> 8);
+    p[3] = (unsigned char)frame;
+    p += 4;
+    *p++ = 0x0a;
+    *p++ = (unsigned char)hdr;
+    memcpy(p, ADD_HEADER, 5);
+    p += 5;
+    p += varint_put(p, (uint64_t)txn);
+    if (priority) {
+        *p++ = 0x20;
+        p += varint_put(p, (uint64_t)priority);
+    }
+    *p++ = 0xaa;
+    *p++ = 0x06;
+    p += varint_put(p, (uint64_t)part);
+    *p++ = 0x08;
+    p += varint_put(p, ulid);
+    *p++ = 0x10;
+    p += varint_put(p, ueid);
+    *p++ = 0x1a;
+    p += varint_put(p, (uint64_t)klen);
+    memcpy(p, key, klen);
+    p += klen;
+    *p++ = 0x22;
+    p += varint_put(p, (uint64_t)blen);
+    memcpy(p, body, blen);
+    p += blen;
+    if (write_flags) {
+        *p++ = 0x28;
+        p += varint_put(p, uwf);
+    }
+    if (recovery) {
+        *p++ = 0xa0;
+        *p++ = 0x06;
+        *p++ = 0x01;
+    }
+    return out;
+}
+
+static PyObject *
+set_encode_add_fallback(PyObject *self, PyObject *fn)
+{
+    Py_XSETREF(encode_add_fallback, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_add_ok", (PyCFunction)(void (*)(void))scan_add_ok, METH_FASTCALL,
+     "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
+    {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
+     "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
+    {"decode_add_v3", (PyCFunction)(void (*)(void))decode_add_v3, METH_FASTCALL,
+     "The FastAdd of a canonical v3 add frame body, or None."},
+    {"encode_add", (PyCFunction)(void (*)(void))encode_add, METH_FASTCALL | METH_KEYWORDS,
+     "The v3 frame of an AddRequest from its fields."},
+    {"set_encode_add_fallback", set_encode_add_fallback, METH_O,
+     "The Python encode_add, called for what this module does not encode itself."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "quorumlog.proto._speedups", "Compiled twins of the per-entry codec steps.", -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

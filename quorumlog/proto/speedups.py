@@ -1,0 +1,46 @@
+"""The compiled twins of the per-entry codec steps (`_speedups.c`), or None for each when they are absent.
+
+Why: scanning the writer's EOK AddResponses, encoding its AddRequest frames and decoding the bookie's
+canonical adds are, in Python, about a quarter of the writer's CPU per entry and a third of a bookie's event
+loop (docs/PERFORMANCE.md, "Session 12"). The extension is built with the package when a C compiler and
+Python's headers are present (`./dev` installs them); without it, or with `QUORUMLOG_PURE_PYTHON=1` in the
+environment (to compare the two, or to rule the extension out), everything runs the Python code, which stays
+the reference: the C functions return exactly what their Python twins return, and tests compare both on
+generated and hostile input (tests/proto/test_speedups.py).
+
+Callers pick the compiled function when it is not None; each has its Python twin's signature:
+
+* `scan_add_ok(data, pos, out) -> pos` -- `codec.scan_v3_add_ok(data, pos, out, raw=True)`.
+* `scan_adds_v3(data, pos, n, limit, out) -> pos` -- the whole canonical v3 add frames from `pos` on, as
+  `server_codec.decode_add_v3` decodes each, up to the first other frame (or one longer than `limit`).
+* `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
+* `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
+  the Python function, so the errors are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+PURE_PYTHON_ENV = "QUORUMLOG_PURE_PYTHON"
+
+_module: Any = None
+if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
+    try:
+        from quorumlog.proto import _speedups as _module  # type: ignore[attr-defined, no-redef]
+    except ImportError:  # not built (no compiler when installed): the Python code runs
+        _module = None
+
+AVAILABLE = _module is not None
+scan_add_ok: Callable[..., int] | None = _module.scan_add_ok if _module else None
+scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
+decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
+encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None
+
+
+def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
+    """Give the compiled `encode_add` its Python twin, for the arguments it does not encode itself."""
+    if _module is not None:
+        _module.set_encode_add_fallback(fn)

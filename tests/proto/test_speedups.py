@@ -1,0 +1,239 @@
+"""The compiled codec steps (`quorumlog/proto/_speedups.c`) return exactly what their Python twins return, on
+valid frames, on every single-byte change and truncation of them, and on random bytes; `QUORUMLOG_PURE_PYTHON`
+turns them off; and where a C compiler and Python's headers exist, the extension was built."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quorumlog.proto import server_codec, speedups, v3, v3fast
+from quorumlog.proto.codec import scan_v3_add_ok
+from quorumlog.proto.messages import AddResponse, ReadRequest, WriteLacRequest
+from quorumlog.proto.server_codec import BookieCodec, decode_add_v3_py
+from quorumlog.proto.status import StatusCode
+
+needs_c = pytest.mark.skipif(not speedups.AVAILABLE, reason="the compiled codec (_speedups) is not built here")
+ROOT = Path(__file__).resolve().parents[2]
+
+ids64 = st.one_of(st.integers(0, 200), st.integers(0, 2**63 - 1), st.sampled_from([2**63 - 1, 127, 128, 2**21]))
+keys = st.binary(min_size=20, max_size=20)
+
+
+def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except Exception as e:
+        return type(e).__name__, str(e)
+
+
+def _mutations(frame: bytes) -> list[bytes]:
+    """Each single-byte change (to 0x00, 0x7f, 0x80, 0xff and the byte + 1), each truncation, and one extension."""
+    out = [frame[:i] for i in range(len(frame))] + [frame + b"\x00"]
+    for i in range(len(frame)):
+        for b in {0x00, 0x7F, 0x80, 0xFF, (frame[i] + 1) & 0xFF}:
+            if b != frame[i]:
+                out.append(frame[:i] + bytes((b,)) + frame[i + 1 :])
+    return out
+
+
+# --- the writer's AddRequest frames --------------------------------------------------------------------------
+
+
+@needs_c
+@settings(max_examples=400, deadline=None)
+@given(
+    lid=st.one_of(ids64, st.integers(-(2**63), -1), st.integers(2**63, 2**64 + 5)),
+    eid=st.one_of(ids64, st.integers(-(2**63) - 3, -1), st.just(2**63)),
+    key=st.one_of(keys, st.binary(max_size=40)),
+    body=st.binary(max_size=300),
+    txn=st.one_of(ids64, st.integers(2**63, 2**64 + 1), st.just(-1)),
+    recovery=st.booleans(),
+    write_flags=st.one_of(st.just(0), st.integers(-(2**31) - 1, 2**31)),
+    priority=st.one_of(st.just(0), st.integers(-1, 2**32)),
+)
+def test_encode_add_is_the_python_encoder(
+    lid: int, eid: int, key: bytes, body: bytes, txn: int, recovery: bool, write_flags: int, priority: int
+) -> None:
+    args = (lid, eid, key, body, txn, recovery, write_flags, priority)
+    for n in (5, 6, 7, 8):  # every arity the signature allows
+        assert _outcome(v3fast.encode_add, *args[:n]) == _outcome(v3fast.encode_add_py, *args[:n])
+
+
+@needs_c
+def test_encode_add_hands_other_types_and_keywords_to_python() -> None:
+    key = b"k" * 20
+    for args, kwargs in [
+        ((1, 2, bytearray(key), b"body", 3), {}),
+        ((1, 2, key, memoryview(b"body"), 3), {}),
+        ((1, 2, key, b"body", 3), {"recovery": True}),
+        ((True, 2, key, b"body", 3), {}),
+        ((1, 2, key, "text", 3), {}),
+        ((1.0, 2, key, b"body", 3), {}),
+    ]:
+        assert _outcome(lambda: v3fast.encode_add(*args, **kwargs)) == _outcome(
+            lambda: v3fast.encode_add_py(*args, **kwargs)
+        )
+    with pytest.raises(TypeError):
+        v3fast.encode_add(1, 2, key)
+
+
+# --- the writer's EOK AddResponses ---------------------------------------------------------------------------
+
+
+def _scan_both(data: bytes | bytearray | memoryview, pos: int) -> None:
+    want: list[Any] = []
+    got: list[Any] = []
+    assert speedups.scan_add_ok is not None
+    assert speedups.scan_add_ok(data, pos, got) == scan_v3_add_ok(data, pos, want, True)
+    assert got == want
+
+
+@needs_c
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(ids64, ids64, ids64), min_size=1, max_size=4))
+def test_scan_add_ok_is_the_python_scan(ids: list[tuple[int, int, int]]) -> None:
+    frames = [v3fast.encode_add_response(AddResponse(StatusCode.EOK, lid, eid, txn)) for lid, eid, txn in ids]
+    stream = b"".join(frames)
+    _scan_both(stream, 0)
+    _scan_both(bytearray(stream), 0)
+    _scan_both(memoryview(stream), len(frames[0]))
+    for bad in _mutations(frames[0]):
+        _scan_both(bad + b"".join(frames[1:]), 0)
+
+
+@needs_c
+def test_scan_add_ok_on_other_answers_random_bytes_and_odd_positions() -> None:
+    ok = v3fast.encode_add_response(AddResponse(StatusCode.EOK, 5, 7, 9))
+    fenced = v3.encode_response_pb(AddResponse(StatusCode.EFENCED, 5, 7, 10))
+    stream = ok + fenced + ok
+    for pos in (-3, 0, 1, len(ok), len(ok) + len(fenced), len(stream), len(stream) + 5):
+        _scan_both(stream, pos)
+    rng = __import__("random").Random(5)
+    for _ in range(2000):
+        _scan_both(bytes(rng.getrandbits(8) for _ in range(rng.randrange(40))), 0)
+    # A non-canonical varint (a zero last byte) is taken as the Python pattern takes it.
+    _scan_both(b"\x00\x00\x00\x15\x0a\x07\x08\x03\x10\x02\x18\x89\x00\x10\x00\xaa\x06\x06\x08\x00\x10\x05\x18\x07", 0)
+    with pytest.raises(TypeError):
+        speedups.scan_add_ok("text", 0, [])  # type: ignore[misc]
+
+
+# --- the bookie's canonical adds -----------------------------------------------------------------------------
+
+
+def _decode_both(body: bytes, pos: int = 0, end: int = -1) -> None:
+    assert speedups.decode_add_v3 is not None
+    assert speedups.decode_add_v3(body, pos, end) == decode_add_v3_py(body, pos, end)
+
+
+@needs_c
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lid=ids64, eid=ids64, txn=ids64, key=keys, payload=st.binary(max_size=40), lac=st.integers(-1, 2**40))
+def test_decode_add_v3_is_the_python_decoder(
+    lid: int, eid: int, txn: int, key: bytes, payload: bytes, lac: int
+) -> None:
+    entry = lid.to_bytes(8, "big") + eid.to_bytes(8, "big") + lac.to_bytes(8, "big", signed=True)
+    entry += (len(payload)).to_bytes(8, "big") + payload
+    frame = v3fast.encode_add_py(lid, eid, key, entry, txn)
+    body = frame[4:]
+    assert speedups.decode_add_v3 is not None and speedups.decode_add_v3(body) is not None
+    _decode_both(body)
+    for bad in _mutations(body):
+        _decode_both(bad)
+    # In place in a larger chunk, and with the bounds the bookie's scan passes.
+    chunk = b"junk" + frame + b"tail"
+    _decode_both(chunk, 8, 8 + len(body))
+    for pos, end in ((0, -1), (8, len(chunk)), (8, 7), (len(chunk), -1), (8, 10**6)):  # (positions are >= 0)
+        _decode_both(chunk, pos, end)
+    # Entries whose ids are not the request's, short entries, a recovery flag, write flags: all refused alike.
+    _decode_both(v3fast.encode_add_py(lid, (eid + 1) % 2**63, key, entry, txn)[4:])
+    _decode_both(v3fast.encode_add_py(lid, eid, key, entry[:31], txn)[4:])
+    _decode_both(v3fast.encode_add_py(lid, eid, key, entry, txn, True)[4:])
+    _decode_both(v3fast.encode_add_py(lid, eid, key, entry, txn, False, 1)[4:])
+
+
+def _requests(codec_fast: bool, stream: bytes, chunks: list[int], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    with monkeypatch.context() as m:
+        if not codec_fast:
+            m.setattr(server_codec, "_scan_adds_v3_c", None)
+            m.setattr(server_codec, "decode_add_v3", decode_add_v3_py)
+        codec = BookieCodec(max_frame_bytes=600)
+        out: list[Any] = []
+        at = 0
+        for size in [*chunks, len(stream)]:
+            try:
+                out += codec.receive(stream[at : at + size])
+            except Exception as e:
+                out.append(("raised", type(e).__name__, str(e)))
+                break
+            at += size
+            if at >= len(stream):
+                break
+        return out
+
+
+@needs_c
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(st.sampled_from(["add", "lac", "read", "recovery", "big", "broken"]), min_size=1, max_size=8),
+    chunks=st.lists(st.integers(1, 700), max_size=6),
+)
+def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
+    kinds: list[str], chunks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = b"\x07" * 20
+    frames = []
+    for i, kind in enumerate(kinds):
+        entry = (9).to_bytes(8, "big") + i.to_bytes(8, "big") + (i - 1).to_bytes(8, "big", signed=True) + b"x" * 40
+        if kind == "add":
+            frames.append(v3fast.encode_add_py(9, i, key, entry, 100 + i))
+        elif kind == "recovery":
+            frames.append(v3fast.encode_add_py(9, i, key, entry, 100 + i, True))
+        elif kind == "big":
+            frames.append(v3fast.encode_add_py(9, i, key, entry + b"y" * 700, 100 + i))
+        elif kind == "lac":
+            frames.append(v3.encode_request(WriteLacRequest(9, i, key, entry, txn_id=100 + i)))
+        elif kind == "read":
+            frames.append(v3.encode_request(ReadRequest(9, i, txn_id=100 + i)))
+        else:
+            frames.append(b"\x00\x00\x00\x03\x0a\x01\x08")
+    stream = b"".join(frames)
+    assert _requests(True, stream, chunks, monkeypatch) == _requests(False, stream, chunks, monkeypatch)
+
+
+# --- switching it off, and building it ----------------------------------------------------------------------
+
+
+def test_pure_python_env_turns_the_compiled_code_off() -> None:
+    code = (
+        "from quorumlog.proto import speedups, v3fast, server_codec, codec\n"
+        "assert not speedups.AVAILABLE\n"
+        "assert v3fast.encode_add is v3fast.encode_add_py\n"
+        "assert server_codec.decode_add_v3 is server_codec.decode_add_v3_py\n"
+        "assert server_codec._scan_adds_v3_c is None and codec._scan_add_ok_c is None\n"
+    )
+    env = {**os.environ, speedups.PURE_PYTHON_ENV: "1"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_the_extension_is_built_where_it_can_be() -> None:
+    """`./dev` installs a C compiler and Python's headers, and the package build compiles `_speedups` with
+    them; a build that failed silently (the extension is optional) would leave every user on the slow path."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if shutil.which("cc") is None or not headers.exists():
+        pytest.skip(f"no C compiler or no {headers}: the Python codec runs (as designed)")
+    if os.environ.get(speedups.PURE_PYTHON_ENV, "") not in ("", "0"):
+        pytest.skip(f"{speedups.PURE_PYTHON_ENV} is set")
+    assert speedups.AVAILABLE, (
+        "quorumlog/proto/_speedups.c was not built although a compiler and Python.h are here: "
+        f"run `./dev setup` (or `uv sync`) and look for the build error; source at {ROOT}"
+    )
