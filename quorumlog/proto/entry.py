@@ -42,6 +42,7 @@ from enum import IntEnum
 import crc32c as _crc32c
 
 from quorumlog.errors import DigestMismatchError, ProtocolError
+from quorumlog.proto import speedups
 from quorumlog.proto._fastinit import fast_init
 
 
@@ -126,6 +127,16 @@ def _crc32c_fn(header: Buffer, payload: Buffer) -> bytes:
     return _U32.pack(_crc32c.crc32c(payload, _crc32c.crc32c(header)))
 
 
+def encode_entry_crc32c_py(ledger_id: int, entry_id: int, lac: int, length: int, payload: Buffer) -> bytes:
+    """An entry body with a CRC32C digest; the reference for its compiled twin (proto/speedups.py), which
+    `DigestManager.encode_entry` uses where it is built."""
+    header = _ENTRY_HEADER.pack(ledger_id, entry_id, lac, length)
+    return b"".join((header, _crc32c_fn(header, payload), payload))
+
+
+speedups.install_encode_entry_fallback(encode_entry_crc32c_py)
+
+
 def _dummy(header: Buffer, payload: Buffer) -> bytes:
     return b""
 
@@ -150,7 +161,7 @@ class DigestManager:
     opened, so the per-entry work is one struct pack, one digest and one join.
     """
 
-    __slots__ = ("_digest", "_verify", "digest_bytes", "digest_type", "ledger_id", "master_key")
+    __slots__ = ("_digest", "_encode_c", "_verify", "digest_bytes", "digest_type", "ledger_id", "master_key")
 
     def __init__(self, ledger_id: int, digest_type: DigestType | int, password: bytes | str) -> None:
         self.ledger_id = ledger_id
@@ -168,6 +179,8 @@ class DigestManager:
         else:
             fn = _dummy
         self._digest = fn
+        # A CRC32C entry body in one compiled call where the extension is built (proto/speedups.py).
+        self._encode_c = speedups.encode_entry_crc32c if self.digest_type is DigestType.CRC32C else None
         # BookKeeper's DUMMY digest accepts any body; everything else is compared byte for byte.
         self._verify = self.digest_type is not DigestType.DUMMY
 
@@ -175,6 +188,8 @@ class DigestManager:
 
     def encode_entry(self, entry_id: int, lac: int, length: int, payload: Buffer) -> bytes:
         """The entry body: header, digest, payload. `length` is cumulative (this entry included)."""
+        if self._encode_c is not None:
+            return self._encode_c(self.ledger_id, entry_id, lac, length, payload)
         header = _ENTRY_HEADER.pack(self.ledger_id, entry_id, lac, length)
         return b"".join((header, self._digest(header, payload), payload))
 

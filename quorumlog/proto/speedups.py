@@ -16,6 +16,8 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
 * `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
   the Python function, so the errors are the same.
+* `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
+  body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ scan_add_ok: Callable[..., int] | None = _module.scan_add_ok if _module else Non
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
 encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None
+encode_entry_crc32c: Callable[..., bytes] | None = _module.encode_entry_crc32c if _module else None
 
 
 def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
     """Give the compiled `encode_add` its Python twin, for the arguments it does not encode itself."""
     if _module is not None:
         _module.set_encode_add_fallback(fn)
+
+
+def install_encode_entry_fallback(fn: Callable[..., bytes]) -> None:
+    """Give the compiled `encode_entry_crc32c` its Python twin, for the arguments it does not encode itself."""
+    if _module is not None:
+        _module.set_encode_entry_fallback(fn)

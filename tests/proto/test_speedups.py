@@ -4,7 +4,9 @@ turns them off; and where a C compiler and Python's headers exist, the extension
 
 from __future__ import annotations
 
+import functools
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -12,20 +14,26 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quorumlog.proto import server_codec, speedups, v3, v3fast
+from quorumlog.proto import entry, server_codec, speedups, v3, v3fast
 from quorumlog.proto.codec import scan_v3_add_ok
+from quorumlog.proto.entry import DigestType
 from quorumlog.proto.messages import AddResponse, ReadRequest, WriteLacRequest
 from quorumlog.proto.server_codec import BookieCodec, decode_add_v3_py
 from quorumlog.proto.status import StatusCode
 
-needs_c = pytest.mark.skipif(not speedups.AVAILABLE, reason="the compiled codec (_speedups) is not built here")
+needs_c = pytest.mark.skipif(
+    not speedups.AVAILABLE, reason="the compiled codec (_speedups) is not built here"
+)
 ROOT = Path(__file__).resolve().parents[2]
 
-ids64 = st.one_of(st.integers(0, 200), st.integers(0, 2**63 - 1), st.sampled_from([2**63 - 1, 127, 128, 2**21]))
+ids64 = st.one_of(
+    st.integers(0, 200), st.integers(0, 2**63 - 1), st.sampled_from([2**63 - 1, 127, 128, 2**21])
+)
 keys = st.binary(min_size=20, max_size=20)
 
 
@@ -80,11 +88,57 @@ def test_encode_add_hands_other_types_and_keywords_to_python() -> None:
         ((1, 2, key, "text", 3), {}),
         ((1.0, 2, key, b"body", 3), {}),
     ]:
-        assert _outcome(lambda: v3fast.encode_add(*args, **kwargs)) == _outcome(
-            lambda: v3fast.encode_add_py(*args, **kwargs)
+        assert _outcome(functools.partial(v3fast.encode_add, *args, **kwargs)) == _outcome(
+            functools.partial(v3fast.encode_add_py, *args, **kwargs)
         )
     with pytest.raises(TypeError):
         v3fast.encode_add(1, 2, key)
+
+
+# --- the writer's entry bodies ----------------------------------------------------------------------------
+
+
+@needs_c
+@pytest.mark.parametrize("hardware", [True, False], ids=["sse42", "table"])
+def test_crc32c_is_the_crc32c_package(hardware: bool) -> None:
+    module = speedups._module
+    was = module.set_crc_hardware(hardware)
+    try:
+        rng = random.Random(3)
+        for n in [*range(0, 40), 1024, 1031, 65_537]:
+            data = rng.randbytes(n)
+            for value in (0, 1, rng.getrandbits(32), 2**32 - 1):
+                assert module.crc32c(data, value) == crc32c.crc32c(data, value), (n, value)
+        assert module.crc32c(memoryview(b"abc")) == crc32c.crc32c(b"abc")
+    finally:
+        module.set_crc_hardware(was)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.lists(
+        st.one_of(st.integers(-1, 2**40), st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**64)),
+        min_size=4,
+        max_size=4,
+    ),
+    payload=st.one_of(st.binary(max_size=2000), st.binary(max_size=20).map(bytearray)),
+)
+def test_encode_entry_crc32c_is_the_python_encoder(fields: list[int], payload: bytes) -> None:
+    assert speedups.encode_entry_crc32c is not None
+    args = (*fields, payload)
+    assert _outcome(speedups.encode_entry_crc32c, *args) == _outcome(entry.encode_entry_crc32c_py, *args)
+
+
+@needs_c
+def test_a_crc32c_ledger_encodes_with_c_and_verifies_in_python() -> None:
+    manager = entry.DigestManager(7, DigestType.CRC32C, b"pw")
+    body = manager.encode_entry(3, 2, 100, b"payload")
+    assert body == entry.encode_entry_crc32c_py(7, 3, 2, 100, b"payload")
+    assert bytes(manager.decode_entry(body, 3).payload) == b"payload"
+    assert _outcome(manager.encode_entry, 3, 2, 100, "text") == _outcome(
+        entry.encode_entry_crc32c_py, 7, 3, 2, 100, "text"
+    )
 
 
 # --- the writer's EOK AddResponses ---------------------------------------------------------------------------
@@ -122,7 +176,9 @@ def test_scan_add_ok_on_other_answers_random_bytes_and_odd_positions() -> None:
     for _ in range(2000):
         _scan_both(bytes(rng.getrandbits(8) for _ in range(rng.randrange(40))), 0)
     # A non-canonical varint (a zero last byte) is taken as the Python pattern takes it.
-    _scan_both(b"\x00\x00\x00\x15\x0a\x07\x08\x03\x10\x02\x18\x89\x00\x10\x00\xaa\x06\x06\x08\x00\x10\x05\x18\x07", 0)
+    _scan_both(
+        b"\x00\x00\x00\x15\x0a\x07\x08\x03\x10\x02\x18\x89\x00\x10\x00\xaa\x06\x06\x08\x00\x10\x05\x18\x07", 0
+    )
     with pytest.raises(TypeError):
         speedups.scan_add_ok("text", 0, [])  # type: ignore[misc]
 
@@ -161,7 +217,9 @@ def test_decode_add_v3_is_the_python_decoder(
     _decode_both(v3fast.encode_add_py(lid, eid, key, entry, txn, False, 1)[4:])
 
 
-def _requests(codec_fast: bool, stream: bytes, chunks: list[int], monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+def _requests(
+    codec_fast: bool, stream: bytes, chunks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> list[Any]:
     with monkeypatch.context() as m:
         if not codec_fast:
             m.setattr(server_codec, "_scan_adds_v3_c", None)
@@ -184,7 +242,9 @@ def _requests(codec_fast: bool, stream: bytes, chunks: list[int], monkeypatch: p
 @needs_c
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    kinds=st.lists(st.sampled_from(["add", "lac", "read", "recovery", "big", "broken"]), min_size=1, max_size=8),
+    kinds=st.lists(
+        st.sampled_from(["add", "lac", "read", "recovery", "big", "broken"]), min_size=1, max_size=8
+    ),
     chunks=st.lists(st.integers(1, 700), max_size=6),
 )
 def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
@@ -193,7 +253,12 @@ def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
     key = b"\x07" * 20
     frames = []
     for i, kind in enumerate(kinds):
-        entry = (9).to_bytes(8, "big") + i.to_bytes(8, "big") + (i - 1).to_bytes(8, "big", signed=True) + b"x" * 40
+        entry = (
+            (9).to_bytes(8, "big")
+            + i.to_bytes(8, "big")
+            + (i - 1).to_bytes(8, "big", signed=True)
+            + b"x" * 40
+        )
         if kind == "add":
             frames.append(v3fast.encode_add_py(9, i, key, entry, 100 + i))
         elif kind == "recovery":
