@@ -69,6 +69,7 @@ from quorumlog.errors import (
     UnauthorizedError,
     error_for_status,
 )
+from quorumlog.proto import speedups
 from quorumlog.proto.codec import ClientConnection, RawAddOk, add_ok_response
 from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
 from quorumlog.proto.messages import (
@@ -255,6 +256,8 @@ def _report_callback_error(e: Exception) -> None:
 
 _EOK = StatusCode.EOK
 _V3 = ProtocolVersion.V3
+# The compiled delivery of a writer's EOK answers (proto/speedups.py), or None where it is not built.
+_deliver_add_oks = speedups.deliver_add_oks
 _OP_ADD = OpCode.ADD_ENTRY
 _EBADREQ = StatusCode.EBADREQ
 
@@ -310,6 +313,26 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         first_over_tls = self.tls and not self.tls_heard
         self.tls_heard = True
+        batch_ends = self._batch_ends
+        if (
+            _deliver_add_oks is not None
+            and self._unique_keys
+            and not self._unproven
+            and not first_over_tls
+            and self.codec.at_v3_frame_start()
+        ):
+            # A writer's EOK answers, each delivered as `_deliver_add_ok` would, in C (proto/speedups.py); the
+            # rest of the read, if any (another answer, a waiter of another kind), through the codec below.
+            try:
+                pos = _deliver_add_oks(data, self.single, self, batch_ends, _report_callback_error)
+            except BaseException:
+                self._end_batch(batch_ends)
+                raise
+            if pos == len(data):
+                self._end_batch(batch_ends)
+                return
+            if pos:
+                data = data[pos:]
         try:
             responses = self.codec.receive(data, True)
         except QuorumLogError as e:
@@ -319,9 +342,9 @@ class _Connection(asyncio.Protocol):
                 self._tls_refused(StatusCode.EIO)
                 self.fail(BookieTLSError(self.tls_refusal))
                 return
+            self._end_batch(batch_ends)  # (what the answers before the bad frame acknowledged comes first)
             self.fail(BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}"))
             return
-        batch_ends = self._batch_ends
         try:
             for response in responses:
                 if type(response) is tuple:
@@ -329,13 +352,17 @@ class _Connection(asyncio.Protocol):
                 else:
                     self._deliver(response)  # type: ignore[arg-type]
         finally:
-            if batch_ends:
-                self._batch_ends = {}
-                for batch_end in batch_ends:
-                    try:
-                        batch_end()
-                    except Exception as e:
-                        _report_callback_error(e)
+            self._end_batch(batch_ends)
+
+    def _end_batch(self, batch_ends: dict[Callable[[], None], None]) -> None:
+        """Call the batch ends the answers of this read filed (`_Waiter`), once each, in order."""
+        if batch_ends:
+            self._batch_ends = {}
+            for batch_end in batch_ends:
+                try:
+                    batch_end()
+                except Exception as e:
+                    _report_callback_error(e)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.closed:

@@ -13,6 +13,9 @@
  *                                                 v3fast.encode_add (its Python twin for errors)
  *   encode_entry_crc32c(lid, eid, lac, length, payload)
  *                                                 entry.DigestManager.encode_entry with a CRC32C digest
+ *   deliver_add_oks(data, single, conn, batch_ends, report) -> pos
+ *                                                 the writer's connection reading its EOK answers
+ *                                                 (bookie_client._Connection.data_received)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -174,6 +177,103 @@ scan_add_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(pos);
+}
+
+static PyObject *str_pending_count = NULL;
+
+/* The EOK AddResponse frames at the start of `data`, delivered as bookie_client._Connection._deliver_add_ok
+ * delivers them to a writer's waiter, the (callback, context, batch_end) tuple filed under the txn id in
+ * `single`: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
+ * `batch_ends[batch_end] = None`. An exception from a callback goes to `report(exc)` and skips its batch end.
+ * Stops, before it, at the first frame that is not such an answer or whose waiter is anything else (none, a
+ * future, a pair): the caller reads the rest through the codec. Returns where it stopped. */
+static PyObject *
+deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos = 0;
+    if (nargs != 5 || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "deliver_add_oks(data, single: dict, conn, batch_ends: dict, report)");
+        return NULL;
+    }
+    PyObject *single = args[1], *conn = args[2], *batch_ends = args[3], *report = args[4];
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = view.buf;
+    while (pos < view.len) {
+        uint64_t txn;
+        Py_ssize_t lid_at, lid_n, eid_at, eid_n;
+        Py_ssize_t n = match_add_ok(buf + pos, view.len - pos, &txn, &lid_at, &lid_n, &eid_at, &eid_n);
+        if (n == 0) {
+            break;
+        }
+        PyObject *key = PyLong_FromUnsignedLongLong(txn);
+        if (key == NULL) {
+            goto error;
+        }
+        PyObject *waiter = PyDict_GetItemWithError(single, key); /* borrowed */
+        if (waiter == NULL || !PyTuple_CheckExact(waiter) || PyTuple_GET_SIZE(waiter) != 3) {
+            Py_DECREF(key);
+            if (PyErr_Occurred()) {
+                goto error;
+            }
+            break;
+        }
+        Py_INCREF(waiter);
+        int deleted = PyDict_DelItem(single, key);
+        Py_DECREF(key);
+        if (deleted < 0) {
+            Py_DECREF(waiter);
+            goto error;
+        }
+        pos += n;
+        PyObject *count = PyObject_GetAttr(conn, str_pending_count);
+        Py_ssize_t c = count == NULL ? -1 : PyLong_AsSsize_t(count);
+        Py_XDECREF(count);
+        PyObject *lowered = (c == -1 && PyErr_Occurred()) ? NULL : PyLong_FromSsize_t(c - 1);
+        if (lowered == NULL || PyObject_SetAttr(conn, str_pending_count, lowered) < 0) {
+            Py_XDECREF(lowered);
+            Py_DECREF(waiter);
+            goto error;
+        }
+        Py_DECREF(lowered);
+        PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
+        PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
+        if (result == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(waiter);
+                goto error; /* (KeyboardInterrupt, SystemExit: not a callback's bug) */
+            }
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL) {
+                PyException_SetTraceback(value, tb);
+            }
+            PyObject *reported = PyObject_CallOneArg(report, value);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            Py_DECREF(waiter);
+            if (reported == NULL) {
+                goto error;
+            }
+            Py_DECREF(reported);
+            continue;
+        }
+        Py_DECREF(result);
+        int filed = PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None);
+        Py_DECREF(waiter);
+        if (filed < 0) {
+            goto error;
+        }
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(pos);
+error:
+    PyBuffer_Release(&view);
+    return NULL;
 }
 
 /* --- the bookie: canonical v3 AddRequests ---------------------------------------------------------------- */
@@ -614,6 +714,8 @@ crc32c_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"scan_add_ok", (PyCFunction)(void (*)(void))scan_add_ok, METH_FASTCALL,
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
+    {"deliver_add_oks", (PyCFunction)(void (*)(void))deliver_add_oks, METH_FASTCALL,
+     "Deliver the EOK AddResponses at the start of data to their writers' waiters; return where it stopped."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
      "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
     {"decode_add_v3", (PyCFunction)(void (*)(void))decode_add_v3, METH_FASTCALL,
@@ -642,6 +744,10 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     crc_table_init();
+    str_pending_count = PyUnicode_InternFromString("pending_count");
+    if (str_pending_count == NULL) {
+        return NULL;
+    }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     crc_hw = __builtin_cpu_supports("sse4.2");

@@ -16,6 +16,9 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
 * `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
   the Python function, so the errors are the same.
+* `deliver_add_oks(data, single, conn, batch_ends, report) -> pos` -- what a writer's connection does with
+  the EOK AddResponses at the start of a read (`bookie_client._Connection._deliver_add_ok` for each), up to
+  the first other frame or waiter; returns where it stopped.
 * `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
   body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
 """
@@ -37,6 +40,7 @@ if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
 
 AVAILABLE = _module is not None
 scan_add_ok: Callable[..., int] | None = _module.scan_add_ok if _module else None
+deliver_add_oks: Callable[..., int] | None = _module.deliver_add_oks if _module else None
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
 encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None

@@ -1,0 +1,87 @@
+"""A writer's connection delivers its EOK answers in C (`deliver_add_oks`, proto/_speedups.c) exactly as the
+Python path does (`_Connection._deliver_add_ok` for each answer the codec returns): the same callbacks in the
+same order, the same batch ends, the same pending count, the same answers left unmatched, a callback's
+exception reported and the rest delivered -- whatever the answers around them (an error answer, a waiter of
+another kind, an unknown txn id, a frame split across reads)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from quorumlog.client import bookie_client
+from quorumlog.proto import speedups, v3, v3fast
+from quorumlog.proto.messages import AddResponse, ProtocolVersion
+from quorumlog.proto.status import StatusCode
+
+pytestmark = pytest.mark.skipif(
+    not speedups.AVAILABLE, reason="the compiled codec (_speedups) is not built here"
+)
+
+
+def _stream() -> bytes:
+    ok = [
+        v3fast.encode_add_response(AddResponse(StatusCode.EOK, 3, e, txn))
+        for e, txn in enumerate(range(1, 7))
+    ]
+    fenced = v3.encode_response_pb(AddResponse(StatusCode.EFENCED, 3, 9, 7))
+    unknown = v3fast.encode_add_response(AddResponse(StatusCode.EOK, 3, 9, 99))
+    # txn 1, 2 (its callback raises), 3, 4 (a pair: no batch end), 7 fenced, 99 nobody waits, 5, 6
+    return ok[0] + ok[1] + ok[2] + ok[3] + fenced + unknown + ok[4] + ok[5]
+
+
+def _run(compiled: bool, chunks: list[bytes], unproven: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Play `chunks` as reads into a fresh connection (in the test's running loop: a connection belongs to
+    one); what the waiters saw, and what the connection and its owner were left with."""
+    log: list[Any] = []
+    with monkeypatch.context() as m:
+        if not compiled:
+            m.setattr(bookie_client, "_deliver_add_oks", None)
+        m.setattr(bookie_client, "_report_callback_error", lambda e: log.append(("reported", str(e))))
+        owner = SimpleNamespace(
+            max_frame_bytes=1 << 20,
+            bookie_id="b1",
+            unmatched_responses=0,
+            largest_frame_answered_bytes=1 << 20,
+            _drop_suspect=None,
+        )
+        conn = bookie_client._Connection(owner, ProtocolVersion.V3)  # type: ignore[arg-type]
+
+        def callback(ctx: Any, response: Any, error: Any) -> None:
+            log.append(("cb", ctx, None if response is None else response.txn_id, type(error).__name__))
+            if ctx == "t2":
+                raise RuntimeError("a bug in t2's callback")
+
+        ends = {txn: (lambda txn=txn: log.append(("end", txn))) for txn in (1, 5)}
+        for txn in (1, 2, 3, 5, 6, 7):
+            conn.single[txn] = (callback, f"t{txn}", ends[1 if txn < 5 else 5])
+        conn.single[4] = (callback, "t4")  # a pair (no batch end): the Python path decodes its answer
+        conn.pending_count = 7
+        if unproven:
+            conn._unproven[6] = (10, (3, 5))
+        for chunk in chunks:
+            conn.data_received(chunk)
+            log.append(("read",))
+        return log, conn.pending_count, owner.unmatched_responses, sorted(conn.single), dict(conn._unproven)
+
+
+@pytest.mark.parametrize("unproven", [False, True], ids=["plain", "unproven"])
+async def test_compiled_delivery_is_the_python_delivery(
+    unproven: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stream = _stream()
+    rng = random.Random(11)
+    splits = [[stream], [stream[i : i + 1] for i in range(len(stream))]]
+    for _ in range(40):
+        cuts = sorted(rng.sample(range(1, len(stream)), rng.randrange(1, 6)))
+        splits.append([stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)])
+    for chunks in splits:
+        want = _run(False, chunks, unproven, monkeypatch)
+        got = _run(True, chunks, unproven, monkeypatch)
+        assert got == want
+    log = want[0]
+    assert ("reported", "a bug in t2's callback") in log and ("cb", "t6", None, "NoneType") in log
+    assert want[2] == 1  # txn 99
