@@ -52,6 +52,7 @@ import asyncio
 import functools
 import itertools
 import ssl
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol, cast
@@ -71,7 +72,7 @@ from quorumlog.errors import (
 )
 from quorumlog.proto import speedups
 from quorumlog.proto.codec import ClientConnection, RawAddOk, add_ok_response
-from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES
+from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES
 from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
     AddRequest,
@@ -258,6 +259,7 @@ _EOK = StatusCode.EOK
 _V3 = ProtocolVersion.V3
 # The compiled delivery of a writer's EOK answers (proto/speedups.py), or None where it is not built.
 _deliver_add_oks = speedups.deliver_add_oks
+_LEN = struct.Struct(">I")  # a frame's length prefix
 _OP_ADD = OpCode.ADD_ENTRY
 _EBADREQ = StatusCode.EBADREQ
 
@@ -314,51 +316,64 @@ class _Connection(asyncio.Protocol):
         first_over_tls = self.tls and not self.tls_heard
         self.tls_heard = True
         batch_ends = self._batch_ends
-        if (
-            _deliver_add_oks is not None
-            and self._unique_keys
-            and not self._unproven
-            and not first_over_tls
-            and self.codec.at_v3_frame_start()
-        ):
-            # A writer's EOK answers, each delivered as `_deliver_add_ok` would, in C (proto/speedups.py); the
-            # rest of the read, if any (another answer, a waiter of another kind), through the codec below.
+        try:
             try:
-                pos = _deliver_add_oks(data, self.single, self, batch_ends, _report_callback_error)
-            except BaseException:
-                self._end_batch(batch_ends)
-                raise
-            if pos == len(data):
-                self._end_batch(batch_ends)
+                if _deliver_add_oks is not None and self._unique_keys and not first_over_tls:
+                    data = self._deliver_fast(data, batch_ends)
+                responses = self.codec.receive(data, True) if data else []
+            except QuorumLogError as e:
+                if first_over_tls and self.version is ProtocolVersion.V2:
+                    # A bookie refusing our certificate role answers START_TLS again in v3 (EIO), which a v2
+                    # connection past its START_TLS cannot decode: that first frame is the refusal.
+                    self._tls_refused(StatusCode.EIO)
+                    self.fail(BookieTLSError(self.tls_refusal))
+                    return
+                self._end_batch(
+                    batch_ends
+                )  # (what the answers before the bad frame acknowledged comes first)
+                self.fail(
+                    BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}")
+                )
                 return
-            if pos:
-                data = data[pos:]
-        try:
-            responses = self.codec.receive(data, True)
-        except QuorumLogError as e:
-            if first_over_tls and self.version is ProtocolVersion.V2:
-                # A bookie refusing our certificate role answers START_TLS again in v3 (EIO), which a v2
-                # connection past its START_TLS cannot decode: that first frame is the refusal.
-                self._tls_refused(StatusCode.EIO)
-                self.fail(BookieTLSError(self.tls_refusal))
-                return
-            self._end_batch(batch_ends)  # (what the answers before the bad frame acknowledged comes first)
-            self.fail(BookieUnavailableError(f"bookie {self.owner.bookie_id} sent a malformed frame: {e}"))
-            return
-        try:
-            for response in responses:
-                if type(response) is tuple:
-                    self._deliver_add_ok(response)
-                else:
-                    self._deliver(response)  # type: ignore[arg-type]
+            self._deliver_decoded(responses)
         finally:
             self._end_batch(batch_ends)
+
+    def _deliver_fast(self, data: bytes, batch_ends: dict[Callable[[], None], None]) -> bytes:
+        """Deliver the writer's EOK answers at the start of `data` in C, each as `_deliver_add_ok` would
+        (proto/speedups.py), and each other whole frame between them through the codec, one at a time, so
+        the answers after it are read in C too (10,000 ledgers interleave WRITE_LAC answers with the adds').
+        Returns what is left for the codec: a frame not whole in this read, or everything once `_unproven`
+        holds an add (its answers go through `_deliver_add_ok`, which keeps that record)."""
+        deliver = _deliver_add_oks
+        assert deliver is not None  # (the caller checked)
+        n = len(data)
+        pos = 0
+        while not self._unproven and self.codec.at_v3_frame_start() and not self.closed:
+            pos = deliver(data, self.single, self, batch_ends, _report_callback_error, pos)
+            if n - pos < FRAME_PREFIX_BYTES:
+                break
+            end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
+            if end > n:
+                break
+            self._deliver_decoded(self.codec.receive(data[pos:end], True))
+            pos = end
+        return data[pos:] if pos else data
+
+    def _deliver_decoded(self, responses: list[Response | RawAddOk]) -> None:
+        for response in responses:
+            if type(response) is tuple:
+                self._deliver_add_ok(response)
+            else:
+                self._deliver(response)  # type: ignore[arg-type]
 
     def _end_batch(self, batch_ends: dict[Callable[[], None], None]) -> None:
         """Call the batch ends the answers of this read filed (`_Waiter`), once each, in order."""
         if batch_ends:
             self._batch_ends = {}
-            for batch_end in batch_ends:
+            ends = list(batch_ends)
+            batch_ends.clear()  # (called again, as on the malformed-frame path, it does nothing)
+            for batch_end in ends:
                 try:
                     batch_end()
                 except Exception as e:

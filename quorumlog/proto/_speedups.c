@@ -13,7 +13,7 @@
  *                                                 v3fast.encode_add (its Python twin for errors)
  *   encode_entry_crc32c(lid, eid, lac, length, payload)
  *                                                 entry.DigestManager.encode_entry with a CRC32C digest
- *   deliver_add_oks(data, single, conn, batch_ends, report) -> pos
+ *   deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos
  *                                                 the writer's connection reading its EOK answers
  *                                                 (bookie_client._Connection.data_received)
  */
@@ -181,7 +181,7 @@ scan_add_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *str_pending_count = NULL;
 
-/* The EOK AddResponse frames at the start of `data`, delivered as bookie_client._Connection._deliver_add_ok
+/* The EOK AddResponse frames at `data[pos:]`, delivered as bookie_client._Connection._deliver_add_ok
  * delivers them to a writer's waiter, the (callback, context, batch_end) tuple filed under the txn id in
  * `single`: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
  * `batch_ends[batch_end] = None`. An exception from a callback goes to `report(exc)` and skips its batch end.
@@ -192,8 +192,12 @@ deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
     Py_ssize_t pos = 0;
-    if (nargs != 5 || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "deliver_add_oks(data, single: dict, conn, batch_ends: dict, report)");
+    if (nargs < 5 || nargs > 6 || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "deliver_add_oks(data, single: dict, conn, batch_ends: dict, report, pos=0)");
+        return NULL;
+    }
+    if (nargs == 6 && (pos = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred()) {
         return NULL;
     }
     PyObject *single = args[1], *conn = args[2], *batch_ends = args[3], *report = args[4];
@@ -201,7 +205,7 @@ deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const unsigned char *buf = view.buf;
-    while (pos < view.len) {
+    while (pos >= 0 && pos < view.len) {
         uint64_t txn;
         Py_ssize_t lid_at, lid_n, eid_at, eid_n;
         Py_ssize_t n = match_add_ok(buf + pos, view.len - pos, &txn, &lid_at, &lid_n, &eid_at, &eid_n);
@@ -715,7 +719,7 @@ static PyMethodDef methods[] = {
     {"scan_add_ok", (PyCFunction)(void (*)(void))scan_add_ok, METH_FASTCALL,
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
     {"deliver_add_oks", (PyCFunction)(void (*)(void))deliver_add_oks, METH_FASTCALL,
-     "Deliver the EOK AddResponses at the start of data to their writers' waiters; return where it stopped."},
+     "Deliver the EOK AddResponses at data[pos:] to their writers' waiters; return where it stopped."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
      "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
     {"decode_add_v3", (PyCFunction)(void (*)(void))decode_add_v3, METH_FASTCALL,

@@ -16,9 +16,9 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
 * `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
   the Python function, so the errors are the same.
-* `deliver_add_oks(data, single, conn, batch_ends, report) -> pos` -- what a writer's connection does with
-  the EOK AddResponses at the start of a read (`bookie_client._Connection._deliver_add_ok` for each), up to
-  the first other frame or waiter; returns where it stopped.
+* `deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos` -- what a writer's connection does
+  with the EOK AddResponses at `data[pos:]` (`bookie_client._Connection._deliver_add_ok` for each), up to the
+  first other frame or waiter; returns where it stopped.
 * `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
   body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
 """
