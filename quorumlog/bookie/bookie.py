@@ -47,7 +47,7 @@ from quorumlog.bookie.journal import (
     Record,
     RecordType,
     add_record_header,
-    add_record_headers,
+    add_records,
     record_header,
 )
 from quorumlog.bookie.storage import LedgerStorage
@@ -450,7 +450,7 @@ class Bookie:
         if accepted:
             bodies = list(map(_entry_of, accepted))
             nbytes = sum(sizes) if accepted is adds else sum(map(len, bodies))
-            records: list[Record] = list(zip(add_record_headers(bodies), bodies, strict=True))
+            records: list[Record] = add_records(bodies)
             record_bytes = nbytes + REC_HEADER_SIZE * len(records)
             journal.append_records(
                 records, record_bytes, _partial(self._adds_durable, sink, accepted, nbytes, tag)

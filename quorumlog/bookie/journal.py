@@ -55,6 +55,7 @@ import crc32c
 from quorumlog.admin.sketch import Sketch
 from quorumlog.env import Env, File
 from quorumlog.errors import JournalCorruptError
+from quorumlog.proto import speedups
 
 __all__ = [
     "Journal",
@@ -147,6 +148,16 @@ def add_record_headers(payloads: list[bytes]) -> list[bytes]:
             _add_seeds[n] = crc32c.crc32c(_LEN_TYPE.pack(n, _ADD_TYPE))
     crcs = map(crc32c.crc32c, payloads, map(_add_seeds.__getitem__, lens))
     return list(map(_REC_HEADER.pack, crcs, lens, repeat(_ADD_TYPE)))
+
+
+def add_records(payloads: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """`(add_record_header(payload), payload)` for each payload: compiled where built (proto/speedups.py)."""
+    if _add_records_c is not None and (records := _add_records_c(payloads)) is not None:
+        return records
+    return list(zip(add_record_headers(payloads), payloads, strict=True))
+
+
+_add_records_c = speedups.add_records
 
 
 def encode_record(rtype: int, payload: bytes | memoryview) -> bytes:

@@ -13,6 +13,8 @@
  *                                                 v3fast.encode_add (its Python twin for errors)
  *   encode_entry_crc32c(lid, eid, lac, length, payload)
  *                                                 entry.DigestManager.encode_entry with a CRC32C digest
+ *   encode_add_oks(adds) -> bytes or None      server_codec.encode_add_oks (None: the Python one decides)
+ *   add_records(bodies) -> [(header, body)]     journal.add_record_headers zipped with the bodies
  *   deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos
  *                                                 the writer's connection reading its EOK answers
  *                                                 (bookie_client._Connection.data_received)
@@ -54,6 +56,8 @@ varint_canonical(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
     }
     return n;
 }
+
+static void put_be64(unsigned char *p, int64_t v);
 
 static Py_ssize_t
 varint_put(unsigned char *p, uint64_t v)
@@ -383,14 +387,14 @@ static PyObject *
 scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
-    Py_ssize_t pos, n, limit;
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "scan_adds_v3(data, pos, n, limit, out) takes 5 arguments");
         return NULL;
     }
-    if (((pos = PyLong_AsSsize_t(args[1])) == -1 || (n = PyLong_AsSsize_t(args[2])) == -1 ||
-         (limit = PyLong_AsSsize_t(args[3])) == -1) &&
-        PyErr_Occurred()) {
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[3]);
+    if ((pos == -1 || n == -1 || limit == -1) && PyErr_Occurred()) {
         return NULL;
     }
     if (!PyList_Check(args[4])) {
@@ -429,6 +433,142 @@ scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(pos);
+}
+
+/* The EOK answers to a batch of FastAdd tuples, one frame each in the add's own protocol version, joined:
+ * byte for byte what server_codec.encode_add_oks appends. None (the Python function decides, and raises
+ * what it raises) for anything but well-formed tuples. */
+static PyObject *
+encode_add_oks(PyObject *self, PyObject *adds)
+{
+    if (!PyList_CheckExact(adds) || PyList_GET_SIZE(adds) == 0) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(adds), total = 0;
+    /* Which answers go out in v2, as the Python function decides: all of them when the first add came over v2
+     * (a connection never goes back to v3), else those without a txnId when the last add came over v2. */
+    int all_v2 = -1, mixed = -1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        if (!PyTuple_CheckExact(a) || PyTuple_GET_SIZE(a) != 8 || !PyBytes_CheckExact(PyTuple_GET_ITEM(a, 5)) ||
+            !PyBytes_CheckExact(PyTuple_GET_ITEM(a, 6)) || !PyBytes_CheckExact(PyTuple_GET_ITEM(a, 7)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(a, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(a, 1))) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t tn = PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 5));
+        if (all_v2 < 0) {
+            all_v2 = tn == 0;
+        }
+        if (i == count - 1) {
+            mixed = tn == 0;
+        }
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        Py_ssize_t tn = PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 5)), en = PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 6)),
+                   ln = PyBytes_GET_SIZE(PyTuple_GET_ITEM(a, 7));
+        if (all_v2 || (mixed && tn == 0)) {
+            total += 28; /* v2: length, header, rc, ledgerId, entryId */
+        } else if (ln == 0 || tn > 10 || ln > 10 || en > 10) {
+            Py_RETURN_NONE;
+        } else {
+            total += 4 + 2 + (5 + tn) + 2 + 3 + (4 + ln + en);
+        }
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *a = PyList_GET_ITEM(adds, i);
+        PyObject *txn = PyTuple_GET_ITEM(a, 5), *eid = PyTuple_GET_ITEM(a, 6), *lid = PyTuple_GET_ITEM(a, 7);
+        Py_ssize_t tn = PyBytes_GET_SIZE(txn), en = PyBytes_GET_SIZE(eid), ln = PyBytes_GET_SIZE(lid);
+        if (all_v2 || (mixed && tn == 0)) {
+            int overflow = 0;
+            long long lid_v = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(a, 0), &overflow);
+            long long eid_v = overflow ? 0 : PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(a, 1), &overflow);
+            if (overflow || PyErr_Occurred()) {
+                PyErr_Clear();
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
+            static const unsigned char v2_head[] = {0, 0, 0, 24, 2, 1, 0, 0, 0, 0, 0, 0};
+            memcpy(p, v2_head, 12);
+            put_be64(p + 12, lid_v);
+            put_be64(p + 20, eid_v);
+            p += 28;
+            continue;
+        }
+        Py_ssize_t hdr = 5 + tn, part = 4 + ln + en, frame = 2 + hdr + 2 + 3 + part;
+        p[0] = (unsigned char)(frame >> 24);
+        p[1] = (unsigned char)(frame >> 16);
+        p[2] = (unsigned char)(frame >> 8);
+        p[3] = (unsigned char)frame;
+        p[4] = 0x0a;
+        p[5] = (unsigned char)hdr;
+        memcpy(p + 6, ADD_OK_HEADER, 5);
+        p += 11;
+        memcpy(p, PyBytes_AS_STRING(txn), tn);
+        p += tn;
+        memcpy(p, ADD_OK_STATUS, 4);
+        p[4] = (unsigned char)part;
+        memcpy(p + 5, ADD_OK_PART, 3);
+        p += 8;
+        memcpy(p, PyBytes_AS_STRING(lid), ln);
+        p += ln;
+        *p++ = 0x18;
+        memcpy(p, PyBytes_AS_STRING(eid), en);
+        p += en;
+    }
+    return out;
+}
+
+/* --- the bookie: journal records of adds ------------------------------------------------------------------ */
+
+static uint32_t crc32c(uint32_t crc, const unsigned char *p, Py_ssize_t n);
+
+/* (header, body) per entry body: the 9-byte ADD record header (CRC32C of length, type and body; length; type
+ * 1), as journal.add_record_header makes it. None for anything but a list of bytes. */
+static PyObject *
+add_records(PyObject *self, PyObject *bodies)
+{
+    if (!PyList_CheckExact(bodies)) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(bodies);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_CheckExact(b) || PyBytes_GET_SIZE(b) > 0xFFFFFFFFLL) {
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        Py_ssize_t n = PyBytes_GET_SIZE(b);
+        unsigned char head[9];
+        head[4] = (unsigned char)(n >> 24);
+        head[5] = (unsigned char)(n >> 16);
+        head[6] = (unsigned char)(n >> 8);
+        head[7] = (unsigned char)n;
+        head[8] = 1; /* RecordType.ADD */
+        uint32_t crc = crc32c(crc32c(0, head + 4, 5), (const unsigned char *)PyBytes_AS_STRING(b), n);
+        head[0] = (unsigned char)(crc >> 24);
+        head[1] = (unsigned char)(crc >> 16);
+        head[2] = (unsigned char)(crc >> 8);
+        head[3] = (unsigned char)crc;
+        PyObject *record = Py_BuildValue("(y#O)", head, (Py_ssize_t)9, b);
+        if (record == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, record);
+    }
+    return out;
 }
 
 /* --- the client: AddRequest frames ---------------------------------------------------------------------- */
@@ -720,6 +860,8 @@ static PyMethodDef methods[] = {
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
     {"deliver_add_oks", (PyCFunction)(void (*)(void))deliver_add_oks, METH_FASTCALL,
      "Deliver the EOK AddResponses at data[pos:] to their writers' waiters; return where it stopped."},
+    {"encode_add_oks", encode_add_oks, METH_O, "The EOK answers to a batch of FastAdds, joined (or None)."},
+    {"add_records", add_records, METH_O, "(ADD record header, body) per entry body (or None)."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
      "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
     {"decode_add_v3", (PyCFunction)(void (*)(void))decode_add_v3, METH_FASTCALL,

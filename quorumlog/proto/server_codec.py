@@ -206,6 +206,7 @@ def decode_add_v3_py(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None
 # returns; `_scan_adds_v3_c` decodes a run of whole add frames with it, in C.
 decode_add_v3: Callable[..., FastAdd | None] = speedups.decode_add_v3 or decode_add_v3_py
 _scan_adds_v3_c = speedups.scan_adds_v3
+_encode_add_oks_c = speedups.encode_add_oks
 
 
 def decode_write_lac_v3(body: bytes, pos: int = 0, end: int = -1) -> WriteLacRequest | None:
@@ -275,6 +276,9 @@ def encode_add_oks(adds: list[FastAdd], out: list[bytes]) -> None:
     """Append to `out` one EOK AddResponse frame per add (in pieces: `b"".join(out)` is the wire bytes), each
     in the protocol version its add came in (BookKeeper answers each request in its own version, also when
     a later frame turned the connection to v2: a v3 add carries its txnId varint, a v2 add none)."""
+    if _encode_add_oks_c is not None and (joined := _encode_add_oks_c(adds)) is not None:
+        out.append(joined)  # (the same bytes, as one piece: speedups.py)
+        return
     if not adds[0][5]:  # all v2 (a connection never goes from v2 back to v3)
         pack = _V2_ADD_OK.pack
         header = _V2_ADD_OK_HEADER

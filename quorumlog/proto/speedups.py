@@ -16,6 +16,10 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
 * `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
   the Python function, so the errors are the same.
+* `encode_add_oks(adds) -> bytes | None` -- the joined pieces `server_codec.encode_add_oks` appends; None
+  for anything but well-formed `FastAdd` tuples (the Python function then decides).
+* `add_records(bodies) -> list[(header, body)] | None` -- `journal.add_record_headers(bodies)` zipped with the
+  bodies; None for anything but a list of bytes.
 * `deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos` -- what a writer's connection does
   with the EOK AddResponses at `data[pos:]` (`bookie_client._Connection._deliver_add_ok` for each), up to the
   first other frame or waiter; returns where it stopped.
@@ -41,6 +45,8 @@ if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
 AVAILABLE = _module is not None
 scan_add_ok: Callable[..., int] | None = _module.scan_add_ok if _module else None
 deliver_add_oks: Callable[..., int] | None = _module.deliver_add_oks if _module else None
+encode_add_oks: Callable[..., bytes | None] | None = _module.encode_add_oks if _module else None
+add_records: Callable[..., list[tuple[bytes, bytes]] | None] | None = _module.add_records if _module else None
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
 encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None

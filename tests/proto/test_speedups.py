@@ -275,6 +275,56 @@ def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
     assert _requests(True, stream, chunks, monkeypatch) == _requests(False, stream, chunks, monkeypatch)
 
 
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(
+        st.tuples(
+            st.one_of(ids64, st.integers(-(2**63), -1)),
+            st.one_of(ids64, st.just(2**63)),
+            ids64,
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_encode_add_oks_is_the_python_encoder(ids: list[tuple[int, int, int, bool]]) -> None:
+    adds: list[Any] = []
+    for lid, eid, txn, over_v2 in ids:
+        lid_raw = server_codec.varint(lid) if lid >= 0 else b"\x01"
+        raw = (
+            (b"", b"", b"")
+            if over_v2
+            else (server_codec.varint(txn), server_codec.varint(eid) or b"\x02", lid_raw)
+        )
+        adds.append((lid, eid, b"k" * 20, b"entry", 0, *raw))
+    want: list[bytes] = []
+    got: list[bytes] = []
+    with_c = _outcome(server_codec.encode_add_oks, adds, got)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(server_codec, "_encode_add_oks_c", None)
+        without = _outcome(server_codec.encode_add_oks, adds, want)
+    assert with_c[0] == without[0]
+    assert b"".join(got) == b"".join(want)
+    # Not FastAdd tuples: the Python function decides (and raises what it raises).
+    assert speedups._module.encode_add_oks([(1, 2)]) is None
+    assert speedups._module.encode_add_oks([(*adds[0][:7], b"")]) is None or adds[0][5] == b""
+
+
+@needs_c
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=3000), max_size=8))
+def test_add_records_are_the_python_records(bodies: list[bytes]) -> None:
+    from quorumlog.bookie import journal
+
+    assert journal.add_records(bodies) == list(zip(journal.add_record_headers(bodies), bodies, strict=True))
+    assert journal.add_records(bodies) == [(journal.record_header(1, b), b) for b in bodies]
+    assert (
+        speedups._module.add_records([bytearray(b"x")]) is None and speedups._module.add_records(()) is None
+    )
+
+
 # --- switching it off, and building it ----------------------------------------------------------------------
 
 
