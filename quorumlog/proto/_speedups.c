@@ -391,10 +391,15 @@ scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "scan_adds_v3(data, pos, n, limit, out) takes 5 arguments");
         return NULL;
     }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
-    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
-    Py_ssize_t limit = PyLong_AsSsize_t(args[3]);
-    if ((pos == -1 || n == -1 || limit == -1) && PyErr_Occurred()) {
+    /* (One at a time: a conversion must not run with the previous one's exception set.) */
+    Py_ssize_t pos, n, limit;
+    if ((pos = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((n = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((limit = PyLong_AsSsize_t(args[3])) == -1 && PyErr_Occurred()) {
         return NULL;
     }
     if (!PyList_Check(args[4])) {
@@ -405,8 +410,14 @@ scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const unsigned char *buf = view.buf;
+    /* 0 <= n <= len and pos >= 0, so `n - pos` cannot overflow (n = -2**63 wrapped it round to a large
+     * number, and the length prefix was read at `pos`, past the buffer). A negative n stops the scan at once,
+     * as `n - pos >= 4` does in Python. */
     if (n > view.len) {
         n = view.len;
+    }
+    if (n < 0) {
+        n = 0;
     }
     while (pos >= 0 && n - pos >= 4) {
         Py_ssize_t length = ((Py_ssize_t)buf[pos] << 24) | (buf[pos + 1] << 16) | (buf[pos + 2] << 8) | buf[pos + 3];

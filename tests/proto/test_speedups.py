@@ -276,6 +276,34 @@ def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
 
 
 @needs_c
+def test_scan_adds_v3_with_an_end_far_below_the_position_reads_nothing() -> None:
+    # Review (UBSan, signed overflow in `n - pos`): an end of -2**63 wrapped `n - pos` round to a large
+    # positive number, and the scan read the length prefix at `pos`, past the buffer (a segfault in the
+    # -O2 -fwrapv build). Run in a child so that a crash fails this test, not the session.
+    code = (
+        "from quorumlog.proto import speedups\n"
+        "assert speedups.scan_adds_v3(b'\\0' * 8, 10**9, -2**63, 10, []) == 10**9\n"
+        "assert speedups.scan_adds_v3(b'\\0' * 8, 1, -2**63, 10, []) == 1\n"
+        "assert speedups.scan_adds_v3(b'\\0' * 8, 0, -5, 10, []) == 0\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@needs_c
+def test_scan_adds_v3_raises_the_first_bad_arguments_error() -> None:
+    # Review (reading): all three integers were converted before the error was checked, so a later
+    # conversion ran with an exception set and replaced it (here an OverflowError for the TypeError).
+    assert speedups.scan_adds_v3 is not None
+    with pytest.raises(TypeError):
+        speedups.scan_adds_v3(b"", "x", 2**70, 0, [])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        speedups.scan_adds_v3(b"", 0, "x", 2**70, [])  # type: ignore[arg-type]
+    with pytest.raises(OverflowError):
+        speedups.scan_adds_v3(b"", 0, 2**70, "x", [])  # type: ignore[arg-type]
+
+
+@needs_c
 @settings(max_examples=200, deadline=None)
 @given(
     ids=st.lists(
