@@ -184,11 +184,39 @@ scan_add_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *str_pending_count = NULL;
+static PyObject *int_one = NULL;
+
+/* The exception set now, if it is an Exception, given to `report` (as `except Exception as e: report(e)`)
+ * and cleared: 0. Anything else (KeyboardInterrupt, SystemExit: not a callback's bug), or an exception from
+ * `report` itself, stays set: -1. */
+static int
+report_exception(PyObject *report)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+        return -1;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *reported = PyObject_CallOneArg(report, value);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (reported == NULL) {
+        return -1;
+    }
+    Py_DECREF(reported);
+    return 0;
+}
 
 /* The EOK AddResponse frames at `data[pos:]`, delivered as bookie_client._Connection._deliver_add_ok
  * delivers them to a writer's waiter, the (callback, context, batch_end) tuple filed under the txn id in
  * `single`: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
- * `batch_ends[batch_end] = None`. An exception from a callback goes to `report(exc)` and skips its batch end.
+ * `batch_ends[batch_end] = None`. An Exception from a callback (or from filing its batch end) goes to
+ * `report(exc)` and skips its batch end.
  * Stops, before it, at the first frame that is not such an answer or whose waiter is anything else (none, a
  * future, a pair): the caller reads the rest through the codec. Returns where it stopped. */
 static PyObject *
@@ -236,44 +264,27 @@ deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto error;
         }
         pos += n;
+        /* `conn.pending_count -= 1`, with Python's arithmetic (no C integer to overflow or to refuse a count). */
         PyObject *count = PyObject_GetAttr(conn, str_pending_count);
-        Py_ssize_t c = count == NULL ? -1 : PyLong_AsSsize_t(count);
+        PyObject *lowered = count == NULL ? NULL : PyNumber_InPlaceSubtract(count, int_one);
         Py_XDECREF(count);
-        PyObject *lowered = (c == -1 && PyErr_Occurred()) ? NULL : PyLong_FromSsize_t(c - 1);
         if (lowered == NULL || PyObject_SetAttr(conn, str_pending_count, lowered) < 0) {
             Py_XDECREF(lowered);
             Py_DECREF(waiter);
             goto error;
         }
         Py_DECREF(lowered);
+        /* The callback, then its batch end filed: an Exception from either goes to `report` (both are in
+         * `_deliver_add_ok`'s try), and skips the rest of this answer. */
         PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
         PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
-        if (result == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
-                Py_DECREF(waiter);
-                goto error; /* (KeyboardInterrupt, SystemExit: not a callback's bug) */
-            }
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            if (tb != NULL) {
-                PyException_SetTraceback(value, tb);
-            }
-            PyObject *reported = PyObject_CallOneArg(report, value);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            Py_DECREF(waiter);
-            if (reported == NULL) {
-                goto error;
-            }
-            Py_DECREF(reported);
-            continue;
+        int failed = result == NULL;
+        Py_XDECREF(result);
+        if (!failed && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
+            failed = 1;
         }
-        Py_DECREF(result);
-        int filed = PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None);
         Py_DECREF(waiter);
-        if (filed < 0) {
+        if (failed && report_exception(report) < 0) {
             goto error;
         }
     }
@@ -902,7 +913,8 @@ PyInit__speedups(void)
 {
     crc_table_init();
     str_pending_count = PyUnicode_InternFromString("pending_count");
-    if (str_pending_count == NULL) {
+    int_one = PyLong_FromLong(1);
+    if (str_pending_count == NULL || int_one == NULL) {
         return NULL;
     }
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

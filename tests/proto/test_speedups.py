@@ -353,6 +353,44 @@ def test_add_records_are_the_python_records(bodies: list[bytes]) -> None:
     )
 
 
+# --- the writer's connection delivering its EOK answers -----------------------------------------------------
+
+
+class _Conn:
+    def __init__(self, pending_count: Any) -> None:
+        self.pending_count = pending_count
+
+
+def _deliver(data: bytes, single: dict[int, Any], conn: _Conn) -> tuple[Any, list[Any], list[Any]]:
+    assert speedups.deliver_add_oks is not None
+    reported: list[Any] = []
+    batch_ends: dict[Any, None] = {}
+    pos = _outcome(speedups.deliver_add_oks, data, single, conn, batch_ends, reported.append)
+    return pos, list(batch_ends), [type(e).__name__ for e in reported]
+
+
+@needs_c
+def test_deliver_add_oks_lowers_any_pending_count_as_python_does() -> None:
+    # Review (UBSan, signed overflow in `c - 1`): the count went through a C ssize_t, so -2**63 overflowed
+    # and a count outside that range raised OverflowError; `_deliver_add_ok` does `pending_count -= 1`.
+    data = v3fast.encode_add_response(AddResponse(StatusCode.EOK, 1, 2, 3))
+    for count in (5, 0, -(2**63), 2**63 - 1, 2**70):
+        conn = _Conn(count)
+        assert _deliver(data, {3: (lambda *a: None, "c", "end")}, conn) == (("ok", len(data)), ["end"], [])
+        assert conn.pending_count == count - 1
+
+
+@needs_c
+def test_deliver_add_oks_reports_a_batch_end_that_cannot_be_filed() -> None:
+    # Review (reading): `_deliver_add_ok` files the batch end inside its try, so an unhashable one is reported
+    # like a callback's exception and the answers after it are delivered; in C it escaped the delivery.
+    ok = [v3fast.encode_add_response(AddResponse(StatusCode.EOK, 1, 2, txn)) for txn in (3, 4)]
+    conn = _Conn(2)
+    got = _deliver(ok[0] + ok[1], {3: (lambda *a: None, "c", []), 4: (lambda *a: None, "d", "end")}, conn)
+    assert got == (("ok", len(ok[0]) + len(ok[1])), ["end"], ["TypeError"])
+    assert conn.pending_count == 0
+
+
 # --- switching it off, and building it ----------------------------------------------------------------------
 
 
