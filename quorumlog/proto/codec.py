@@ -88,7 +88,9 @@ def scan_v3_add_ok(
 ) -> int:
     """Decode the whole EOK AddResponse frames at `data[pos:]` onto `out`, up to the first byte that does not
     start one; returns that position. What it appends is what protobuf decodes from the same bytes -- or,
-    with `raw`, a `RawAddOk` of it."""
+    with `raw`, a `RawAddOk` of it. A negative `pos` finds nothing (the regex would take it for 0)."""
+    if pos < 0:
+        return pos
     match = _V3_ADD_OK_FRAME.match
     uvarint = v3.uvarint
     while (m := match(data, pos)) is not None:

@@ -178,9 +178,12 @@ def _cached_varint(n: int) -> bytes:
 def decode_add_v3_py(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None:
     """A plain add in the canonical v3 layout as a `FastAdd`; None for anything else (decode it with `v3`).
     The frame body is `body[pos:end]` (`end` -1: to the end), so frames are read in place in a chunk. The
-    reference for `decode_add_v3`, its compiled twin (speedups.py) where built."""
-    if end < 0:
+    reference for `decode_add_v3`, its compiled twin (speedups.py) where built. An `end` past the buffer is its
+    end (as in the slice); a negative `pos` is no frame (the regex would take it for 0)."""
+    if end < 0 or end > len(body):
         end = len(body)
+    if pos < 0:
+        return None
     match = _v3_add_match(body, pos, end)
     if match is None:
         return None

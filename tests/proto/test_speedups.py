@@ -183,6 +183,18 @@ def test_scan_add_ok_on_other_answers_random_bytes_and_odd_positions() -> None:
         speedups.scan_add_ok("text", 0, [])  # type: ignore[misc]
 
 
+@needs_c
+def test_scan_add_ok_from_a_negative_position_finds_nothing() -> None:
+    # Review (a crafted frame, found by reading the code): the Python scan's regex clamped a negative
+    # position to 0 and took a frame whose length byte was one too large from position -1; the C scan,
+    # rightly, finds nothing there. The Python scan now refuses a negative position too.
+    frame = bytearray(v3fast.encode_add_response(AddResponse(StatusCode.EOK, 1, 2, 3)))
+    frame[3] += 1
+    for pos in (-1, -2, -len(frame)):
+        _scan_both(bytes(frame), pos)
+        assert scan_v3_add_ok(bytes(frame), pos, [], True) == pos
+
+
 # --- the bookie's canonical adds -----------------------------------------------------------------------------
 
 
@@ -215,6 +227,33 @@ def test_decode_add_v3_is_the_python_decoder(
     _decode_both(v3fast.encode_add_py(lid, eid, key, entry[:31], txn)[4:])
     _decode_both(v3fast.encode_add_py(lid, eid, key, entry, txn, True)[4:])
     _decode_both(v3fast.encode_add_py(lid, eid, key, entry, txn, False, 1)[4:])
+
+
+def _add_body(extra: int = 0) -> tuple[bytes, bytes]:
+    """A canonical add frame body whose entry says it is `extra` bytes longer than the bytes given, and the
+    whole one."""
+    entry = (5).to_bytes(8, "big") + (7).to_bytes(8, "big") + (3).to_bytes(8, "big") + (4).to_bytes(8, "big")
+    whole = v3fast.encode_add_py(5, 7, b"k" * 20, entry + b"pay!" + b"\0" * extra, 9)[4:]
+    return whole[: len(whole) - extra], whole
+
+
+@needs_c
+def test_decode_add_v3_bounds_past_the_buffer_and_before_it() -> None:
+    # Review (crafted bounds, found by reading the code): with `end` past the buffer the Python decoder
+    # checked the lengths against `end`, not against the bytes there, and took a frame cut short (an entry
+    # shorter than its length field) or raised struct.error; the C decoder clamps `end` to the buffer, as
+    # `body[pos:end]` does. With a negative `pos` the Python regex clamped it to 0. Both now as C does.
+    short, whole = _add_body(extra=10)
+    for body, pos, end in [
+        (short, 0, len(whole)),  # the frame the bytes would be with 10 more: not a frame
+        (_add_body(extra=30)[0], 0, len(whole)),  # (struct.error in Python before)
+        (whole, 0, len(whole) + 5),  # a whole frame: decoded
+        (b"x" + whole, -len(whole) - 1, -1),
+        (whole, -1, len(whole)),
+    ]:
+        _decode_both(body, pos, end)
+    assert decode_add_v3_py(short, 0, len(whole)) is None
+    assert decode_add_v3_py(whole, 0, len(whole) + 5) == decode_add_v3_py(whole)
 
 
 def _requests(
