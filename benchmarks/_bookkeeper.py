@@ -20,11 +20,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import random
 import re
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +33,7 @@ from typing import Any
 import _common as common
 
 from quorumlog.testing import bkpeer
+from quorumlog.testing.servers import port_base
 
 VERSION = "4.14.8"
 WARMUP_S_MIN = 15.0
@@ -130,25 +129,6 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _free_run(count: int) -> int:
-    """The first of `count` consecutive loopback ports that are free now (ZooKeeper, then the bookies)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000 - count)
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise RuntimeError(f"no {count} consecutive free loopback ports")
-
-
 class Peer:
     """A running BookKeeper cluster of `bookies` bookies and the means to run its benchmark tools."""
 
@@ -157,7 +137,7 @@ class Peer:
         self.data_dir = tempfile.mkdtemp(prefix="ql-bench-bkpeer-")
         try:
             self._peer = bkpeer.BookKeeperPeer(self.data_dir)
-            base = _free_run(bookies + 1)
+            base = port_base(bookies + 1)  # ZooKeeper, then the bookies
             self.zk = f"127.0.0.1:{base}"
             self._peer.start_cluster(
                 bookies, zk_port=base, bookie_base_port=base + 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.testing import bkpeer
-from quorumlog.testing.servers import free_port
+from quorumlog.testing.servers import port_base
 
 
 def _processes_marked(data_dir: str) -> list[int]:
@@ -40,6 +40,7 @@ def test_a_start_that_times_out_stops_what_it_started(
     # Long enough for the script to launch ZooKeeper (at once), far too short for it to answer.
     monkeypatch.setattr(bkpeer, "START_TIMEOUT_S", 1.0)
     with pytest.raises(RuntimeError, match="did not start within 1 s"):
-        peer.start_cluster(1, zk_port=free_port(), bookie_base_port=free_port())
+        base = port_base(2)
+        peer.start_cluster(1, zk_port=base, bookie_base_port=base + 1)
     assert not peer.running
     assert _processes_marked(data_dir) == []

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -94,6 +95,51 @@ def free_port(host: str = "127.0.0.1") -> int:
     while len(_handed_out) > _HANDED_OUT_MAX:
         del _handed_out[next(iter(_handed_out))]
     return port
+
+
+PORTS_FROM = 10000  # below: ports that well-known services on a developer's machine may hold
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default, when the file cannot be read
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (first, last), from which it picks the local ports of outgoing
+    connections and of binds to port 0."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return EPHEMERAL_DEFAULT
+    return low, high
+
+
+def port_base(count: int) -> int:
+    """A base port with `count` free consecutive ports above it, outside the kernel's ephemeral range: a port
+    found free there can be taken by any connection's local end (or a port-0 bind) before the process we
+    pass it to binds it. Below the range if there is room, else above it."""
+    low, high = ephemeral_ports()
+    # Bases from `first` to `last` inclusive, so base + count - 1 stays below `low` (or at most 65535).
+    if low - count >= PORTS_FROM:
+        first, last = PORTS_FROM, low - count
+    elif high + count <= 65535:
+        first, last = high + 1, 65536 - count
+    else:
+        first, last = PORTS_FROM, 65536 - count  # no room outside the range: the bind check below must do
+    for _ in range(200):
+        base = random.randint(first, last)
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free consecutive ports")
 
 
 def _die_with_parent() -> None:

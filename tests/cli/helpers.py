@@ -8,16 +8,16 @@ import contextlib
 import ctypes
 import json
 import os
-import random
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from quorumlog.testing.servers import port_base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMAND_TIMEOUT_S = 60.0
@@ -63,51 +63,6 @@ def assert_clean_error(r: subprocess.CompletedProcess[str], exit_code: int | Non
         assert r.returncode == exit_code, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr + r.stdout, r.stderr
     assert "error:" in r.stderr.lower(), r.stderr
-
-
-PORTS_FROM = 10000  # below: ports that well-known services on a developer's machine may hold
-EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
-EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default, when the file cannot be read
-
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The kernel's ephemeral port range (first, last), from which it picks the local ports of outgoing
-    connections and of binds to port 0."""
-    try:
-        with open(EPHEMERAL_RANGE) as f:
-            low, high = (int(v) for v in f.read().split())
-    except (OSError, ValueError):
-        return EPHEMERAL_DEFAULT
-    return low, high
-
-
-def port_base(count: int) -> int:
-    """A base port with `count` free consecutive ports above it, outside the kernel's ephemeral range: a port
-    found free there can be taken by any connection's local end (or a port-0 bind) before the process we
-    pass it to binds it. Below the range if there is room, else above it."""
-    low, high = ephemeral_ports()
-    # Bases from `first` to `last` inclusive, so base + count - 1 stays below `low` (or at most 65535).
-    if low - count >= PORTS_FROM:
-        first, last = PORTS_FROM, low - count
-    elif high + count <= 65535:
-        first, last = high + 1, 65536 - count
-    else:
-        first, last = PORTS_FROM, 65536 - count  # no room outside the range: the bind check below must do
-    for _ in range(200):
-        base = random.randint(first, last)
-        socks = []
-        try:
-            for p in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free consecutive ports")
 
 
 @dataclass

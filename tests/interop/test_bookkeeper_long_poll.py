@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from quorumlog.client.client import Client
 from quorumlog.testing import bkpeer
-from quorumlog.testing.servers import free_port
+from quorumlog.testing.servers import port_base
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
@@ -34,7 +34,8 @@ WAIT_S = 30.0
 @pytest.fixture(scope="module")
 def java(tmp_path_factory: pytest.TempPathFactory) -> Iterator[bkpeer.BookKeeperPeer]:
     peer = bkpeer.BookKeeperPeer(str(tmp_path_factory.mktemp("bkpeer-lp") / "cluster"))
-    peer.start_cluster(3, zk_port=free_port(), bookie_base_port=free_port())
+    base = port_base(4)  # ZooKeeper, then the three bookies
+    peer.start_cluster(3, zk_port=base, bookie_base_port=base + 1)
     try:
         yield peer
     finally:

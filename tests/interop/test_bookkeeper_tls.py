@@ -21,7 +21,7 @@ from quorumlog.client.client import Client
 from quorumlog.errors import QuorumLogError
 from quorumlog.testing import bkpeer
 from quorumlog.testing.cluster import LocalCluster
-from quorumlog.testing.servers import free_port
+from quorumlog.testing.servers import port_base
 from quorumlog.testing.tls_certs import CertificateAuthority
 from tests.bookie.test_tls import client_tls, mtls_bookies
 
@@ -48,14 +48,11 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def java(pki: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Iterator[bkpeer.BookKeeperPeer]:
     peer = bkpeer.BookKeeperPeer(str(tmp_path_factory.mktemp("bkpeer") / "cluster"))
     b, ca = pki["bookie"], pki["ca"]
-    base = free_port()
-    ports = [base, base + 1, base + 2]
-    if any(not _free(p) for p in ports):
-        base = free_port()
+    base = port_base(4)  # ZooKeeper, then the three bookies
     peer.start_cluster(
         3,
-        zk_port=free_port(),
-        bookie_base_port=base,
+        zk_port=base,
+        bookie_base_port=base + 1,
         extra_conf={
             "tlsProviderFactoryClass": "org.apache.bookkeeper.tls.TLSContextFactory",
             "tlsProvider": "JDK",
@@ -73,17 +70,6 @@ def java(pki: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield peer
     finally:
         peer.stop_cluster()
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @pytest.mark.parametrize("protocol", ["v3", "v2"])
