@@ -13,16 +13,16 @@ from quorumlog.testing import bkpeer
 from quorumlog.testing.servers import port_base
 
 
-def _processes_marked(data_dir: str) -> list[int]:
-    # start-cluster.sh marks every process it starts with -Dbkpeer.cluster=<its data dir>.
-    mark = f"-Dbkpeer.cluster={data_dir}".encode()
+def _processes_of(data_dir: str) -> list[int]:
+    # start-cluster.sh marks the processes it starts in the background with -Dbkpeer.cluster=<its data dir>;
+    # the ones it runs in the foreground (initnewcluster) name a conf file in it.
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if mark in f.read().split(b"\0"):
+                if any(data_dir.encode() in arg for arg in f.read().split(b"\0")):
                     found.append(int(pid))
         except OSError:
             continue
@@ -43,4 +43,4 @@ def test_a_start_that_times_out_stops_what_it_started(
         base = port_base(2)
         peer.start_cluster(1, zk_port=base, bookie_base_port=base + 1)
     assert not peer.running
-    assert _processes_marked(data_dir) == []
+    assert _processes_of(data_dir) == []

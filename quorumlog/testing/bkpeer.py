@@ -19,8 +19,10 @@ skip naming it instead of failing:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -118,15 +120,23 @@ class BookKeeperPeer:
         # them in its pid file, so a script that failed -- or was killed by the timeout -- leaves processes
         # that only stop_cluster() ends.
         self.running = True
+        # In a process group of its own: its foreground children (the `initnewcluster` shell) are not in its
+        # pid file, and killing only the script on a timeout left them running, retrying a stopped ZooKeeper.
+        script = subprocess.Popen(
+            [f"{self.home}/start-cluster.sh", str(bookies)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
-            r = subprocess.run(
-                [f"{self.home}/start-cluster.sh", str(bookies)],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=START_TIMEOUT_S,
-            )
+            stdout, stderr = script.communicate(timeout=START_TIMEOUT_S)
+            r = subprocess.CompletedProcess(script.args, script.returncode, stdout, stderr)
         except BaseException as e:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(script.pid, signal.SIGKILL)
+            script.communicate()
             logs = self.logs()
             self.stop_cluster()
             if isinstance(e, subprocess.TimeoutExpired):
