@@ -42,8 +42,10 @@ class BookieConfig:
     metadata: str = setting("", "metadata store URI (zk://, etcd://, file://); empty: run unregistered")
     bookie_id: str = setting("", "bookie id (default host:port)")
     journal_sync: bool = setting(True, "fdatasync the journal before acknowledging (false loses data!)")
+    # 0: a batch is synced as soon as the sync thread is free, and what arrives during a sync waits for the
+    # next one -- batching without a timer (docs/BOOKIE.md, "Group commit").
     journal_max_wait_ms: float = setting(
-        1.0, "longest a journal batch waits to grow before its sync", 0, 1000
+        0.0, "longest a journal batch waits to grow before its sync (0: sync at once)", 0, 1000
     )
     journal_max_batch_bytes: int = setting(
         512 << 10, "journal batch size that triggers a sync", 4096, 64 << 20

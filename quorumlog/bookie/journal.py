@@ -10,9 +10,12 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
 - One hand-off per batch: the loop appends records to a shared buffer under a lock; the sync thread swaps the
   buffer out, writes it with one pwrite, syncs once, and wakes the loop once (`call_soon_threadsafe`) for the
   whole batch. NOTES.md: a thread hand-off costs as much as an fdatasync, so never one per record.
-- The thread waits up to `max_wait_s` for a batch to grow to `max_batch_bytes` before syncing a small batch.
-  When the disk is slow and more is queued, one batch takes up to 16x that (bounded by half a file): an
-  fdatasync costs about the same for 512 KiB as for 4 MiB, so a backlog is cleared in one sync, not many.
+- Group commit without a timer by default: the thread takes whatever is queued as soon as it is free, and
+  what arrives during a write and sync waits for the next one, so batches grow with the load and the disk's
+  sync time. With `max_wait_s` > 0 it also waits up to that long for a batch to grow to `max_batch_bytes`
+  before syncing a small one (fewer syncs at moderate load, each add later). When the disk is slow and more
+  is queued, one batch takes up to 16x `max_batch_bytes` (bounded by half a file): an fdatasync costs
+  about the same for 512 KiB as for 4 MiB, so a backlog is cleared in one sync, not many.
 - Files are preallocated by writing zeros (overwriting zeros syncs ~2x faster than appending), or recycled
   from files a checkpoint released. The next file is prepared in the background (right after a roll, or
   once the first file after a start -- a smaller one, 16 MiB -- is half full), so a roll does not zero a
@@ -232,7 +235,7 @@ class Journal:
         *,
         file_size_bytes: int = 64 << 20,
         max_batch_bytes: int = 512 << 10,
-        max_wait_s: float = 0.001,
+        max_wait_s: float = 0.0,
         sync: bool = True,
         max_pending_bytes: int = 64 << 20,
         spare_files_max: int = 4,

@@ -16,7 +16,8 @@ Rules it keeps:
 - Addresses come from `resolve(bookie_id)` -- the registry's znode, never a parse of the id.
 - A lost connection fails every request outstanding on it with `BookieUnavailableError`; the next request
   reconnects, but not before a backoff that doubles per failed attempt (`reconnect_backoff_s_min` ..
-  `_max`); inside the backoff, requests fail at once instead of queueing behind a dead bookie.
+  `_max`); inside the backoff, requests fail at once instead of queueing behind a dead bookie. A bookie
+  that registers again ends its backoff (`reset_backoff`, called by the Client's registry listener).
 - With TLS (security/tls.py) every new connection first sends START_TLS and, once the bookie answers EOK
   (in clear text), runs a client-side TLS handshake on the same socket, before anything else goes out on it,
   as BookKeeper's client does with `tlsProviderFactoryClass` set. Any TLS failure (START_TLS refused,
@@ -766,6 +767,11 @@ class BookieClient:
         """Send `request` and wait for its response; raises the typed error of a failed status."""
         return await self.send(request, timeout_s=timeout_s)
 
+    def reset_backoff(self) -> None:
+        """Let the next request try to connect at once (connected, or the bookie registered again)."""
+        self._backoff_s = 0.0
+        self._retry_at_s = 0.0
+
     def send(self, request: Request, *, timeout_s: float | None = None) -> asyncio.Future[Response]:
         """Queue `request` now and return a future of its response (no task per request).
 
@@ -949,8 +955,7 @@ class BookieClient:
             proto.fail(ClientClosedError(f"bookie client for {self.bookie_id} closed"))
             return
         self.connects += 1
-        self._backoff_s = 0.0
-        self._retry_at_s = 0.0
+        self.reset_backoff()
         self._conns[version] = proto
         for request, timeout, fut in waiting:
             if fut.done():

@@ -152,6 +152,10 @@ class Client:
             max(0.005, min(timeouts)) if timeouts else 0.0, lambda h: h._check_timeouts()
         )
         self._closed = False
+        # A bookie that registers again (restarted) is worth a connection attempt at once: a backoff from
+        # its refused connections while it was down would fail the first requests to it for nothing.
+        self._registered = registry.writable_bookies() | registry.readonly_bookies()
+        self._stop_following_registry = registry.on_change(self._on_registry_change)
         # Counted on the client's paths (metrics.py); read only when `metrics_registry` is scraped.
         self.stats = ClientStats()
         self._own_registry = metrics_registry is None
@@ -268,6 +272,14 @@ class Client:
             raise
 
     # --- shared resources --------------------------------------------------------------------------------
+
+    def _on_registry_change(self) -> None:
+        registered = self.registry.writable_bookies() | self.registry.readonly_bookies()
+        for bookie_id in registered - self._registered:
+            bookie = self._bookies.get(bookie_id)
+            if bookie is not None:
+                bookie.reset_backoff()
+        self._registered = registered
 
     def bookie(self, bookie_id: str) -> BookieClient:
         """The one connection to `bookie_id`, made on first use."""
@@ -482,6 +494,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._stop_following_registry()
         self._lac_flusher.close()
         self._add_timeouts.close()
         for log_writer in list(self._log_writers):

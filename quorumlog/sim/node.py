@@ -27,12 +27,18 @@ JOURNAL_MAX_BATCH_BYTES = 32 << 10
 JOURNAL_FILE_BYTES = 1 << 20  # the smallest allowed: a few thousand small entries per file
 
 
-def sim_bookie_config(node: str, port: int) -> BookieConfig:
+# A bookie's journal wait is drawn per start: the default (0, sync at once) leaves a durability bug that
+# acknowledges before the sync a window of one simulated sync, a wait leaves it milliseconds; both are run.
+JOURNAL_MAX_WAIT_MS_CHOICES = (0.0, 1.0, 2.0)
+
+
+def sim_bookie_config(node: str, port: int, journal_max_wait_ms: float = 0.0) -> BookieConfig:
     return BookieConfig(
         host=node,
         port=port,
         data_dir=f"/{node}",
         journal_max_batch_bytes=JOURNAL_MAX_BATCH_BYTES,
+        journal_max_wait_ms=journal_max_wait_ms,
         journal_file_size_bytes=JOURNAL_FILE_BYTES,
         write_cache_bytes=1 << 20,
         read_cache_bytes=256 << 10,
@@ -53,7 +59,7 @@ class SimBookieNode:
         self.host = env.node
         self.port = port
         self.store = store
-        self.config = sim_bookie_config(env.node, port)
+        self.config = sim_bookie_config(env.node, port, env.rng.choice(JOURNAL_MAX_WAIT_MS_CHOICES))
         self.bookie: Bookie | None = None
         self.server: BookieServer | None = None
         self.registration: BookieRegistration | None = None

@@ -93,8 +93,9 @@ def test_checkers_catch_a_bookie_that_acknowledges_adds_before_the_journal_sync(
     """The Must-show of issue 16: the real bookie with one known durability bug -- an add is answered as soon
     as its journal record is queued, not once its batch is synced -- loses acknowledged entries when bookies
     crash, and the simulator says so within a few seeds. The mix is fixed to the nemesis that exposes it
-    (power loss: both replicas of an entry must lose it) so that the test does not depend on the draw; in a
-    sweep with drawn mixes it is caught too: seeds 3, 7 and 12 of seeds 1-12."""
+    (power loss: both replicas of an entry must lose it) so that the test does not depend on the draw. (The
+    window is one simulated sync on a bookie that syncs at once, milliseconds on one whose journal waits for
+    its batch to grow: the simulator draws the wait per bookie start, sim/node.py.)"""
     append_parts = Journal.append_parts
 
     def acknowledge_at_once(
