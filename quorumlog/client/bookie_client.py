@@ -344,15 +344,17 @@ class _Connection(asyncio.Protocol):
         """Deliver the writer's EOK answers at the start of `data` in C, each as `_deliver_add_ok` would
         (proto/speedups.py), and each other whole frame between them through the codec, one at a time, so
         the answers after it are read in C too (10,000 ledgers interleave WRITE_LAC answers with the adds').
-        Returns what is left for the codec: a frame not whole in this read, or everything once `_unproven`
-        holds an add (its answers go through `_deliver_add_ok`, which keeps that record)."""
+        Returns what is left for the codec: a frame not whole in this read, everything once `_unproven`
+        holds an add (its answers go through `_deliver_add_ok`, which keeps that record), or the rest after
+        two other frames in a row (a reader's answers: the codec reads a run of them in place, in one call)."""
         deliver = _deliver_add_oks
         assert deliver is not None  # (the caller checked)
         n = len(data)
         pos = 0
         while not self._unproven and self.codec.at_v3_frame_start() and not self.closed:
+            start = pos
             pos = deliver(data, self.single, self, batch_ends, _report_callback_error, pos)
-            if n - pos < FRAME_PREFIX_BYTES:
+            if n - pos < FRAME_PREFIX_BYTES or (pos == start and start > 0):
                 break
             end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
             if end > n:
