@@ -77,6 +77,7 @@ from quorumlog.proto.frame import DEFAULT_MAX_FRAME_BYTES, FRAME_PREFIX_BYTES
 from quorumlog.proto.messages import (
     MASTER_KEY_BYTES,
     AddRequest,
+    AddResponse,
     AuthRequest,
     AuthResponse,
     ErrorResponse,
@@ -366,7 +367,10 @@ class _Connection(asyncio.Protocol):
     def _deliver_decoded(self, responses: list[Response | RawAddOk]) -> None:
         for response in responses:
             if type(response) is tuple:
-                self._deliver_add_ok(response)
+                if self._unique_keys:
+                    self._deliver_add_ok(response)
+                else:
+                    self._deliver_v2_add_ok(response)  # type: ignore[arg-type]
             else:
                 self._deliver(response)  # type: ignore[arg-type]
 
@@ -420,11 +424,7 @@ class _Connection(asyncio.Protocol):
         # The bookie accepted a new connection and dropped it again with the same request in flight.
         self.owner._drop_suspect = None
         self.owner.refused_requests += 1
-        waiter = self.single.pop(key, None) if self._unique_keys else None
-        if waiter is None and not self._unique_keys and (futs := self.pending.get(key)):
-            waiter = futs.popleft()
-            if not futs:
-                del self.pending[key]
+        waiter = self.single.pop(key, None) if self._unique_keys else self._pop_v2_waiter(key)
         if waiter is not None:
             self.pending_count -= 1
             _fail_waiter(
@@ -531,18 +531,29 @@ class _Connection(asyncio.Protocol):
     def send_add_frame(
         self, txn: int, frame: bytes, ledger_id: int, entry_id: int, waiter: tuple[Any, Any, Any]
     ) -> bool:
-        """Queue an ADD already encoded as a v3 frame with txn id `txn` (the writer's add path: one frame per
-        entry, sent to each bookie of its write set, without a request object or `_FrameCache`); no timeout
-        (the writer times adds itself). False, with nothing done, if this connection cannot take it as is:
-        not v3, or `txn` not above the ids it has used -- the caller then sends an `AddRequest`."""
-        if not self._unique_keys or txn <= self._max_txn_id:
-            return False
+        """Queue an ADD already encoded as a frame of this connection's version (the writer's add path: one
+        frame per entry, sent to each bookie of its write set, without a request object or `_FrameCache`): v3
+        with txn id `txn`; v2 with no id, matched by (ledger, entry) -- `txn` unused. No timeout (the writer
+        times adds itself). False, with nothing done, if this connection cannot take it as is: `txn` not
+        above the ids it has used (v3), or an answer already awaited for this entry (v2, whose answers to
+        one entry come in send order: the general path keeps them in a queue) -- the caller then sends an
+        `AddRequest`."""
+        key: Hashable
+        if self._unique_keys:
+            if txn <= self._max_txn_id:
+                return False
+            key = txn
+        else:
+            key = (_OP_ADD, ledger_id, entry_id)
+            if key in self.single or key in self.pending:
+                return False
         if self.pending_count >= self.owner.outstanding_requests_max:
             raise self._too_many()
-        self._max_txn_id = txn
-        self.single[txn] = waiter
+        if self._unique_keys:
+            self._max_txn_id = txn
+        self.single[key] = waiter
         if len(frame) > self.owner.largest_frame_answered_bytes:
-            self._unproven[txn] = (len(frame), (ledger_id, entry_id))
+            self._unproven[key] = (len(frame), (ledger_id, entry_id))
         self.pending_count += 1
         self._out.append(frame)
         if not self._flush_scheduled:
@@ -567,10 +578,7 @@ class _Connection(asyncio.Protocol):
             fut = self.single.pop(response.txn_id, None)
         else:
             key = self.codec.key(response)
-            futs = self.pending.get(key)
-            fut = futs.popleft() if futs else None
-            if futs is not None and not futs:
-                del self.pending[key]
+            fut = self._pop_v2_waiter(key)
         if fut is None:
             if self.tls and _is_start_tls_refusal(response):
                 self._tls_refused(response.status)
@@ -600,6 +608,41 @@ class _Connection(asyncio.Protocol):
                 self._batch_ends[fut[2]] = None  # type: ignore[misc]
         elif not fut.done():  # type: ignore[union-attr]
             fut.set_result(response)  # type: ignore[union-attr]
+
+    def _pop_v2_waiter(self, key: Hashable) -> _Waiter | None:
+        """The oldest waiter for v2 key `key`: an add sent by `send_add_frame` (`single`) was sent before any
+        under the same key in `pending` (it refuses a key already awaited)."""
+        fut = self.single.pop(key, None)
+        if fut is None:
+            futs = self.pending.get(key)
+            if futs:
+                fut = futs.popleft()
+                if not futs:
+                    del self.pending[key]
+        return fut
+
+    def _deliver_v2_add_ok(self, ids: tuple[int, int]) -> None:
+        """An EOK ADD answer on a v2 connection, as the codec's scan read it: `_deliver` without the decoded
+        response for a writer's add waiter (the three-element `_Waiter`)."""
+        key = (_OP_ADD, *ids)
+        fut = self._pop_v2_waiter(key)
+        if fut is None:
+            self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
+            return
+        self.pending_count -= 1
+        if self._unproven:
+            self._answered(self._unproven.pop(key, None))
+        if type(fut) is tuple:
+            try:
+                if len(fut) == 3:
+                    fut[0](fut[1], None, None)
+                    self._batch_ends[fut[2]] = None  # type: ignore[misc]
+                else:
+                    fut[0](fut[1], AddResponse(_EOK, ids[0], ids[1], 0), None)
+            except Exception as e:
+                _report_callback_error(e)
+        elif not fut.done():  # type: ignore[union-attr]
+            fut.set_result(AddResponse(_EOK, ids[0], ids[1], 0))  # type: ignore[union-attr]
 
     def _deliver_add_ok(self, raw: RawAddOk) -> None:
         """An EOK AddResponse the codec left undecoded (v3): a writer's add waiter (the three-element

@@ -85,6 +85,7 @@ from quorumlog.proto.messages import (
     Response,
     WriteLacRequest,
 )
+from quorumlog.proto.v2 import encode_add as encode_add_v2
 from quorumlog.proto.v3fast import encode_add
 
 if TYPE_CHECKING:
@@ -326,14 +327,16 @@ class WriteHandle(LedgerHandle):
     def _send_entry(
         self, entry_id: int, body: bytes, sends: Sequence[tuple[int, str]], recovery: bool, now: float
     ) -> None:
-        """Send entry `entry_id` to the (ensemble index, bookie) pairs in `sends`: one v3 frame, with one txn
-        id, encoded once and handed as is to each bookie's connection (`send_add_frame`)."""
+        """Send entry `entry_id` to the (ensemble index, bookie) pairs in `sends`: one frame (v3: with one txn
+        id; v2: none), encoded once and handed as is to each bookie's connection (`send_add_frame`)."""
         bookies = self._client._bookies
         txn = next_txn_id()
         frame = (
             encode_add(self.ledger_id, entry_id, self._master_key, body, txn, recovery, self._write_flags)
             if self._v3
             else b""
+            if self._write_flags  # (v2 cannot carry them: the general path says so)
+            else encode_add_v2(self._master_key, body, recovery)
         )
         req: AddRequest | None = None
         for index, bookie_id in sends:
@@ -357,8 +360,9 @@ class WriteHandle(LedgerHandle):
                 if not frame or not bookie.send_add_frame(
                     txn, frame, self.ledger_id, entry_id, self._add_answered, context, self._add_batch_end
                 ):
-                    # Not connected yet, or v2: a request object, encoded by the connection -- one for all
-                    # the replicas, so its frame is encoded once (bookie_client._FrameCache).
+                    # Not connected yet (or a v2 entry already awaited on that connection): a request
+                    # object, encoded by the connection -- one for all the replicas, so its frame is encoded
+                    # once (bookie_client._FrameCache).
                     if req is None:
                         req = AddRequest(
                             self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags

@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Callable, Hashable
-from typing import overload
+from typing import Any, overload
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto import speedups, v2, v3
@@ -229,12 +229,13 @@ class ClientConnection:
     ) -> list[Response] | list[Response | RawAddOk]:
         """The responses in `data` (and what earlier chunks left unfinished). With `raw_add_ok`, a v3
         connection leaves each EOK AddResponse in the canonical layout undecoded, as a `RawAddOk` (a writer
-        matching answers by txn id alone needs nothing else of it)."""
+        matching answers by txn id alone needs nothing else of it), and a v2 connection gives each EOK ADD
+        answer as its `(ledger_id, entry_id)`, what v2 answers are matched by."""
         decode = self._decode
         if not self._v3_until_start_tls:
             if self.version is ProtocolVersion.V3:
                 return self._receive_v3(data, raw_add_ok)
-            return [decode(b) for b in self._frames.feed(data)]
+            return self._receive_v2(data, raw_add_ok)
         out: list[Response] = []
         for body in self._frames.feed(data):
             if self._v3_until_start_tls:
@@ -286,6 +287,35 @@ class ClientConnection:
                         continue
                 # Neither an EOK AddResponse nor a whole READ answer: this one frame through the decoder (the
                 # rest of it, if split).
+                want = (
+                    FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
+                    if n - pos >= FRAME_PREFIX_BYTES
+                    else 1
+                )
+            take = min(want, n - pos)
+            out.extend(map(decode, frames.feed(memoryview(data)[pos : pos + take])))
+            pos += take
+        return out
+
+    def _receive_v2(self, data: bytes | bytearray | memoryview, raw_add_ok: bool) -> list[Any]:
+        # As `_receive_v3`: EOK ADD answers (28 bytes each) are read straight out of the chunk
+        # (`v2.scan_add_ok`), every other frame goes through the decoder one at a time, and the scan resumes
+        # after it. Each turn consumes at least one byte.
+        frames = self._frames
+        decode = self._decode
+        scan = v2.scan_add_ok
+        out: list[Any] = []
+        pos = 0
+        n = len(data)
+        while pos < n:
+            want = frames.bytes_wanted()
+            if want is None:  # the decoder failed (it raises) or skips: it takes everything
+                out.extend(map(decode, frames.feed(memoryview(data)[pos:])))
+                break
+            if want == 0:
+                pos = scan(data, pos, out, raw_add_ok)
+                if pos == n:
+                    break
                 want = (
                     FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
                     if n - pos >= FRAME_PREFIX_BYTES

@@ -20,6 +20,8 @@ connection); encoding them here raises `InvalidArgumentError`, decoding their op
 
 API: `encode_request(req) -> frame`, `decode_request(body) -> Request` (bookie side);
 `encode_response(resp) -> frame`, `decode_response(body) -> Response` (client side); `match_key(msg)`.
+The writer's hot path has two of its own: `encode_add` (an ADD frame from its fields) and `scan_add_ok` (the
+EOK ADD answers of a chunk, read in place; anything else goes through `decode_response`).
 Status codes are translated with `status.py` (a code a 4.14 peer does not know goes out as EIO).
 Decoders raise only `ProtocolError` on bad input; encoders raise `InvalidArgumentError` for messages v2
 cannot express.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import struct
 from enum import IntEnum
+from typing import Any
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
 from quorumlog.proto.generated import bookkeeper_pb2 as pb
@@ -140,6 +143,44 @@ def encode_request(req: Request) -> bytes:
         )
     except struct.error as e:  # an id or length outside its field's range: the caller's bug, not the peer's
         raise InvalidArgumentError(f"cannot encode {type(req).__name__} in v2: {e}") from None
+
+
+def encode_add(master_key: bytes, body: bytes, recovery: bool) -> bytes:
+    """The frame `encode_request` makes of `AddRequest(..., master_key, body, recovery)` with no write flags
+    and priority 0, from the fields (the writer's path: one frame per entry, the same for every bookie of its
+    write set, as v2 frames carry no request id)."""
+    if len(master_key) != MASTER_KEY_BYTES:
+        raise InvalidArgumentError(f"master key must be {MASTER_KEY_BYTES} bytes, got {len(master_key)}")
+    flags = FLAG_RECOVERY_ADD if recovery else 0
+    head = _F_HEADER.pack(4 + MASTER_KEY_BYTES + len(body), _H_ADD | flags)
+    return b"".join((head, master_key, body))
+
+
+# A whole ADD response frame with rc EOK and no flags, up to its ids: length 24, header, rc 0.
+_ADD_OK_HEAD = _F_HEADER.pack(_RESP_BYTES, _H_ADD) + bytes(4)
+_ADD_OK_FRAME_BYTES = 4 + _RESP_BYTES
+_ADD_OK_IDS = struct.Struct(">12xqq")
+
+
+def scan_add_ok(data: bytes | bytearray | memoryview, pos: int, out: list[Any], raw: bool = False) -> int:
+    """Read the whole EOK ADD response frames at `data[pos:]` onto `out`, up to the first byte that does not
+    start one; returns that position. Appends what `decode_response` gives for each (an `AddResponse`), or
+    with `raw` only its `(ledger_id, entry_id)` (a writer matches its answers by those alone). A negative
+    `pos` finds nothing."""
+    if pos < 0:
+        return pos
+    n = len(data)
+    head = _ADD_OK_HEAD
+    ids = _ADD_OK_IDS.unpack_from
+    size = _ADD_OK_FRAME_BYTES
+    while n - pos >= size and data[pos : pos + 12] == head:
+        if raw:
+            out.append(ids(data, pos))
+        else:
+            lid, eid = ids(data, pos)
+            out.append(AddResponse(StatusCode.EOK, lid, eid, 0))
+        pos += size
+    return pos
 
 
 def _split_header(body: bytes) -> tuple[int, int]:

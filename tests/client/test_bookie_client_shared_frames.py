@@ -87,15 +87,16 @@ async def test_one_request_to_a_write_set_is_encoded_once_and_still_matched(
 async def test_a_writer_encodes_each_entry_once_for_its_write_set(
     protocol: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through a write handle (E3 W2 A2): v3 entries are encoded by the handle, one frame per entry; v2
-    entries as one request object per entry, which the connections' frame cache encodes once."""
+    """Through a write handle (E3 W2 A2): entries are encoded by the handle, one frame per entry (v3 with
+    one txn id, v2 without an id), never by the connections."""
     async with LocalCluster(3, journal_sync=False) as cluster:
         async with await Client.connect(cluster.uri, protocol=protocol) as client:
             w = await client.create_ledger(3, 2, 2, password=b"pw")
             for _ in range(3):
                 await w.append(b"connect")  # write sets {0,1}, {1,2}, {2,0}: every connection is up
             encodes = 0
-            real_send, real_encode = ClientConnection.send, write_handle.encode_add
+            encoder = "encode_add" if protocol == "v3" else "encode_add_v2"
+            real_send, real_encode = ClientConnection.send, getattr(write_handle, encoder)
 
             def counting_send(self: ClientConnection, request: Request) -> bytes:
                 nonlocal encodes
@@ -108,7 +109,7 @@ async def test_a_writer_encodes_each_entry_once_for_its_write_set(
                 return real_encode(*args, **kwargs)
 
             monkeypatch.setattr(ClientConnection, "send", counting_send)
-            monkeypatch.setattr(write_handle, "encode_add", counting_encode)
+            monkeypatch.setattr(write_handle, encoder, counting_encode)
             assert await asyncio.gather(*(w.append(b"e%d" % i) for i in range(20))) == list(range(3, 23))
             assert encodes == 20
             await w.close()
