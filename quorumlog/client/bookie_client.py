@@ -85,6 +85,7 @@ from quorumlog.proto.messages import (
     OpCode,
     ProtocolVersion,
     ReadRequest,
+    ReadResponse,
     Request,
     Response,
     StartTLSRequest,
@@ -354,21 +355,23 @@ class _Connection(asyncio.Protocol):
         the answers after it are read in C too (10,000 ledgers interleave WRITE_LAC answers with the adds').
         Returns what is left for the codec: a frame not whole in this read, everything once `_unproven`
         holds an add (its answers go through `_deliver_add_ok`, which keeps that record), or the rest after
-        two other frames in a row (a reader's answers: the codec reads a run of them in place, in one call)."""
+        a READ answer (a reader's answers come in runs, which the codec reads in place in one call)."""
         deliver = _deliver_add_oks
         assert deliver is not None  # (the caller checked)
         n = len(data)
         pos = 0
         while not self._unproven and self.codec.at_v3_frame_start() and not self.closed:
-            start = pos
             pos = deliver(data, self.single, self, batch_ends, _report_callback_error, pos)
-            if n - pos < FRAME_PREFIX_BYTES or (pos == start and start > 0):
+            if n - pos < FRAME_PREFIX_BYTES:
                 break
             end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
             if end > n:
                 break
-            self._deliver_decoded(self.codec.receive(data[pos:end], True))
+            responses = self.codec.receive(data[pos:end], True)
+            self._deliver_decoded(responses)
             pos = end
+            if responses and type(responses[0]) is ReadResponse:
+                break
         return data[pos:] if pos else data
 
     def _deliver_decoded(self, responses: list[Response | RawAddOk]) -> None:
