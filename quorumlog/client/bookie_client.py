@@ -263,6 +263,7 @@ _EOK = StatusCode.EOK
 _V3 = ProtocolVersion.V3
 # The compiled delivery of a writer's EOK answers (proto/speedups.py), or None where it is not built.
 _deliver_add_oks = speedups.deliver_add_oks
+_deliver_v2_add_oks = speedups.deliver_v2_add_oks
 _LEN = struct.Struct(">I")  # a frame's length prefix
 # What a connection queues during a loop iteration goes out in one write at its end, or as soon as this much
 # is queued: a writer completing a read's worth of acks issues a thousand adds in one iteration, and the
@@ -328,7 +329,7 @@ class _Connection(asyncio.Protocol):
         batch_ends = self._batch_ends
         try:
             try:
-                if _deliver_add_oks is not None and self._unique_keys and not first_over_tls:
+                if _deliver_add_oks is not None and not first_over_tls:
                     data = self._deliver_fast(data, batch_ends)
                 responses = self.codec.receive(data, True) if data else []
             except QuorumLogError as e:
@@ -350,18 +351,24 @@ class _Connection(asyncio.Protocol):
             self._end_batch(batch_ends)
 
     def _deliver_fast(self, data: bytes, batch_ends: dict[Callable[[], None], None]) -> bytes:
-        """Deliver the writer's EOK answers at the start of `data` in C, each as `_deliver_add_ok` would
-        (proto/speedups.py), and each other whole frame between them through the codec, one at a time, so
-        the answers after it are read in C too (10,000 ledgers interleave WRITE_LAC answers with the adds').
-        Returns what is left for the codec: a frame not whole in this read, everything once `_unproven`
-        holds an add (its answers go through `_deliver_add_ok`, which keeps that record), or the rest after
-        a READ answer (a reader's answers come in runs, which the codec reads in place in one call)."""
-        deliver = _deliver_add_oks
-        assert deliver is not None  # (the caller checked)
+        """Deliver the writer's EOK answers at the start of `data` in C, each as `_deliver_add_ok` (v3) or
+        `_deliver_v2_add_ok` (v2) would (proto/speedups.py), and each other whole frame between them through
+        the codec, one at a time, so the answers after it are read in C too (10,000 ledgers interleave
+        WRITE_LAC answers with the adds'). Returns what is left for the codec: a frame not whole in this
+        read, everything once `_unproven` holds an add (its answers go through the Python delivery, which
+        keeps that record), or the rest after a READ answer (a reader's answers come in runs, which the codec
+        reads in place in one call)."""
+        v3 = self._unique_keys
+        deliver = _deliver_add_oks if v3 else _deliver_v2_add_oks
+        assert deliver is not None  # (built together: the caller checked one)
         n = len(data)
         pos = 0
-        while not self._unproven and self.codec.at_v3_frame_start() and not self.closed:
-            pos = deliver(data, self.single, self, batch_ends, _report_callback_error, pos)
+        while not self._unproven and self.codec.at_frame_start() and not self.closed:
+            pos = (
+                deliver(data, self.single, self, batch_ends, _report_callback_error, pos)
+                if v3
+                else deliver(data, self.single, self, batch_ends, _report_callback_error, pos, _OP_ADD)
+            )
             if n - pos < FRAME_PREFIX_BYTES:
                 break
             end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]

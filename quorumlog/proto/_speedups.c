@@ -18,6 +18,8 @@
  *   deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos
  *                                                 the writer's connection reading its EOK answers
  *                                                 (bookie_client._Connection.data_received)
+ *   deliver_v2_add_oks(data, single, conn, batch_ends, report, pos, op) -> pos
+ *                                                 the same over v2 (keys (op, ledgerId, entryId))
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -212,27 +214,77 @@ report_exception(PyObject *report)
     return 0;
 }
 
+/* One EOK answer delivered to the writer's waiter filed under `key` in `single`, the (callback, context,
+ * batch_end) tuple: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
+ * `batch_ends[batch_end] = None`. An Exception from the callback (or from filing its batch end) goes to
+ * `report(exc)` and skips its batch end. Returns 1 once delivered, 0 when `single` holds no such waiter
+ * under `key` (nothing done: none, a future, a pair), -1 with an exception set. */
+static int
+deliver_one(PyObject *single, PyObject *key, PyObject *conn, PyObject *batch_ends, PyObject *report)
+{
+    PyObject *waiter = PyDict_GetItemWithError(single, key); /* borrowed */
+    if (waiter == NULL || !PyTuple_CheckExact(waiter) || PyTuple_GET_SIZE(waiter) != 3) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    Py_INCREF(waiter);
+    if (PyDict_DelItem(single, key) < 0) {
+        Py_DECREF(waiter);
+        return -1;
+    }
+    /* `conn.pending_count -= 1`, with Python's arithmetic (no C integer to overflow or to refuse a count). */
+    PyObject *count = PyObject_GetAttr(conn, str_pending_count);
+    PyObject *lowered = count == NULL ? NULL : PyNumber_InPlaceSubtract(count, int_one);
+    Py_XDECREF(count);
+    if (lowered == NULL || PyObject_SetAttr(conn, str_pending_count, lowered) < 0) {
+        Py_XDECREF(lowered);
+        Py_DECREF(waiter);
+        return -1;
+    }
+    Py_DECREF(lowered);
+    /* The callback, then its batch end filed: an Exception from either goes to `report` (both are in
+     * `_deliver_add_ok`'s try), and skips the rest of this answer. */
+    PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
+    PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
+    int failed = result == NULL;
+    Py_XDECREF(result);
+    if (!failed && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
+        failed = 1;
+    }
+    Py_DECREF(waiter);
+    if (failed && report_exception(report) < 0) {
+        return -1;
+    }
+    return 1;
+}
+
+/* The arguments both deliveries share: (data, single: dict, conn, batch_ends: dict, report, pos). */
+static int
+delivery_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t nmax, Py_ssize_t *pos, const char *usage)
+{
+    if (nargs < 5 || nargs > nmax || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *pos = 0;
+    if (nargs >= 6 && (*pos = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return 0;
+}
+
 /* The EOK AddResponse frames at `data[pos:]`, delivered as bookie_client._Connection._deliver_add_ok
- * delivers them to a writer's waiter, the (callback, context, batch_end) tuple filed under the txn id in
- * `single`: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
- * `batch_ends[batch_end] = None`. An Exception from a callback (or from filing its batch end) goes to
- * `report(exc)` and skips its batch end.
+ * delivers them to a writer's waiter filed under the txn id in `single` (`deliver_one`).
  * Stops, before it, at the first frame that is not such an answer or whose waiter is anything else (none, a
  * future, a pair): the caller reads the rest through the codec. Returns where it stopped. */
 static PyObject *
 deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Py_buffer view;
-    Py_ssize_t pos = 0;
-    if (nargs < 5 || nargs > 6 || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "deliver_add_oks(data, single: dict, conn, batch_ends: dict, report, pos=0)");
+    Py_ssize_t pos;
+    if (delivery_args(args, nargs, 6, &pos,
+                      "deliver_add_oks(data, single: dict, conn, batch_ends: dict, report, pos=0)") < 0) {
         return NULL;
     }
-    if (nargs == 6 && (pos = PyLong_AsSsize_t(args[5])) == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *single = args[1], *conn = args[2], *batch_ends = args[3], *report = args[4];
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         return NULL;
     }
@@ -248,45 +300,77 @@ deliver_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (key == NULL) {
             goto error;
         }
-        PyObject *waiter = PyDict_GetItemWithError(single, key); /* borrowed */
-        if (waiter == NULL || !PyTuple_CheckExact(waiter) || PyTuple_GET_SIZE(waiter) != 3) {
-            Py_DECREF(key);
-            if (PyErr_Occurred()) {
-                goto error;
-            }
+        int delivered = deliver_one(args[1], key, args[2], args[3], args[4]);
+        Py_DECREF(key);
+        if (delivered < 0) {
+            goto error;
+        }
+        if (delivered == 0) {
             break;
         }
-        Py_INCREF(waiter);
-        int deleted = PyDict_DelItem(single, key);
-        Py_DECREF(key);
-        if (deleted < 0) {
-            Py_DECREF(waiter);
-            goto error;
-        }
         pos += n;
-        /* `conn.pending_count -= 1`, with Python's arithmetic (no C integer to overflow or to refuse a count). */
-        PyObject *count = PyObject_GetAttr(conn, str_pending_count);
-        PyObject *lowered = count == NULL ? NULL : PyNumber_InPlaceSubtract(count, int_one);
-        Py_XDECREF(count);
-        if (lowered == NULL || PyObject_SetAttr(conn, str_pending_count, lowered) < 0) {
-            Py_XDECREF(lowered);
-            Py_DECREF(waiter);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(pos);
+error:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* A whole v2 ADD answer with rc EOK and no flags, up to its ids: length 24, header (version 2, ADD_ENTRY,
+ * flags 0), rc 0; then ledgerId and entryId, big-endian. */
+static const unsigned char V2_ADD_OK_HEAD[12] = {0, 0, 0, 24, 2, 1, 0, 0, 0, 0, 0, 0};
+#define V2_ADD_OK_FRAME_BYTES 28
+
+static int64_t
+get_be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) {
+        v = (v << 8) | p[i];
+    }
+    return (int64_t)v;
+}
+
+/* The v2 twin of `deliver_add_oks`: the EOK ADD answers at `data[pos:]` (v2.scan_add_ok's frames), each
+ * delivered to the writer's waiter filed in `single` under the key (op, ledgerId, entryId), `op` being the
+ * caller's own ADD opcode object (bookie_client._Connection._deliver_v2_add_ok). Stops as that one does. */
+static PyObject *
+deliver_v2_add_oks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t pos;
+    const char *usage = "deliver_v2_add_oks(data, single: dict, conn, batch_ends: dict, report, pos, op)";
+    if (delivery_args(args, nargs, 7, &pos, usage) < 0) {
+        return NULL;
+    }
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *buf = view.buf;
+    while (pos >= 0 && view.len - pos >= V2_ADD_OK_FRAME_BYTES &&
+           memcmp(buf + pos, V2_ADD_OK_HEAD, sizeof V2_ADD_OK_HEAD) == 0) {
+        PyObject *lid = PyLong_FromLongLong(get_be64(buf + pos + 12));
+        PyObject *eid = lid == NULL ? NULL : PyLong_FromLongLong(get_be64(buf + pos + 20));
+        PyObject *key = eid == NULL ? NULL : PyTuple_Pack(3, args[6], lid, eid);
+        Py_XDECREF(lid);
+        Py_XDECREF(eid);
+        if (key == NULL) {
             goto error;
         }
-        Py_DECREF(lowered);
-        /* The callback, then its batch end filed: an Exception from either goes to `report` (both are in
-         * `_deliver_add_ok`'s try), and skips the rest of this answer. */
-        PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
-        PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
-        int failed = result == NULL;
-        Py_XDECREF(result);
-        if (!failed && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
-            failed = 1;
-        }
-        Py_DECREF(waiter);
-        if (failed && report_exception(report) < 0) {
+        int delivered = deliver_one(args[1], key, args[2], args[3], args[4]);
+        Py_DECREF(key);
+        if (delivered < 0) {
             goto error;
         }
+        if (delivered == 0) {
+            break;
+        }
+        pos += V2_ADD_OK_FRAME_BYTES;
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(pos);
@@ -882,6 +966,8 @@ static PyMethodDef methods[] = {
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
     {"deliver_add_oks", (PyCFunction)(void (*)(void))deliver_add_oks, METH_FASTCALL,
      "Deliver the EOK AddResponses at data[pos:] to their writers' waiters; return where it stopped."},
+    {"deliver_v2_add_oks", (PyCFunction)(void (*)(void))deliver_v2_add_oks, METH_FASTCALL,
+     "Deliver the v2 EOK ADD answers at data[pos:] to their writers' waiters; return where it stopped."},
     {"encode_add_oks", encode_add_oks, METH_O, "The EOK answers to a batch of FastAdds, joined (or None)."},
     {"add_records", add_records, METH_O, "(ADD record header, body) per entry body (or None)."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,

@@ -207,14 +207,11 @@ class ClientConnection:
             return v3.encode_request(request)
         return self._encode(request)
 
-    def at_v3_frame_start(self) -> bool:
-        """Whether the next byte received starts a v3 frame: a v3 connection past any START_TLS, with no part
-        of a frame buffered. Then a caller may read whole frames itself before handing the rest here."""
-        return (
-            self.version is ProtocolVersion.V3
-            and not self._v3_until_start_tls
-            and self._frames.bytes_wanted() == 0
-        )
+    def at_frame_start(self) -> bool:
+        """Whether the next byte received starts a frame of this connection's version: past any START_TLS,
+        with no part of a frame buffered. Then a caller may read whole frames itself before handing the rest
+        here."""
+        return not self._v3_until_start_tls and self._frames.bytes_wanted() == 0
 
     @overload
     def receive(self, data: bytes | bytearray | memoryview) -> list[Response]: ...

@@ -23,6 +23,9 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos` -- what a writer's connection does
   with the EOK AddResponses at `data[pos:]` (`bookie_client._Connection._deliver_add_ok` for each), up to the
   first other frame or waiter; returns where it stopped.
+* `deliver_v2_add_oks(data, single, conn, batch_ends, report, pos, op) -> pos` -- the same over v2: the EOK
+  ADD answers (`v2.scan_add_ok`'s frames), each as `bookie_client._Connection._deliver_v2_add_ok` delivers it
+  to a writer's waiter filed under `(op, ledger_id, entry_id)`.
 * `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
   body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
 """
@@ -45,6 +48,7 @@ if os.environ.get(PURE_PYTHON_ENV, "") in ("", "0"):
 AVAILABLE = _module is not None
 scan_add_ok: Callable[..., int] | None = _module.scan_add_ok if _module else None
 deliver_add_oks: Callable[..., int] | None = _module.deliver_add_oks if _module else None
+deliver_v2_add_oks: Callable[..., int] | None = _module.deliver_v2_add_oks if _module else None
 encode_add_oks: Callable[..., bytes | None] | None = _module.encode_add_oks if _module else None
 add_records: Callable[..., list[tuple[bytes, bytes]] | None] | None = _module.add_records if _module else None
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
