@@ -23,10 +23,8 @@ import asyncio
 import contextlib
 import ctypes
 import os
-import random
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -37,6 +35,7 @@ import click
 
 from quorumlog.cli.common import CliError, console, quiet_logging, run_async
 from quorumlog.env import cancel_and_wait
+from quorumlog.testing.servers import port_base
 
 STEP_TIMEOUT_S = 30.0
 """Longest any one step may wait; the whole tour takes about 10-20 s on a 2-core machine."""
@@ -59,22 +58,11 @@ def _die_with_parent() -> None:
 
 
 def free_port_base(count: int) -> int:
-    """A base port with `count` free consecutive ports on 127.0.0.1."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise DemoFailed("found no free ports for the bookies")
+    """A base port with `count` free consecutive ports on 127.0.0.1, outside the kernel's ephemeral range."""
+    try:
+        return port_base(count)
+    except RuntimeError:
+        raise DemoFailed("found no free ports for the bookies") from None
 
 
 class _Writer:

@@ -274,6 +274,11 @@ _OP_ADD = OpCode.ADD_ENTRY
 _EBADREQ = StatusCode.EBADREQ
 
 
+def _v2_add_ok_response(ids: tuple[int, int]) -> AddResponse:
+    """The AddResponse of a v2 EOK ADD answer the codec gave as its (ledger id, entry id)."""
+    return AddResponse(_EOK, ids[0], ids[1], 0)
+
+
 def v2_can_carry(request: Request) -> bool:
     """Whether a v2 connection can carry `request` (ADD, plain or fencing READ, AUTH)."""
     if isinstance(request, AddRequest | AuthRequest):
@@ -654,7 +659,20 @@ class _Connection(asyncio.Protocol):
         """An EOK ADD answer on a v2 connection, as the codec's scan read it: `_deliver` without the decoded
         response for a writer's add waiter (the three-element `_Waiter`)."""
         key = (_OP_ADD, *ids)
-        fut = self._pop_v2_waiter(key)
+        self._deliver_ok(self._pop_v2_waiter(key), key, ids, _v2_add_ok_response)
+
+    def _deliver_add_ok(self, raw: RawAddOk) -> None:
+        """An EOK AddResponse the codec left undecoded (v3): a writer's add waiter (the three-element
+        `_Waiter`) gets its callback with no response object -- it matches by txn id alone, as BookKeeper's v3
+        client does -- and anyone else the decoded AddResponse."""
+        txn = raw[0]
+        self._deliver_ok(self.single.pop(txn, None), txn, raw, add_ok_response)
+
+    def _deliver_ok(
+        self, fut: _Waiter | None, key: Hashable, raw: Any, decode: Callable[[Any], Response]
+    ) -> None:
+        """An EOK add answer left undecoded (`raw`), for `fut`, the waiter taken out under `key`: a writer's
+        (the three-element `_Waiter`) gets no response object, anyone else `decode(raw)`."""
         if fut is None:
             self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
             return
@@ -667,35 +685,11 @@ class _Connection(asyncio.Protocol):
                     fut[0](fut[1], None, None)
                     self._batch_ends[fut[2]] = None  # type: ignore[misc]
                 else:
-                    fut[0](fut[1], AddResponse(_EOK, ids[0], ids[1], 0), None)
+                    fut[0](fut[1], decode(raw), None)
             except Exception as e:
                 _report_callback_error(e)
         elif not fut.done():  # type: ignore[union-attr]
-            fut.set_result(AddResponse(_EOK, ids[0], ids[1], 0))  # type: ignore[union-attr]
-
-    def _deliver_add_ok(self, raw: RawAddOk) -> None:
-        """An EOK AddResponse the codec left undecoded (v3): a writer's add waiter (the three-element
-        `_Waiter`) gets its callback with no response object -- it matches by txn id alone, as BookKeeper's v3
-        client does -- and anyone else the decoded AddResponse."""
-        txn = raw[0]
-        fut = self.single.pop(txn, None)
-        if fut is None:
-            self.owner.unmatched_responses += 1  # late (timed out) or unsolicited: nothing waits for it
-            return
-        self.pending_count -= 1
-        if self._unproven:
-            self._answered(self._unproven.pop(txn, None))
-        if type(fut) is tuple:
-            try:
-                if len(fut) == 3:
-                    fut[0](fut[1], None, None)
-                    self._batch_ends[fut[2]] = None  # type: ignore[misc]
-                else:
-                    fut[0](fut[1], add_ok_response(raw), None)
-            except Exception as e:
-                _report_callback_error(e)
-        elif not fut.done():  # type: ignore[union-attr]
-            fut.set_result(add_ok_response(raw))  # type: ignore[union-attr]
+            fut.set_result(decode(raw))  # type: ignore[union-attr]
 
     def _tls_refused(self, status: int) -> None:
         self.tls_refusal = (

@@ -230,9 +230,8 @@ class ClientConnection:
         answer as its `(ledger_id, entry_id)`, what v2 answers are matched by."""
         decode = self._decode
         if not self._v3_until_start_tls:
-            if self.version is ProtocolVersion.V3:
-                return self._receive_v3(data, raw_add_ok)
-            return self._receive_v2(data, raw_add_ok)
+            scan = _scan_v3 if self.version is ProtocolVersion.V3 else v2.scan_add_ok
+            return self._receive_scanning(data, scan, raw_add_ok)
         out: list[Response] = []
         for body in self._frames.feed(data):
             if self._v3_until_start_tls:
@@ -246,16 +245,19 @@ class ClientConnection:
             out.append(decode(body))
         return out
 
-    def _receive_v3(
-        self, data: bytes | bytearray | memoryview, raw_add_ok: bool
-    ) -> list[Response | RawAddOk]:
-        # EOK AddResponses (nearly every frame a writer gets) are scanned straight out of the chunk
-        # (`scan_v3_add_ok`); every other frame, and the end of a frame split across chunks, goes through
-        # the frame decoder and protobuf one frame at a time, and the scan resumes after it. Each turn
+    def _receive_scanning(
+        self,
+        data: bytes | bytearray | memoryview,
+        scan: Callable[[Any, int, list[Any], bool], int],
+        raw: bool,
+    ) -> list[Any]:
+        # The frames a writer or a reader gets most (EOK add answers; whole v3 READ answers) are read straight
+        # out of the chunk by the version's `scan`; every other frame, and the end of a frame split across
+        # chunks, goes through the frame decoder one frame at a time, and the scan resumes after it. Each turn
         # consumes at least one byte, so the loop ends within len(data) turns.
         frames = self._frames
         decode = self._decode
-        out: list[Response | RawAddOk] = []
+        out: list[Any] = []
         pos = 0
         n = len(data)
         while pos < n:
@@ -264,26 +266,10 @@ class ClientConnection:
                 out.extend(map(decode, frames.feed(memoryview(data)[pos:])))
                 break
             if want == 0:
-                pos = (
-                    _scan_add_ok_c(data, pos, out)
-                    if raw_add_ok and _scan_add_ok_c is not None
-                    else scan_v3_add_ok(data, pos, out, raw_add_ok)
-                )
+                pos = scan(data, pos, out, raw)
                 if pos == n:
                     break
-                # A READ answer whole in this chunk is read in place as well (no copy of the frame, one of
-                # the entry); anything else goes through the decoder below.
-                if n - pos >= _READ_PREFIX_BYTES and data[pos + 6 : pos + 10] == _READ_HEADER:
-                    end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
-                    if (
-                        end <= n
-                        and (resp := read_response_at(data, pos + FRAME_PREFIX_BYTES, end)) is not None
-                    ):
-                        out.append(resp)
-                        pos = end
-                        continue
-                # Neither an EOK AddResponse nor a whole READ answer: this one frame through the decoder (the
-                # rest of it, if split).
+                # Not a frame the scan reads: this one through the decoder (the rest of it, if split).
                 want = (
                     FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
                     if n - pos >= FRAME_PREFIX_BYTES
@@ -294,34 +280,24 @@ class ClientConnection:
             pos += take
         return out
 
-    def _receive_v2(self, data: bytes | bytearray | memoryview, raw_add_ok: bool) -> list[Any]:
-        # As `_receive_v3`: EOK ADD answers (28 bytes each) are read straight out of the chunk
-        # (`v2.scan_add_ok`), every other frame goes through the decoder one at a time, and the scan resumes
-        # after it. Each turn consumes at least one byte.
-        frames = self._frames
-        decode = self._decode
-        scan = v2.scan_add_ok
-        out: list[Any] = []
-        pos = 0
-        n = len(data)
-        while pos < n:
-            want = frames.bytes_wanted()
-            if want is None:  # the decoder failed (it raises) or skips: it takes everything
-                out.extend(map(decode, frames.feed(memoryview(data)[pos:])))
-                break
-            if want == 0:
-                pos = scan(data, pos, out, raw_add_ok)
-                if pos == n:
-                    break
-                want = (
-                    FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
-                    if n - pos >= FRAME_PREFIX_BYTES
-                    else 1
-                )
-            take = min(want, n - pos)
-            out.extend(map(decode, frames.feed(memoryview(data)[pos : pos + take])))
-            pos += take
-        return out
+
+def _scan_v3(data: bytes | bytearray | memoryview, pos: int, out: list[Any], raw: bool) -> int:
+    """The whole v3 frames at `data[pos:]` read in place: EOK AddResponses (`scan_v3_add_ok`, compiled where
+    built) and READ answers (no copy of the frame, one of the entry), up to the first other frame."""
+    n = len(data)
+    while True:
+        pos = (
+            _scan_add_ok_c(data, pos, out)
+            if raw and _scan_add_ok_c is not None
+            else scan_v3_add_ok(data, pos, out, raw)
+        )
+        if n - pos < _READ_PREFIX_BYTES or data[pos + 6 : pos + 10] != _READ_HEADER:
+            return pos
+        end = pos + FRAME_PREFIX_BYTES + _LEN.unpack_from(data, pos)[0]
+        if end > n or (resp := read_response_at(data, pos + FRAME_PREFIX_BYTES, end)) is None:
+            return pos
+        out.append(resp)
+        pos = end
 
 
 def _txn_key(msg: Request | Response) -> Hashable:
