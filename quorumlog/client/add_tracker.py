@@ -298,7 +298,8 @@ class AddTracker:
         """Assign the next entry id to a payload of `payload_len` bytes and say where to send it."""
         if payload_len < 0:
             raise InvalidArgumentError(f"payload_len={payload_len}: must be >= 0")
-        self._check_can_append()
+        if self._error is not None or self._closed or len(self._pending) >= self.outstanding_adds_max:
+            self._check_can_append()  # raises, saying which
         return self._append(self.last_add_pushed + 1, self.length_pushed + payload_len, now_s, recovery=False)
 
     def append_recovery(self, entry_id: int, length: int, now_s: float) -> Appended:

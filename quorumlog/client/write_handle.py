@@ -219,6 +219,17 @@ class WriteHandle(LedgerHandle):
         client's max_frame_bytes; nothing is assigned, the next append gets the next id).
         On an adv ledger pass `entry_id` (see docs/CLIENT.md for how out-of-order ids are handled).
         """
+        if (
+            type(payload) is bytes  # the common case, checked without calls (this runs for every entry)
+            and entry_id is None
+            and self._abandoned is None
+            and self._tracker.error is None
+            and not self._closed
+            and not self._closing
+            and len(payload) <= self.max_payload_bytes
+            and not self.adv
+        ):
+            return self._push(payload)
         self._check_writable()
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
@@ -280,7 +291,7 @@ class WriteHandle(LedgerHandle):
         self._bodies[eid] = body
         self._futures[eid] = fut
         self._send_entry(eid, body, appended.sends, False, now)
-        self._schedule_timeouts()
+        self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return fut
 
     def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
@@ -454,19 +465,24 @@ class WriteHandle(LedgerHandle):
         completed = 0
         last_completed = -1
         resends = self._resends
+        bodies, futures = self._bodies, self._futures
         for action in actions:
-            if resends and isinstance(action, AddCompleted | AddFailed):
+            if isinstance(action, AddCompleted):  # nearly every action: no match statement for it
+                eid = action.entry_id
+                if resends:
+                    resends.pop(eid, None)
+                completed += 1
+                if not eid & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
+                    self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
+                bodies.pop(eid, None)
+                fut = futures.pop(eid, None)
+                last_completed = eid  # completions come in entry-id order
+                if fut is not None and not fut.done():
+                    fut.set_result(eid)
+                continue
+            if resends and isinstance(action, AddFailed):
                 resends.pop(action.entry_id, None)
             match action:
-                case AddCompleted():
-                    completed += 1
-                    if not action.entry_id & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
-                        self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                    self._bodies.pop(action.entry_id, None)
-                    fut = self._futures.pop(action.entry_id, None)
-                    last_completed = action.entry_id  # completions come in entry-id order
-                    if fut is not None and not fut.done():
-                        fut.set_result(action.entry_id)
                 case SendAdd():
                     sends.append(action)
                 case AddFailed():
