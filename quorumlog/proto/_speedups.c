@@ -1,8 +1,8 @@
-/* Compiled twins of the three codec steps that run for every replica of every entry (proto/speedups.py).
+/* Compiled twins of the codec steps that run for every replica of every entry (proto/speedups.py).
  *
  * Why C: in Python each of them is a regular expression plus a dozen slicing, varint and length steps, and
- * together they are about a quarter of the writer's CPU per entry and a third of a bookie's event loop
- * (docs/PERFORMANCE.md, "Session 12"). Each function here returns exactly what its Python twin returns for
+ * together they were about a quarter of the writer's CPU per entry and a third of a bookie's event loop
+ * (docs/PERFORMANCE.md, "Session 12"; what they save, "Session 13", item 1). Each function here returns exactly what its Python twin returns for
  * the same input -- the Python code stays the reference, tests compare both on generated and hostile
  * input -- and hands anything outside its layout back (None, a stop position, or the Python encoder).
  *
