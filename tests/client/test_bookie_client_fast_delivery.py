@@ -35,27 +35,42 @@ def _stream() -> bytes:
     return ok[0] + ok[1] + ok[2] + ok[3] + fenced + unknown + ok[4] + ok[5]
 
 
+def _connection(
+    version: ProtocolVersion, compiled: bool, m: pytest.MonkeyPatch, log: list[Any]
+) -> tuple[Any, bookie_client._Connection]:
+    """A fresh connection (in the test's running loop: a connection belongs to one) and its owner; without
+    `compiled`, the Python delivery only; errors reported to `log`."""
+    if not compiled:
+        m.setattr(bookie_client, "_deliver_add_oks", None)
+    m.setattr(bookie_client, "_report_callback_error", lambda e: log.append(("reported", str(e))))
+    owner = SimpleNamespace(
+        max_frame_bytes=1 << 20,
+        bookie_id="b1",
+        unmatched_responses=0,
+        largest_frame_answered_bytes=1 << 20,
+        _drop_suspect=None,
+    )
+    return owner, bookie_client._Connection(owner, version)  # type: ignore[arg-type]
+
+
+def _callback(log: list[Any], id_of: Any, failing: str) -> Any:
+    """A writer's callback that logs what it got, and whose call for context `failing` raises."""
+
+    def callback(ctx: Any, response: Any, error: Any) -> None:
+        log.append(("cb", ctx, None if response is None else id_of(response), type(error).__name__))
+        if ctx == failing:
+            raise RuntimeError(f"a bug in {failing}'s callback")
+
+    return callback
+
+
 def _run(compiled: bool, chunks: list[bytes], unproven: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Play `chunks` as reads into a fresh connection (in the test's running loop: a connection belongs to
     one); what the waiters saw, and what the connection and its owner were left with."""
     log: list[Any] = []
     with monkeypatch.context() as m:
-        if not compiled:
-            m.setattr(bookie_client, "_deliver_add_oks", None)
-        m.setattr(bookie_client, "_report_callback_error", lambda e: log.append(("reported", str(e))))
-        owner = SimpleNamespace(
-            max_frame_bytes=1 << 20,
-            bookie_id="b1",
-            unmatched_responses=0,
-            largest_frame_answered_bytes=1 << 20,
-            _drop_suspect=None,
-        )
-        conn = bookie_client._Connection(owner, ProtocolVersion.V3)  # type: ignore[arg-type]
-
-        def callback(ctx: Any, response: Any, error: Any) -> None:
-            log.append(("cb", ctx, None if response is None else response.txn_id, type(error).__name__))
-            if ctx == "t2":
-                raise RuntimeError("a bug in t2's callback")
+        owner, conn = _connection(ProtocolVersion.V3, compiled, m, log)
+        callback = _callback(log, lambda response: response.txn_id, "t2")
 
         ends = {txn: (lambda txn=txn: log.append(("end", txn))) for txn in (1, 5)}
         for txn in (1, 2, 3, 5, 6, 7):
@@ -102,22 +117,8 @@ def _stream_v2() -> bytes:
 def _run_v2(compiled: bool, chunks: list[bytes], monkeypatch: pytest.MonkeyPatch) -> Any:
     log: list[Any] = []
     with monkeypatch.context() as m:
-        if not compiled:
-            m.setattr(bookie_client, "_deliver_add_oks", None)
-        m.setattr(bookie_client, "_report_callback_error", lambda e: log.append(("reported", str(e))))
-        owner = SimpleNamespace(
-            max_frame_bytes=1 << 20,
-            bookie_id="b1",
-            unmatched_responses=0,
-            largest_frame_answered_bytes=1 << 20,
-            _drop_suspect=None,
-        )
-        conn = bookie_client._Connection(owner, ProtocolVersion.V2)  # type: ignore[arg-type]
-
-        def callback(ctx: Any, response: Any, error: Any) -> None:
-            log.append(("cb", ctx, None if response is None else response.entry_id, type(error).__name__))
-            if ctx == "e2":
-                raise RuntimeError("a bug in e2's callback")
+        owner, conn = _connection(ProtocolVersion.V2, compiled, m, log)
+        callback = _callback(log, lambda response: response.entry_id, "e2")
 
         ends = {e: (lambda e=e: log.append(("end", e))) for e in (1, 5)}
         key = bookie_client._OP_ADD
