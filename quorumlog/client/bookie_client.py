@@ -507,14 +507,7 @@ class _Connection(asyncio.Protocol):
 
     def _queue(self, frame: bytes, key: Hashable, fut: _Waiter, timeout_s: float) -> None:
         """`frame` goes out with this loop iteration's write; `fut` waits under `key` for up to `timeout_s`."""
-        self.pending_count += 1
-        self._out.append(frame)
-        self._out_bytes += len(frame)
-        if self._out_bytes >= OUT_EARLY_WRITE_BYTES:
-            self._write_out()
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+        self._enqueue(frame)
         if timeout_s > 0:
             self._expire_after(timeout_s, key, fut)
 
@@ -579,6 +572,12 @@ class _Connection(asyncio.Protocol):
         self.single[key] = waiter
         if len(frame) > self.owner.largest_frame_answered_bytes:
             self._unproven[key] = (len(frame), (ledger_id, entry_id))
+        self._enqueue(frame)
+        return True
+
+    def _enqueue(self, frame: bytes) -> None:
+        """Count one more request outstanding and queue its frame for this loop iteration's write (or an
+        earlier one, once `OUT_EARLY_WRITE_BYTES` are queued)."""
         self.pending_count += 1
         self._out.append(frame)
         self._out_bytes += len(frame)
@@ -587,7 +586,6 @@ class _Connection(asyncio.Protocol):
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
-        return True
 
     def _flush(self) -> None:
         self._flush_scheduled = False

@@ -2,9 +2,10 @@
  *
  * Why C: in Python each of them is a regular expression plus a dozen slicing, varint and length steps, and
  * together they were about a quarter of the writer's CPU per entry and a third of a bookie's event loop
- * (docs/PERFORMANCE.md, "Session 12"; what they save, "Session 13", item 1). Each function here returns exactly what its Python twin returns for
- * the same input -- the Python code stays the reference, tests compare both on generated and hostile
- * input -- and hands anything outside its layout back (None, a stop position, or the Python encoder).
+ * (docs/PERFORMANCE.md, "Session 12"; what they save, "Session 13", item 1). Each function here returns
+ * exactly what its Python twin returns for the same input -- the Python code stays the reference, tests
+ * compare both on generated and hostile input -- and hands anything outside its layout back (None, a stop
+ * position, or the Python encoder).
  *
  *   scan_add_ok(data, pos, out) -> pos            codec.scan_v3_add_ok(data, pos, out, raw=True)
  *   scan_adds_v3(data, pos, n, limit, out) -> pos the canonical-add part of BookieCodec._scan_adds

@@ -4,6 +4,9 @@ entry (session 6): client")."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -28,25 +31,40 @@ def _reference(stream: bytes) -> list[m.Response]:
     return [v3.decode_response_pb(b) for b in FrameDecoder().feed(stream)]
 
 
-def _receive_chunked(stream: bytes, cuts: list[int], raw_add_ok: bool = False) -> list[m.Response]:
-    """What a connection receives from `stream` cut into chunks; with `raw_add_ok` (the writer's connection),
-    the undecoded EOK AddResponses are decoded here with `add_ok_response`."""
-    conn = ClientConnection(m.ProtocolVersion.V3)
+def receive_chunked(
+    stream: bytes,
+    cuts: list[int],
+    raw_add_ok: bool = False,
+    version: m.ProtocolVersion = m.ProtocolVersion.V3,
+    undo_raw: Callable[[Any], m.Response] = add_ok_response,  # type: ignore[assignment]
+) -> list[m.Response]:
+    """What a connection of `version` receives from `stream` cut into chunks (every third one a memoryview);
+    with `raw_add_ok` (the writer's connection) each undecoded EOK add answer is turned back into its
+    AddResponse here with `undo_raw`."""
+    conn = ClientConnection(version)
     got: list[m.Response] = []
     pos = i = 0
     while pos < len(stream):
         step = cuts[i % len(cuts)]
         chunk = stream[pos : pos + step]
         for r in conn.receive(memoryview(chunk) if i % 3 == 2 else chunk, raw_add_ok):
-            if raw_add_ok and type(r) is tuple:
-                assert isinstance(r[0], int) and type(r[1]) is bytes and type(r[2]) is bytes
-                got.append(add_ok_response(r))
+            if type(r) is tuple:
+                assert raw_add_ok
+                got.append(undo_raw(r))
             else:
                 assert isinstance(r, m.Response.__args__)  # type: ignore[attr-defined]
                 got.append(r)
         pos += step
         i += 1
     return got
+
+
+def _receive_chunked(stream: bytes, cuts: list[int], raw_add_ok: bool = False) -> list[m.Response]:
+    def undo(raw: Any) -> m.Response:
+        assert isinstance(raw[0], int) and type(raw[1]) is bytes and type(raw[2]) is bytes
+        return add_ok_response(raw)
+
+    return receive_chunked(stream, cuts, raw_add_ok, m.ProtocolVersion.V3, undo)
 
 
 @given(

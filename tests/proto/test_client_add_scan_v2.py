@@ -4,6 +4,8 @@ decoder gives, however the frames are mixed and chunked."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -16,6 +18,7 @@ from quorumlog.proto.frame import FrameDecoder
 from quorumlog.proto.status import StatusCode
 
 from .strategies import V2_RESPONSES, i64, key20, v2_add_request
+from .test_client_add_scan import receive_chunked
 
 _add_ok = st.builds(m.AddResponse, st.just(StatusCode.EOK), i64, i64)
 _any_response = st.one_of(_add_ok, _add_ok, *V2_RESPONSES.values())
@@ -26,25 +29,13 @@ def _reference(stream: bytes) -> list[m.Response]:
 
 
 def _receive_chunked(stream: bytes, cuts: list[int], raw_add_ok: bool = False) -> list[m.Response]:
-    """What a v2 connection receives from `stream` cut into chunks; with `raw_add_ok` (the writer's
-    connection) the `(ledger_id, entry_id)` of each EOK ADD answer is turned back into its AddResponse here."""
-    conn = ClientConnection(m.ProtocolVersion.V2)
-    got: list[m.Response] = []
-    pos = i = 0
-    while pos < len(stream):
-        step = cuts[i % len(cuts)]
-        chunk = stream[pos : pos + step]
-        for r in conn.receive(memoryview(chunk) if i % 3 == 2 else chunk, raw_add_ok):
-            if type(r) is tuple:
-                assert raw_add_ok
-                lid, eid = r
-                got.append(m.AddResponse(StatusCode.EOK, lid, eid, 0))
-            else:
-                assert isinstance(r, m.Response.__args__)  # type: ignore[attr-defined]
-                got.append(r)
-        pos += step
-        i += 1
-    return got
+    """`receive_chunked` over v2: a raw answer is its `(ledger_id, entry_id)`."""
+
+    def undo(raw: Any) -> m.Response:
+        lid, eid = raw
+        return m.AddResponse(StatusCode.EOK, lid, eid, 0)
+
+    return receive_chunked(stream, cuts, raw_add_ok, m.ProtocolVersion.V2, undo)
 
 
 @given(
