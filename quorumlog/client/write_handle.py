@@ -108,6 +108,39 @@ class WriteHandle(LedgerHandle):
     RECOVERY_ADD flag, and the metadata it changes is IN_RECOVERY.
     """
 
+    # (LedgerHandle: why slots.)
+    __slots__ = (
+        "_abandoned",
+        "_add_answered",
+        "_add_batch_end",
+        "_adv_waiting",
+        "_bodies",
+        "_capacity",
+        "_change_task",
+        "_close_error",
+        "_close_task",
+        "_closing",
+        "_drain_due",
+        "_ensemble_changes",
+        "_excluded",
+        "_failed_why",
+        "_futures",
+        "_lac_dirty",
+        "_lac_flusher",
+        "_loop",
+        "_recovery",
+        "_resends",
+        "_timeout_check_queued",
+        "_timeouts",
+        "_tracker",
+        "_unanswered",
+        "_v3",
+        "_write_flags",
+        "adv",
+        "deferred_sync",
+        "max_payload_bytes",
+    )
+
     def __init__(
         self,
         client: Client,
