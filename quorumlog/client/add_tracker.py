@@ -201,6 +201,7 @@ class AddTracker:
         "mode",
         "outstanding_adds_max",
         "quorum",
+        "unanswered",
     )
 
     def __init__(
@@ -245,6 +246,13 @@ class AddTracker:
         self.add_quorum_timeout_s = add_quorum_timeout_s
         self.mode: EnsembleChangeMode = ensemble_change
         self._pending: dict[int, _Pending] = {}  # insertion order == entry-id order
+        # bookie -> {entry id: send time} of the adds of *completed* entries that bookie has not answered (the
+        # entry completed without it, A < W), in completion order. A pending entry's unanswered adds are its
+        # `sent_s`; these are recorded when it completes, so that a bookie slow only after the ack quorum
+        # formed is still found late (`take_late_bookies`). Empty when A = W: nothing is recorded per add
+        # sent, and at 10,000 ledgers written round robin every add touches a cold handle's dicts
+        # (docs/PERFORMANCE.md, "Session 14"). A bookie's key goes once it has nothing unanswered.
+        self.unanswered: dict[str, dict[int, float]] = {}
         # Bookies of the last ensemble awaiting replacement (replaced whole, never changed in place).
         self._failed_bookies: frozenset[str] = _NO_BOOKIES
         self._changing: EnsembleChangeNeeded | None = None
@@ -455,8 +463,10 @@ class AddTracker:
         may complete entries. A driver that gets many acks at once (one read of a connection) counts them all
         and drains once: the same completions, in the same order, as `on_ack` one by one."""
         pending = self._pending.get(entry_id)
-        if pending is None:
-            return False  # already completed or failed: a late or duplicate answer
+        if pending is None:  # already completed or failed: a late or duplicate answer
+            if self.unanswered:
+                self._answered_after_completion(entry_id, bookie_id)
+            return False
         # `_index_in_write_set`, inlined (twice per entry at W = 2).
         if self._last_for is self.ensembles and entry_id >= self._last_start:
             ensemble = self._last_list
@@ -487,6 +497,8 @@ class AddTracker:
             return self._fail_all(error)
         pending = self._pending.get(entry_id)
         if pending is None:
+            if self.unanswered:
+                self._answered_after_completion(entry_id, bookie_id)
             return self._late_failure(entry_id, bookie_id)
         index = self._index_in_write_set(entry_id, bookie_id)
         if index is None:
@@ -671,9 +683,24 @@ class AddTracker:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
             done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s))
+            if pending.sent_s:  # completed without some bookie of its write set (A < W)
+                self._note_unanswered(entry_id, pending.sent_s)
             entry_id += 1
             pending = pending_adds.get(entry_id)
         return done
+
+    def _note_unanswered(self, entry_id: int, sent_s: dict[int, float]) -> None:
+        ensemble = self._ensemble_of(entry_id)
+        for index, sent in sent_s.items():
+            waiting = self.unanswered.get(ensemble[index])
+            if waiting is None:
+                waiting = self.unanswered[ensemble[index]] = {}
+            waiting[entry_id] = sent
+
+    def _answered_after_completion(self, entry_id: int, bookie_id: str) -> None:
+        waiting = self.unanswered.get(bookie_id)
+        if waiting is not None and waiting.pop(entry_id, None) is not None and not waiting:
+            del self.unanswered[bookie_id]
 
     def _bookie_failed(self, bookie_id: str) -> list[AddAction]:
         if self._error is not None or bookie_id not in self.current_ensemble:
@@ -762,17 +789,17 @@ def late_bookies_due(
 
 
 def take_late_bookies(
-    unanswered: Mapping[str, dict[int, float]], add_timeout_s: float, now_s: float
+    unanswered: dict[str, dict[int, float]], add_timeout_s: float, now_s: float
 ) -> Iterator[str]:
-    """The bookies whose oldest unanswered add is `add_timeout_s` old, each forgotten (its adds cleared) just
-    before it is yielded: the verdict is given once. Lazy, so the driver acts on one before the next is
+    """The bookies whose oldest unanswered add is `add_timeout_s` old, each forgotten (removed with its adds)
+    just before it is yielded: the verdict is given once. Lazy, so the driver acts on one before the next is
     looked at."""
     if add_timeout_s <= 0:
         return
-    for bookie_id, waiting in unanswered.items():
+    for bookie_id, waiting in list(unanswered.items()):
         if not waiting or now_s - next(iter(waiting.values())) < add_timeout_s:
             continue
-        waiting.clear()
+        del unanswered[bookie_id]
         yield bookie_id
 
 

@@ -8,9 +8,9 @@ Rules the writer keeps:
   per handle; past that `append` raises `TooManyRequestsError` at once (nothing is queued without bound) and
   `await handle.wait_for_capacity()` waits until an append would be accepted.
 - One add-timeout mechanism: `add_timeout_s` / `add_quorum_timeout_s`, checked by one periodic timer per
-  handle -- the tracker's check for pending entries, plus the handle's own for adds a bookie left unanswered
-  after their entry completed without it (A < W). Adds are sent with no per-request timeout at the
-  connection (it would double-count).
+  handle -- the tracker's check for pending entries, and for adds a bookie left unanswered after their
+  entry completed without it (A < W: `AddTracker.unanswered`). Adds are sent with no per-request timeout
+  at the connection (it would double-count).
 - An ensemble change is one task at a time: placement -> plan -> CAS -> merge on conflict -> committed; no
   add completes while it runs (the tracker holds completions). At most `max_ensemble_changes` per handle.
   Bookies that failed this writer are avoided as replacements while other bookies are available.
@@ -133,7 +133,6 @@ class WriteHandle(LedgerHandle):
         "_timeout_check_queued",
         "_timeouts",
         "_tracker",
-        "_unanswered",
         "_v3",
         "_write_flags",
         "adv",
@@ -199,9 +198,6 @@ class WriteHandle(LedgerHandle):
         self._close_error: QuorumLogError | None = None
         # A timeout verdict is waiting for one loop pass (`_check_timeouts`).
         self._timeout_check_queued = False
-        # bookie -> {entry id: send time} of adds it has not answered, *including* entries that completed
-        # without it: a bookie that is slow only after the ack quorum formed must still be replaced.
-        self._unanswered: dict[str, dict[int, float]] = {}
         self._add_answered = self._on_add_answer  # one bound method, not one per add sent
         self._add_batch_end = self._on_add_batch_end
         # An ack gave some entry its A acks since the last drain: the batch end completes entries.
@@ -384,11 +380,6 @@ class WriteHandle(LedgerHandle):
         )
         req: AddRequest | None = None
         for index, bookie_id in sends:
-            # Registered before the send, so no answer can ever find the entry not yet marked unanswered.
-            unanswered = self._unanswered.get(bookie_id)
-            if unanswered is None:
-                unanswered = self._unanswered[bookie_id] = {}
-            unanswered[entry_id] = now
             try:
                 # The answer comes straight from the connection's read, not through a future and a loop
                 # turn (see bookie_client._Waiter): this runs for every replica of every entry.
@@ -415,7 +406,6 @@ class WriteHandle(LedgerHandle):
                         req, self._add_answered, context, timeout_s=0, batch_end=self._add_batch_end
                     )
             except QuorumLogError as e:
-                unanswered.pop(entry_id, None)
                 self._apply(self._tracker.on_error(entry_id, bookie_id, e, self._now()))
                 if entry_id not in self._bodies:
                     return  # the error failed the entry (or the writer): its other replicas are not sent
@@ -427,9 +417,6 @@ class WriteHandle(LedgerHandle):
         if self._abandoned is not None:
             return
         entry_id, _, bookie_id, _ = sent
-        unanswered = self._unanswered.get(bookie_id)
-        if unanswered is not None:
-            unanswered.pop(entry_id, None)
         if exc is None:
             if self._tracker.ack(entry_id, bookie_id):  # (an ack's decision needs no time)
                 self._drain_due = True
@@ -533,7 +520,7 @@ class WriteHandle(LedgerHandle):
             if not self.deferred_sync:  # deferred sync: the LAC moves in force()
                 self._lac.observe(last_completed)
                 self._lac_moved()
-            if not self._tracker.pending_count and not any(self._unanswered.values()):
+            if not self._tracker.pending_count and not self._tracker.unanswered:
                 # Nothing left to time out: leave the add-timeout ticker now, while this handle is hot. Left
                 # to the tick, 10,000 ledgers written round robin each cost one visit per add -- a cold
                 # handle's check, made after its add completed, that finds nothing (docs/PERFORMANCE.md,
@@ -593,13 +580,13 @@ class WriteHandle(LedgerHandle):
             # Two hops: a callback queued now runs before the next select's readers; the one it queues runs
             # after them.
             self._loop.call_soon(self._loop.call_soon, self._check_timeouts_now)
-        return self._tracker.pending_count > 0 or any(self._unanswered.values())
+        return self._tracker.pending_count > 0 or bool(self._tracker.unanswered)
 
     def _timeout_due(self, now: float) -> bool:
         deadline = self._tracker.next_deadline_s()
         if deadline is not None and deadline <= now:
             return True
-        return late_bookies_due(self._unanswered, self._client.config.add_timeout_s, now)
+        return late_bookies_due(self._tracker.unanswered, self._client.config.add_timeout_s, now)
 
     def _check_timeouts_now(self) -> None:
         self._timeout_check_queued = False
@@ -610,7 +597,7 @@ class WriteHandle(LedgerHandle):
         if actions:
             self._apply(actions)
         add_timeout_s = self._client.config.add_timeout_s
-        for bookie_id in take_late_bookies(self._unanswered, add_timeout_s, now):
+        for bookie_id in take_late_bookies(self._tracker.unanswered, add_timeout_s, now):
             lost = self._tracker.on_bookie_late(bookie_id)
             if lost is None:
                 continue
