@@ -547,15 +547,22 @@ class _Connection(asyncio.Protocol):
         return True
 
     def send_add_frame(
-        self, txn: int, frame: bytes, ledger_id: int, entry_id: int, waiter: tuple[Any, Any, Any]
+        self,
+        txn: int,
+        frame: bytes,
+        payload: bytes,
+        ledger_id: int,
+        entry_id: int,
+        waiter: tuple[Any, Any, Any],
     ) -> bool:
         """Queue an ADD already encoded as a frame of this connection's version (the writer's add path: one
         frame per entry, sent to each bookie of its write set, without a request object or `_FrameCache`): v3
-        with txn id `txn`; v2 with no id, matched by (ledger, entry) -- `txn` unused. No timeout (the writer
-        times adds itself). False, with nothing done, if this connection cannot take it as is: `txn` not
-        above the ids it has used (v3), or an answer already awaited for this entry (v2, whose answers to
-        one entry come in send order: the general path keeps them in a queue) -- the caller then sends an
-        `AddRequest`."""
+        with txn id `txn`; v2 with no id, matched by (ledger, entry) -- `txn` unused. The frame is `frame +
+        payload` (the writer leaves the entry's payload out of its frame: `v3fast.encode_add_head`; the two
+        are joined by the write, the one copy of the payload). No timeout (the writer times adds itself).
+        False, with nothing done, if this connection cannot take it as is: `txn` not above the ids it has
+        used (v3), or an answer already awaited for this entry (v2, whose answers to one entry come in send
+        order: the general path keeps them in a queue) -- the caller then sends an `AddRequest`."""
         key: Hashable
         if self._unique_keys:
             if txn <= self._max_txn_id:
@@ -570,17 +577,20 @@ class _Connection(asyncio.Protocol):
         if self._unique_keys:
             self._max_txn_id = txn
         self.single[key] = waiter
-        if len(frame) > self.owner.largest_frame_answered_bytes:
-            self._unproven[key] = (len(frame), (ledger_id, entry_id))
-        self._enqueue(frame)
+        size = len(frame) + len(payload)
+        if size > self.owner.largest_frame_answered_bytes:
+            self._unproven[key] = (size, (ledger_id, entry_id))
+        self._enqueue(frame, payload)
         return True
 
-    def _enqueue(self, frame: bytes) -> None:
-        """Count one more request outstanding and queue its frame for this loop iteration's write (or an
-        earlier one, once `OUT_EARLY_WRITE_BYTES` are queued)."""
+    def _enqueue(self, frame: bytes, rest: bytes = b"") -> None:
+        """Count one more request outstanding and queue its frame (`frame + rest`) for this loop iteration's
+        write (or an earlier one, once `OUT_EARLY_WRITE_BYTES` are queued)."""
         self.pending_count += 1
         self._out.append(frame)
-        self._out_bytes += len(frame)
+        if rest:
+            self._out.append(rest)
+        self._out_bytes += len(frame) + len(rest)
         if self._out_bytes >= OUT_EARLY_WRITE_BYTES:
             self._write_out()
         if not self._flush_scheduled:
@@ -934,20 +944,22 @@ class BookieClient:
         self,
         txn: int,
         frame: bytes,
+        payload: bytes,
         ledger_id: int,
         entry_id: int,
         callback: AnswerCallback,
         context: Any,
         batch_end: Callable[[], None],
     ) -> bool:
-        """Send an ADD pre-encoded as a v3 frame with txn id `txn` (from `next_txn_id`), answered as by
-        `send_with_callback`, with no timeout; `batch_end()` follows the successful answers of one read
-        (`_Waiter`). False, with nothing sent, when the connection is not up or not v3: the caller then sends
-        the `AddRequest` through `send_with_callback` (where `batch_end` is called after each answer)."""
+        """Send an ADD pre-encoded as the frame `frame + payload` of this client's version (v3 with txn id
+        `txn`, from `next_txn_id`), answered as by `send_with_callback`, with no timeout; `batch_end()`
+        follows the successful answers of one read (`_Waiter`). False, with nothing sent, when the connection
+        is not up or cannot take it (`_Connection.send_add_frame`): the caller then sends the `AddRequest`
+        through `send_with_callback` (where `batch_end` is called after each answer)."""
         conn = self._conns.get(self.version)
         if conn is None or conn.closed:
             return False
-        return conn.send_add_frame(txn, frame, ledger_id, entry_id, (callback, context, batch_end))
+        return conn.send_add_frame(txn, frame, payload, ledger_id, entry_id, (callback, context, batch_end))
 
     @property
     def connected(self) -> bool:

@@ -76,7 +76,7 @@ from quorumlog.errors import (
 )
 from quorumlog.meta.ledger_metadata import LedgerMetadata, LedgerState
 from quorumlog.meta.store import Versioned
-from quorumlog.proto.entry import ENTRY_HEADER_BYTES
+from quorumlog.proto.entry import ENTRY_HEADER_BYTES, DigestType
 from quorumlog.proto.messages import (
     WRITE_FLAG_DEFERRED_SYNC,
     AddRequest,
@@ -86,7 +86,7 @@ from quorumlog.proto.messages import (
     WriteLacRequest,
 )
 from quorumlog.proto.v2 import encode_add as encode_add_v2
-from quorumlog.proto.v3fast import encode_add
+from quorumlog.proto.v3fast import ADD_HEAD_COMPILED, encode_add, encode_add_head, encode_add_head_v2
 
 if TYPE_CHECKING:
     from quorumlog.client.client import Client
@@ -130,6 +130,7 @@ class WriteHandle(LedgerHandle):
         "_loop",
         "_recovery",
         "_resends",
+        "_split",
         "_timeout_check_queued",
         "_timeouts",
         "_tracker",
@@ -169,11 +170,21 @@ class WriteHandle(LedgerHandle):
             deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
-        self._bodies: dict[int, bytes] = {}
+        # entry id -> what a resend needs of a pending entry: its body, or (frame head, payload) for entries
+        # sent in two pieces (`_push`; `_body` joins them).
+        self._bodies: dict[int, bytes | tuple[bytes, bytes]] = {}
         self._futures: dict[int, asyncio.Future[int]] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         # Adds go out as v3 frames this handle encodes (`_send_entry`); v2 connections encode requests.
         self._v3 = cfg.protocol_version == ProtocolVersion.V3
+        # Appends send their frame as head + payload (`_push`), with the compiled head encoders, for a CRC32C
+        # ledger's plain adds (the other digests, flags and recovery adds encode whole frames).
+        self._split = (
+            ADD_HEAD_COMPILED
+            and self._digest.digest_type is DigestType.CRC32C
+            and not self._write_flags
+            and not recovery
+        )
         self._adv_waiting: dict[int, tuple[bytes, asyncio.Future[int]]] = {}
         self._ensemble_changes = 0
         self._change_task: asyncio.Task[None] | None = None
@@ -315,13 +326,36 @@ class WriteHandle(LedgerHandle):
         now = self._monotonic_s()
         appended = self._tracker.append(len(payload), now)
         eid = appended.entry_id
-        body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies[eid] = body
         self._futures[eid] = fut
-        self._send_entry(eid, body, appended.sends, False, now)
+        if self._split and type(payload) is bytes:
+            # The frame in two pieces, head and payload, joined by the connection's write: the payload is
+            # copied once on its way to the sockets, not into a body, then a frame, then the write.
+            txn = next_txn_id()
+            lac, length = appended.last_add_confirmed, appended.length
+            head = (
+                encode_add_head(self.ledger_id, eid, lac, length, payload, self._master_key, txn)
+                if self._v3
+                else encode_add_head_v2(self.ledger_id, eid, lac, length, payload, self._master_key)
+            )
+            self._bodies[eid] = (head, payload)
+            self._send_frame(eid, txn, head, payload, appended.sends, False, now)
+        else:
+            body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
+            self._bodies[eid] = body
+            self._send_entry(eid, body, appended.sends, False, now)
         self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return fut
+
+    def _body(self, entry_id: int) -> bytes | None:
+        """The body of pending entry `entry_id` (None once it completed or failed)."""
+        kept = self._bodies.get(entry_id)
+        if isinstance(
+            kept, tuple
+        ):  # (frame head, payload): the body is the head's last bytes, then the payload
+            head, payload = kept
+            return head[len(head) - ENTRY_HEADER_BYTES - self._digest.digest_bytes :] + payload
+        return kept
 
     def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
         if not self._tracker.adv_admit(entry_id, self._adv_waiting):
@@ -358,7 +392,7 @@ class WriteHandle(LedgerHandle):
             j = i + 1
             while j < n and actions[j].entry_id == first.entry_id and actions[j].recovery == first.recovery:
                 j += 1
-            body = self._bodies.get(first.entry_id)
+            body = self._body(first.entry_id)
             if body is not None:  # (else completed or failed meanwhile)
                 sends = tuple((a.index, a.bookie_id) for a in actions[i:j])
                 self._send_entry(first.entry_id, body, sends, first.recovery, now)
@@ -367,9 +401,7 @@ class WriteHandle(LedgerHandle):
     def _send_entry(
         self, entry_id: int, body: bytes, sends: Sequence[tuple[int, str]], recovery: bool, now: float
     ) -> None:
-        """Send entry `entry_id` to the (ensemble index, bookie) pairs in `sends`: one frame (v3: with one txn
-        id; v2: none), encoded once and handed as is to each bookie's connection (`send_add_frame`)."""
-        bookies = self._client._bookies
+        """Send entry `entry_id`, whose body is `body`, to the (ensemble index, bookie) pairs in `sends`."""
         txn = next_txn_id()
         frame = (
             encode_add(self.ledger_id, entry_id, self._master_key, body, txn, recovery, self._write_flags)
@@ -378,6 +410,22 @@ class WriteHandle(LedgerHandle):
             if self._write_flags  # (v2 cannot carry them: the general path says so)
             else encode_add_v2(self._master_key, body, recovery)
         )
+        self._send_frame(entry_id, txn, frame, b"", sends, recovery, now)
+
+    def _send_frame(
+        self,
+        entry_id: int,
+        txn: int,
+        frame: bytes,
+        payload: bytes,
+        sends: Sequence[tuple[int, str]],
+        recovery: bool,
+        now: float,
+    ) -> None:
+        """Send the ADD frame `frame + payload` of entry `entry_id` (v3: with txn id `txn`; v2: none), encoded
+        once and handed as is to each bookie's connection in `sends` (`send_add_frame`); an empty `frame`, or
+        a connection that cannot take it, gets an `AddRequest` instead."""
+        bookies = self._client._bookies
         req: AddRequest | None = None
         for index, bookie_id in sends:
             try:
@@ -393,12 +441,23 @@ class WriteHandle(LedgerHandle):
                     bookie = self._client.bookie(bookie_id)
                 context = (entry_id, index, bookie_id, recovery)
                 if not frame or not bookie.send_add_frame(
-                    txn, frame, self.ledger_id, entry_id, self._add_answered, context, self._add_batch_end
+                    txn,
+                    frame,
+                    payload,
+                    self.ledger_id,
+                    entry_id,
+                    self._add_answered,
+                    context,
+                    self._add_batch_end,
                 ):
                     # Not connected yet (or a v2 entry already awaited on that connection): a request
                     # object, encoded by the connection -- one for all the replicas, so its frame is encoded
                     # once (bookie_client._FrameCache).
                     if req is None:
+                        body = self._body(entry_id)
+                        assert (
+                            body is not None
+                        )  # (set before the first send; removed only with a return below)
                         req = AddRequest(
                             self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
                         )

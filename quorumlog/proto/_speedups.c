@@ -30,6 +30,8 @@
 /* The Python encoders: called for arguments this file does not encode itself (errors, odd types). */
 static PyObject *encode_add_fallback = NULL;
 static PyObject *encode_entry_fallback = NULL;
+static PyObject *encode_add_head_fallback = NULL;
+static PyObject *encode_add_head_v2_fallback = NULL;
 
 /* A varint as the client's AddResponse pattern takes it: up to 8 bytes with the high bit set, then one
  * without (a zero last byte allowed). Returns its length, 0 if `p[0:avail]` does not start with one. */
@@ -884,38 +886,169 @@ call_entry_fallback(PyObject *const *args, size_t nargsf)
     return PyObject_Vectorcall(encode_entry_fallback, args, nargsf, NULL);
 }
 
-/* header (ledger id, entry id, LAC, length: big-endian int64s), CRC32C of header and payload (4 bytes,
- * big-endian), payload: one entry body, one copy of the payload. */
-static PyObject *
-encode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+#define ENTRY_HEAD_BYTES 36
+
+/* The first ENTRY_HEAD_BYTES of a CRC32C entry body at p: header (ledger id, entry id, LAC, length:
+ * big-endian int64s) and the CRC32C of header and payload (4 bytes, big-endian). The payload is only read. */
+static void
+put_entry_head(unsigned char *p, const int64_t fields[4], const unsigned char *payload, Py_ssize_t n)
 {
-    int ok = 1;
-    if (nargs != 5 || !PyBytes_CheckExact(args[4])) {
-        return call_entry_fallback(args, (size_t)nargs);
-    }
-    int64_t fields[4];
-    for (int i = 0; i < 4; i++) {
-        fields[i] = int64_arg(args[i], &ok);
-    }
-    if (!ok) {
-        return call_entry_fallback(args, (size_t)nargs);
-    }
-    Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 36 + n);
-    if (out == NULL) {
-        return NULL;
-    }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
     for (int i = 0; i < 4; i++) {
         put_be64(p + 8 * i, fields[i]);
     }
-    memcpy(p + 36, PyBytes_AS_STRING(args[4]), n);
-    uint32_t crc = crc32c(crc32c(0, p, 32), p + 36, n);
+    uint32_t crc = crc32c(crc32c(0, p, 32), payload, n);
     p[32] = (unsigned char)(crc >> 24);
     p[33] = (unsigned char)(crc >> 16);
     p[34] = (unsigned char)(crc >> 8);
     p[35] = (unsigned char)crc;
+}
+
+/* The four int64 entry header fields from args[0:4]; 0 when one is not an exact int64. */
+static int
+entry_fields(PyObject *const *args, int64_t fields[4])
+{
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        fields[i] = int64_arg(args[i], &ok);
+    }
+    return ok;
+}
+
+/* Entry head, payload: one entry body, one copy of the payload. */
+static PyObject *
+encode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t fields[4];
+    if (nargs != 5 || !PyBytes_CheckExact(args[4]) || !entry_fields(args, fields)) {
+        return call_entry_fallback(args, (size_t)nargs);
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, ENTRY_HEAD_BYTES + n);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(p + ENTRY_HEAD_BYTES, PyBytes_AS_STRING(args[4]), n);
+    put_entry_head(p, fields, p + ENTRY_HEAD_BYTES, n);
     return out;
+}
+
+static PyObject *
+call_fallback(PyObject *fn, const char *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (fn == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "quorumlog.proto._speedups: no %s fallback installed", name);
+        return NULL;
+    }
+    return PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+}
+
+/* encode_add_head(ledger_id, entry_id, lac, length, payload, master_key, txn_id): the v3 ADD frame of the
+ * CRC32C entry (ledger_id, entry_id, lac, length, payload) -- what encode_add makes of that body, with no
+ * flags and priority 0 -- without its payload: frame == head + payload. The writer queues both pieces, so
+ * the payload is copied once, into the connection's write, instead of into a body and then a frame. */
+static PyObject *
+encode_add_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t fields[4];
+    int ok = 1;
+    if (nargs != 7 || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[5]) ||
+        !entry_fields(args, fields)) {
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+    }
+    int64_t txn = int64_arg(args[6], &ok);
+    if (!ok || txn < 0) {
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+    }
+    const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(args[4]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
+    const char *key = PyBytes_AS_STRING(args[5]);
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[5]);
+    uint64_t ulid = (uint64_t)fields[0], ueid = (uint64_t)fields[1];
+    Py_ssize_t blen = ENTRY_HEAD_BYTES + n;
+    Py_ssize_t part = 1 + varint_len(ulid) + 1 + varint_len(ueid) + 1 + varint_len((uint64_t)klen) + klen + 1 +
+                      varint_len((uint64_t)blen) + blen;
+    Py_ssize_t hdr = 5 + varint_len((uint64_t)txn);
+    Py_ssize_t frame = 4 + hdr + varint_len((uint64_t)part) + part;
+    if (frame > 0xFFFFFFFFLL) {
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + frame - n);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = (unsigned char)(frame >> 24);
+    p[1] = (unsigned char)(frame >> 16);
+    p[2] = (unsigned char)(frame >> 8);
+    p[3] = (unsigned char)frame;
+    p += 4;
+    *p++ = 0x0a;
+    *p++ = (unsigned char)hdr;
+    memcpy(p, ADD_HEADER, 5);
+    p += 5;
+    p += varint_put(p, (uint64_t)txn);
+    *p++ = 0xaa;
+    *p++ = 0x06;
+    p += varint_put(p, (uint64_t)part);
+    *p++ = 0x08;
+    p += varint_put(p, ulid);
+    *p++ = 0x10;
+    p += varint_put(p, ueid);
+    *p++ = 0x1a;
+    p += varint_put(p, (uint64_t)klen);
+    memcpy(p, key, klen);
+    p += klen;
+    *p++ = 0x22;
+    p += varint_put(p, (uint64_t)blen);
+    put_entry_head(p, fields, payload, n);
+    return out;
+}
+
+/* encode_add_head_v2(ledger_id, entry_id, lac, length, payload, master_key): the same for a v2 ADD frame
+ * (v2.encode_add of that body, not a recovery add): length, header, master key, entry head. */
+static PyObject *
+encode_add_head_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t fields[4];
+    if (nargs != 6 || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[5]) ||
+        PyBytes_GET_SIZE(args[5]) != 20 || !entry_fields(args, fields)) {
+        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, nargs);
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
+    Py_ssize_t frame = 4 + 20 + ENTRY_HEAD_BYTES + n;
+    if (frame > 0xFFFFFFFFLL) {
+        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, nargs);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 8 + 20 + ENTRY_HEAD_BYTES);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = (unsigned char)(frame >> 24);
+    p[1] = (unsigned char)(frame >> 16);
+    p[2] = (unsigned char)(frame >> 8);
+    p[3] = (unsigned char)frame;
+    /* Protocol version 2, ADD_ENTRY (1), no flags. */
+    p[4] = 2;
+    p[5] = 1;
+    p[6] = 0;
+    p[7] = 0;
+    memcpy(p + 8, PyBytes_AS_STRING(args[5]), 20);
+    put_entry_head(p + 28, fields, (const unsigned char *)PyBytes_AS_STRING(args[4]), n);
+    return out;
+}
+
+static PyObject *
+set_encode_add_head_fallbacks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_encode_add_head_fallbacks(v3, v2)");
+        return NULL;
+    }
+    Py_XSETREF(encode_add_head_fallback, Py_NewRef(args[0]));
+    Py_XSETREF(encode_add_head_v2_fallback, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -981,6 +1114,12 @@ static PyMethodDef methods[] = {
      "The Python encode_add, called for what this module does not encode itself."},
     {"encode_entry_crc32c", (PyCFunction)(void (*)(void))encode_entry_crc32c, METH_FASTCALL,
      "An entry body with a CRC32C digest: header, digest, payload."},
+    {"encode_add_head", (PyCFunction)(void (*)(void))encode_add_head, METH_FASTCALL,
+     "The v3 ADD frame of a CRC32C entry without its payload (frame == head + payload)."},
+    {"encode_add_head_v2", (PyCFunction)(void (*)(void))encode_add_head_v2, METH_FASTCALL,
+     "The v2 ADD frame of a CRC32C entry without its payload (frame == head + payload)."},
+    {"set_encode_add_head_fallbacks", (PyCFunction)(void (*)(void))set_encode_add_head_fallbacks, METH_FASTCALL,
+     "The Python head encoders (v3, v2), called for what this module does not encode itself."},
     {"set_encode_entry_fallback", set_encode_entry_fallback, METH_O,
      "The Python entry encoder, called for what this module does not encode itself."},
     {"set_crc_hardware", set_crc_hardware, METH_O,

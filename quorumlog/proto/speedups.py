@@ -28,6 +28,12 @@ Callers pick the compiled function when it is not None; each has its Python twin
   to a writer's waiter filed under `(op, ledger_id, entry_id)`.
 * `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
   body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
+* `encode_add_head(ledger_id, entry_id, lac, length, payload, master_key, txn_id)` and
+  `encode_add_head_v2(ledger_id, entry_id, lac, length, payload, master_key)` -- `v3fast.encode_add_head_py`
+  and `v2.encode_add_head_py`: the ADD frame of a CRC32C entry without its payload (frame == head + payload),
+  so that a writer copies the payload once, into the connection's write. Only the writer's add path calls
+  them, and only where they are built: its Python twin copies more than the path without it
+  (client/write_handle.py).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else N
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
 encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None
 encode_entry_crc32c: Callable[..., bytes] | None = _module.encode_entry_crc32c if _module else None
+encode_add_head: Callable[..., bytes] | None = _module.encode_add_head if _module else None
+encode_add_head_v2: Callable[..., bytes] | None = _module.encode_add_head_v2 if _module else None
 
 
 def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
@@ -67,3 +75,9 @@ def install_encode_entry_fallback(fn: Callable[..., bytes]) -> None:
     """Give the compiled `encode_entry_crc32c` its Python twin, for the arguments it does not encode itself."""
     if _module is not None:
         _module.set_encode_entry_fallback(fn)
+
+
+def install_encode_add_head_fallbacks(v3: Callable[..., bytes], v2: Callable[..., bytes]) -> None:
+    """Give the compiled `encode_add_head` and `encode_add_head_v2` their Python twins."""
+    if _module is not None:
+        _module.set_encode_add_head_fallbacks(v3, v2)

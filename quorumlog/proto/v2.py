@@ -34,6 +34,7 @@ from enum import IntEnum
 from typing import Any
 
 from quorumlog.errors import InvalidArgumentError, ProtocolError
+from quorumlog.proto.entry import encode_entry_crc32c_py
 from quorumlog.proto.generated import bookkeeper_pb2 as pb
 from quorumlog.proto.messages import (
     HIGH_PRIORITY,
@@ -154,6 +155,16 @@ def encode_add(master_key: bytes, body: bytes, recovery: bool) -> bytes:
     flags = FLAG_RECOVERY_ADD if recovery else 0
     head = _F_HEADER.pack(4 + MASTER_KEY_BYTES + len(body), _H_ADD | flags)
     return b"".join((head, master_key, body))
+
+
+def encode_add_head_py(
+    ledger_id: int, entry_id: int, lac: int, length: int, payload: bytes, master_key: bytes
+) -> bytes:
+    """`encode_add(master_key, body, False)` of the CRC32C entry body of (ledger_id, entry_id, lac, length,
+    payload) without its payload: the frame is head + payload. The reference for its compiled twin
+    (proto/speedups.py), built the obvious way."""
+    frame = encode_add(master_key, encode_entry_crc32c_py(ledger_id, entry_id, lac, length, payload), False)
+    return frame[: len(frame) - len(payload)]
 
 
 # A whole ADD response frame with rc EOK and no flags, up to its ids: length 24, header, rc 0.

@@ -22,8 +22,10 @@ from collections.abc import Callable
 
 from quorumlog.errors import InvalidArgumentError
 from quorumlog.proto import speedups
+from quorumlog.proto.entry import encode_entry_crc32c_py
 from quorumlog.proto.messages import AddRequest, AddResponse, ReadResponse
 from quorumlog.proto.status import StatusCode, for_4_14_peer
+from quorumlog.proto.v2 import encode_add_head_py as encode_add_head_v2_py
 
 _LEN = struct.Struct(">I")
 _U64 = 1 << 64
@@ -191,6 +193,27 @@ encode_add: Callable[..., bytes] = encode_add_py
 if speedups.encode_add is not None:
     speedups.install_encode_add_fallback(encode_add_py)
     encode_add = speedups.encode_add
+
+
+def encode_add_head_py(
+    lid_v: int, entry_id: int, lac: int, length: int, payload: bytes, key: bytes, txn_id: int
+) -> bytes:
+    """`encode_add(lid_v, entry_id, key, body, txn_id)` of the CRC32C entry body of (lid_v, entry_id, lac,
+    length, payload) without its payload: the frame is head + payload (the body is the frame's last field).
+    The reference for its compiled twin (proto/speedups.py), built the obvious way."""
+    frame = encode_add_py(
+        lid_v, entry_id, key, encode_entry_crc32c_py(lid_v, entry_id, lac, length, payload), txn_id
+    )
+    return frame[: len(frame) - len(payload)]
+
+
+speedups.install_encode_add_head_fallbacks(encode_add_head_py, encode_add_head_v2_py)
+
+# The head encoders, compiled where built. The writer splits its frames only when they are (ADD_HEAD_COMPILED):
+# the Python twins build the whole frame and slice it, more copying than the path without them.
+ADD_HEAD_COMPILED = speedups.encode_add_head is not None and speedups.encode_add_head_v2 is not None
+encode_add_head: Callable[..., bytes] = speedups.encode_add_head or encode_add_head_py
+encode_add_head_v2: Callable[..., bytes] = speedups.encode_add_head_v2 or encode_add_head_v2_py
 
 
 # --- AddResponse --------------------------------------------------------------------------------------------

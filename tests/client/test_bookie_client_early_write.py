@@ -37,7 +37,7 @@ async def test_a_small_iteration_goes_out_in_one_write_at_its_end() -> None:
     conn, transport = _connection()
     frames = [bytes([i]) * 1000 for i in range(10)]
     for txn, frame in enumerate(frames, 1):
-        assert conn.send_add_frame(txn, frame, 1, txn, (print, None, print))
+        assert conn.send_add_frame(txn, frame, b"", 1, txn, (print, None, print))
     assert transport.written == []
     await asyncio.sleep(0)
     assert transport.written == [b"".join(frames)]
@@ -48,7 +48,7 @@ async def test_a_large_iteration_starts_writing_before_its_end() -> None:
     size = 1100
     frames = [bytes([i % 251]) * size for i in range(1000)]  # ~1.1 MB in one iteration
     for txn, frame in enumerate(frames, 1):
-        conn.send_add_frame(txn, frame, 1, txn, (print, None, print))
+        conn.send_add_frame(txn, frame, b"", 1, txn, (print, None, print))
     early = list(transport.written)
     limit = bookie_client.OUT_EARLY_WRITE_BYTES
     assert len(early) == len(frames) * size // (limit + size - limit % size)  # every full chunk so far

@@ -95,21 +95,25 @@ async def test_a_writer_encodes_each_entry_once_for_its_write_set(
             for _ in range(3):
                 await w.append(b"connect")  # write sets {0,1}, {1,2}, {2,0}: every connection is up
             encodes = 0
-            encoder = "encode_add" if protocol == "v3" else "encode_add_v2"
-            real_send, real_encode = ClientConnection.send, getattr(write_handle, encoder)
+            real_send = ClientConnection.send
 
             def counting_send(self: ClientConnection, request: Request) -> bytes:
                 nonlocal encodes
                 encodes += type(request) is AddRequest
                 return real_send(self, request)
 
-            def counting_encode(*args: Any, **kwargs: Any) -> bytes:
-                nonlocal encodes
-                encodes += 1
-                return real_encode(*args, **kwargs)
+            def counting(real_encode: Any) -> Any:
+                def counting_encode(*args: Any, **kwargs: Any) -> bytes:
+                    nonlocal encodes
+                    encodes += 1
+                    return real_encode(*args, **kwargs)
+
+                return counting_encode
 
             monkeypatch.setattr(ClientConnection, "send", counting_send)
-            monkeypatch.setattr(write_handle, encoder, counting_encode)
+            # Whole frames (encode_add*), or frames without their payload (encode_add_head*, compiled).
+            for encoder in ("encode_add", "encode_add_v2", "encode_add_head", "encode_add_head_v2"):
+                monkeypatch.setattr(write_handle, encoder, counting(getattr(write_handle, encoder)))
             assert await asyncio.gather(*(w.append(b"e%d" % i) for i in range(20))) == list(range(3, 23))
             assert encodes == 20
             await w.close()

@@ -68,7 +68,7 @@ async def test_answers_reach_the_writers_callbacks_with_one_batch_end_per_read()
         log.append("end")
 
     for e in range(4):
-        assert conn.send_add_frame(0, _frame(5, e), 5, e, (callback, e, end))
+        assert conn.send_add_frame(0, _frame(5, e), b"", 5, e, (callback, e, end))
     await asyncio.sleep(0)  # the flush
     assert conn.transport.written == [b"".join(_frame(5, e) for e in range(4))]  # type: ignore[attr-defined]
     fenced = v2.encode_response(AddResponse(StatusCode.EFENCED, 5, 2))
@@ -83,10 +83,10 @@ async def test_an_entry_already_awaited_goes_the_general_way_and_answers_keep_th
     conn, _ = _connection()
     log: list[Any] = []
     waiter = (lambda ctx, response, error: log.append((ctx, response, error)), "fast", lambda: None)
-    assert conn.send_add_frame(0, _frame(5, 0), 5, 0, waiter)
-    assert not conn.send_add_frame(0, _frame(5, 0), 5, 0, waiter)  # (the caller then sends a request)
+    assert conn.send_add_frame(0, _frame(5, 0), b"", 5, 0, waiter)
+    assert not conn.send_add_frame(0, _frame(5, 0), b"", 5, 0, waiter)  # (the caller then sends a request)
     later = conn.send(AddRequest(5, 0, KEY, bytes(16) + bytes(32)), 5.0)
-    assert not conn.send_add_frame(0, _frame(5, 0), 5, 0, waiter)  # queued behind the general one too
+    assert not conn.send_add_frame(0, _frame(5, 0), b"", 5, 0, waiter)  # queued behind the general one too
     conn.data_received(_ok(5, 0) + _ok(5, 0))
     assert log == [("fast", None, None)]
     assert later.result() == AddResponse(StatusCode.EOK, 5, 0)
@@ -96,7 +96,7 @@ async def test_an_entry_already_awaited_goes_the_general_way_and_answers_keep_th
 async def test_a_lost_connection_fails_the_writers_adds() -> None:
     conn, _ = _connection()
     errors: list[Any] = []
-    conn.send_add_frame(0, _frame(5, 0), 5, 0, (lambda ctx, r, e: errors.append(e), 0, lambda: None))
+    conn.send_add_frame(0, _frame(5, 0), b"", 5, 0, (lambda ctx, r, e: errors.append(e), 0, lambda: None))
     conn.connection_lost(None)
     assert len(errors) == 1 and isinstance(errors[0], BookieUnavailableError)
 
@@ -105,7 +105,7 @@ async def test_a_general_waiter_gets_the_decoded_answer() -> None:
     conn, owner = _connection()
     fut = conn.send(AddRequest(5, 7, KEY, bytes(16) + bytes(32)), 5.0)
     got: list[Any] = []
-    conn.send_add_frame(0, _frame(5, 8), 5, 8, (lambda ctx, r, e: got.append((r, e)), 0))  # a pair
+    conn.send_add_frame(0, _frame(5, 8), b"", 5, 8, (lambda ctx, r, e: got.append((r, e)), 0))  # a pair
     conn.data_received(_ok(5, 7) + _ok(5, 8) + v2.encode_response(AddResponse(StatusCode.EFENCED, 5, 9)))
     assert fut.result() == AddResponse(StatusCode.EOK, 5, 7)
     assert got == [(AddResponse(StatusCode.EOK, 5, 8), None)]

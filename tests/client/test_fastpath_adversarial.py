@@ -408,7 +408,7 @@ async def test_a_writers_batch_end_follows_the_answers_of_each_read_once(raw: Ra
         txn = next_txn_id()
         txns.append(txn)
         frame = encode_add(5, e, KEY, _add(5, e).body, txn)
-        assert c.send_add_frame(txn, frame, 5, e, answer, e, batch_end)
+        assert c.send_add_frame(txn, frame, b"", 5, e, answer, e, batch_end)
     reqs = await raw.wait(7)
     assert [r.txn_id for r in reqs[1:]] == txns  # sent as encoded, with the caller's txn ids
     statuses = [0, 0, int(StatusCode.EFENCED), 0]

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quorumlog.proto import entry, server_codec, speedups, v3, v3fast
+from quorumlog.proto import entry, server_codec, speedups, v2, v3, v3fast
 from quorumlog.proto.codec import scan_v3_add_ok
 from quorumlog.proto.entry import DigestType
-from quorumlog.proto.messages import AddResponse, ReadRequest, WriteLacRequest
+from quorumlog.proto.messages import AddRequest, AddResponse, ReadRequest, WriteLacRequest
 from quorumlog.proto.server_codec import BookieCodec, decode_add_v3_py
 from quorumlog.proto.status import StatusCode
 
@@ -139,6 +139,75 @@ def test_a_crc32c_ledger_encodes_with_c_and_verifies_in_python() -> None:
     assert _outcome(manager.encode_entry, 3, 2, 100, "text") == _outcome(
         entry.encode_entry_crc32c_py, 7, 3, 2, 100, "text"
     )
+
+
+# --- the writer's frames without their payload -----------------------------------------------------------
+
+
+entry_fields = st.lists(
+    st.one_of(st.integers(-1, 2**40), st.integers(-(2**63), 2**63 - 1), st.integers(2**63, 2**64)),
+    min_size=4,
+    max_size=4,
+)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=entry_fields,
+    payload=st.one_of(st.binary(max_size=2000), st.binary(max_size=20).map(bytearray)),
+    key=st.one_of(keys, st.binary(max_size=40)),
+    txn=st.one_of(ids64, st.integers(2**63, 2**64 + 1), st.just(-1)),
+)
+def test_encode_add_head_is_the_python_encoder(
+    fields: list[int], payload: bytes, key: bytes, txn: int
+) -> None:
+    assert speedups.encode_add_head is not None and speedups.encode_add_head_v2 is not None
+    args = (*fields, payload, key, txn)
+    assert _outcome(speedups.encode_add_head, *args) == _outcome(v3fast.encode_add_head_py, *args)
+    assert _outcome(speedups.encode_add_head_v2, *args[:6]) == _outcome(v2.encode_add_head_py, *args[:6])
+
+
+@settings(max_examples=200, deadline=None)
+@given(fields=entry_fields, payload=st.binary(max_size=3000), key=keys, txn=ids64)
+def test_a_frame_head_and_its_payload_are_the_whole_frame(
+    fields: list[int], payload: bytes, key: bytes, txn: int
+) -> None:
+    """What the writer sends in two pieces is, joined, the frame of the entry body (either encoder)."""
+    lid, eid, lac, length = fields
+    if not all(-(2**63) <= f < 2**63 for f in fields):
+        return  # (out of range: both raise, compared above)
+    body = entry.encode_entry_crc32c_py(lid, eid, lac, length, payload)
+    if 0 <= lid and 0 <= eid:  # (v3 ids are unsigned on the wire: encode_add refuses negative ones)
+        assert v3fast.encode_add_head(*fields, payload, key, txn) + payload == v3fast.encode_add_py(
+            lid, eid, key, body, txn
+        )
+        decoded = v3.decode_request_pb(v3fast.encode_add_head(*fields, payload, key, txn)[4:] + payload)
+        assert isinstance(decoded, AddRequest) and decoded.body == body and decoded.txn_id == txn
+    assert v3fast.encode_add_head_v2(*fields, payload, key) + payload == v2.encode_add(key, body, False)
+
+
+@needs_c
+def test_encode_add_head_hands_other_arguments_to_python() -> None:
+    key = b"k" * 20
+    for args in [
+        (1, 2, 3, 4, bytearray(b"p"), key, 5),
+        (1, 2, 3, 4, b"p", bytearray(key), 5),
+        (1, 2, 3, 4, memoryview(b"p"), key, 5),
+        (True, 2, 3, 4, b"p", key, 5),
+        (1.0, 2, 3, 4, b"p", key, 5),
+        (1, 2, 3, 4, "text", key, 5),
+        (1, 2, 3, 4, b"p", key, -1),
+        (1, 2, 3, 4, b"p", key, 2**64),
+        (1, 2, 3, 4, b"p", key),
+    ]:
+        assert _outcome(v3fast.encode_add_head, *args) == _outcome(v3fast.encode_add_head_py, *args), args
+    for args6 in [
+        (1, 2, 3, 4, b"p", b"short"),
+        (1, 2, 3, 4, b"p", key * 2),
+        (1, 2, 3, 4, bytearray(b"p"), key),
+    ]:
+        assert _outcome(v3fast.encode_add_head_v2, *args6) == _outcome(v2.encode_add_head_py, *args6), args6
 
 
 # --- the writer's EOK AddResponses ---------------------------------------------------------------------------
