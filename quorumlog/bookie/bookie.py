@@ -50,7 +50,7 @@ from quorumlog.bookie.journal import (
     add_records,
     record_header,
 )
-from quorumlog.bookie.storage import LedgerStorage
+from quorumlog.bookie.storage import LedgerStorage, flush_threshold
 from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
@@ -178,6 +178,7 @@ class Bookie:
                 read_ahead_bytes=config.read_ahead_bytes,
                 read_cache_bytes=config.read_cache_bytes,
             )
+            self._draw_flush_threshold()
         except BaseException:
             for release in self._dir_locks:
                 release()
@@ -334,6 +335,7 @@ class Bookie:
             self._storage_failed(exc)
             raise
         cache = self.storage.begin_flush()
+        self._draw_flush_threshold()
         flush_bytes = cache.size_bytes
         started = time.perf_counter()
         try:
@@ -356,6 +358,13 @@ class Bookie:
         if self._parked or self.storage.wants_flush():
             # This task is finishing, so it cannot start its successor itself: do it right after.
             asyncio.get_running_loop().call_soon(self._start_checkpoint)
+
+    def _draw_flush_threshold(self) -> None:
+        """Where the next checkpoint starts (`checkpoint_jitter`): bookies fed the same stream would otherwise
+        checkpoint in step, and three on one host stalled each other's adds (docs/BOOKIE.md, "Checkpoints")."""
+        self.storage.flush_at_bytes = flush_threshold(
+            self.storage.cache_half_bytes, self.config.checkpoint_jitter, self.env.rng.random()
+        )
 
     def _storage_failed(self, exc: BaseException) -> None:
         if self.failed is None:

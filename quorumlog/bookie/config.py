@@ -71,6 +71,15 @@ class BookieConfig:
         1 << 30,
     )
     checkpoint_interval_s: float = setting(10.0, "longest time between checkpoints", 0.01, 3600)
+    checkpoint_jitter: float = setting(
+        0.5,
+        "a checkpoint starts once the write cache holds a random fraction, between 1 - this and 1, of a "
+        "quarter of the cache (drawn anew for each), not at that quarter exactly: bookies that get the same "
+        "stream fill their caches in step, and on a shared host or disk flushing at the same moment stalls "
+        "them all at once; 0 starts every checkpoint at the quarter",
+        0.0,
+        0.9,
+    )
     max_connections: int = setting(1000, "open client connections allowed", 1, 1_000_000)
     max_pending_requests: int = setting(
         10_000, "in-flight requests per connection before ETOOMANYREQUESTS", 1, 10_000_000

@@ -113,6 +113,12 @@ class ReadAheadCache:
             self._size -= len(old)
 
 
+def flush_threshold(cache_half_bytes: int, jitter: float, draw: float) -> int:
+    """The active cache's size at which a checkpoint starts: a quarter of the whole cache (half of one
+    half), less up to `jitter` of it -- `draw` in [0, 1) picks how much. Never below one byte."""
+    return max(1, int(cache_half_bytes // 2 * (1.0 - jitter * draw)))
+
+
 class LedgerStorage:
     def __init__(
         self,
@@ -126,6 +132,9 @@ class LedgerStorage:
         self.entry_logs = entry_logs
         self.index = index
         self.cache_half_bytes = max(1, write_cache_bytes // 2)
+        # The active cache's size at which a checkpoint starts: half of its half unless the bookie draws
+        # another (`flush_threshold`, the setting `checkpoint_jitter`).
+        self.flush_at_bytes = flush_threshold(self.cache_half_bytes, 0.0, 0.0)
         self.read_ahead_bytes = read_ahead_bytes
         self.active = WriteCache()
         self.flushing = WriteCache()
@@ -161,7 +170,7 @@ class LedgerStorage:
         return self.active.size_bytes + nbytes <= self.cache_half_bytes or not self.active.entries
 
     def wants_flush(self) -> bool:
-        return self.active.size_bytes >= self.cache_half_bytes // 2
+        return self.active.size_bytes >= self.flush_at_bytes
 
     def get(self, ledger_id: int, entry_id: int) -> bytes | None:
         """The entry, or None if it is not stored; `CorruptEntryError` / `IndexError_` if it cannot be read."""

@@ -215,6 +215,7 @@ async def test_compaction_reclaims_space_while_adds_and_reads_go_on(
         write_cache_bytes=4 << 20,
         entry_log_size_bytes=1 << 20,
         checkpoint_interval_s=3600,
+        checkpoint_jitter=0.0,  # checkpoints at a fixed size: the logs this test compacts have a known layout
         gc_interval_s=0.0,  # rounds are driven by the test
         compaction_rate_bytes_per_s=rate,
     )
@@ -349,6 +350,8 @@ async def test_kill_mid_compaction_loses_nothing_and_a_later_round_reclaims_the_
         str(4 << 20),
         "--entry-log-size-bytes",
         str(1 << 20),
+        "--checkpoint-jitter",
+        "0",  # checkpoints at a fixed size: the logs this test compacts have a known layout
     )
     await _create_metadata(store, LIVE)
     # 1. Write with GC off; SIGTERM checkpoints everything into entry logs.
