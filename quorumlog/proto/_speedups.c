@@ -710,6 +710,67 @@ int64_arg(PyObject *o, int *ok)
     return v;
 }
 
+/* The sizes of a v3 ADD frame: what encode_add and encode_add_head both lay out. Negative ids go out
+ * sign-extended to 64 bits, as protobuf writes an int64. */
+typedef struct {
+    uint64_t lid, eid, txn, priority;
+    Py_ssize_t klen, blen, hdr, part, frame;
+} AddLayout;
+
+/* The layout of the frame with these fields, a master key of klen bytes, a body of blen bytes and tail_n
+ * bytes after it (write flags, recovery flag); 0 when it would not fit its 4-byte length. */
+static int
+add_layout(AddLayout *l, int64_t lid, int64_t eid, int64_t txn, int64_t priority, Py_ssize_t klen,
+           Py_ssize_t blen, Py_ssize_t tail_n)
+{
+    l->lid = (uint64_t)lid;
+    l->eid = (uint64_t)eid;
+    l->txn = (uint64_t)txn;
+    l->priority = (uint64_t)priority;
+    l->klen = klen;
+    l->blen = blen;
+    l->part = 1 + varint_len(l->lid) + 1 + varint_len(l->eid) + 1 + varint_len((uint64_t)klen) + klen + 1 +
+              varint_len((uint64_t)blen) + blen + tail_n;
+    l->hdr = 5 + varint_len(l->txn) + (priority ? 1 + varint_len(l->priority) : 0);
+    l->frame = 4 + l->hdr + varint_len((uint64_t)l->part) + l->part;
+    return l->frame <= 0xFFFFFFFFLL;
+}
+
+/* The frame at p up to its body's bytes: length, header (txn id, priority unless 0), ledger id, entry id,
+ * master key, and the body's tag and length. Returns where the body goes. */
+static unsigned char *
+put_add_prefix(unsigned char *p, const AddLayout *l, const char *key)
+{
+    p[0] = (unsigned char)(l->frame >> 24);
+    p[1] = (unsigned char)(l->frame >> 16);
+    p[2] = (unsigned char)(l->frame >> 8);
+    p[3] = (unsigned char)l->frame;
+    p += 4;
+    *p++ = 0x0a;
+    *p++ = (unsigned char)l->hdr;
+    memcpy(p, ADD_HEADER, 5);
+    p += 5;
+    p += varint_put(p, l->txn);
+    if (l->priority) {
+        *p++ = 0x20;
+        p += varint_put(p, l->priority);
+    }
+    *p++ = 0xaa;
+    *p++ = 0x06;
+    p += varint_put(p, (uint64_t)l->part);
+    *p++ = 0x08;
+    p += varint_put(p, l->lid);
+    *p++ = 0x10;
+    p += varint_put(p, l->eid);
+    *p++ = 0x1a;
+    p += varint_put(p, (uint64_t)l->klen);
+    memcpy(p, key, l->klen);
+    p += l->klen;
+    *p++ = 0x22;
+    p += varint_put(p, (uint64_t)l->blen);
+    return p;
+}
+
 static PyObject *
 encode_add(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -737,52 +798,19 @@ encode_add(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnam
         write_flags > INT32_MAX) {
         return call_encode_fallback(args, nargsf, kwnames);
     }
-    const char *key = PyBytes_AS_STRING(args[2]), *body = PyBytes_AS_STRING(args[3]);
-    Py_ssize_t klen = PyBytes_GET_SIZE(args[2]), blen = PyBytes_GET_SIZE(args[3]);
-    /* Negative ids go out sign-extended to 64 bits, as protobuf writes an int64. */
-    uint64_t ulid = (uint64_t)lid, ueid = (uint64_t)eid, uwf = (uint64_t)write_flags;
-    Py_ssize_t txn_n = varint_len((uint64_t)txn), prio_n = priority ? 1 + varint_len((uint64_t)priority) : 0;
+    Py_ssize_t blen = PyBytes_GET_SIZE(args[3]);
+    uint64_t uwf = (uint64_t)write_flags;
     Py_ssize_t tail_n = (write_flags ? 1 + varint_len(uwf) : 0) + (recovery ? 3 : 0);
-    Py_ssize_t part = 1 + varint_len(ulid) + 1 + varint_len(ueid) + 1 + varint_len((uint64_t)klen) + klen + 1 +
-                      varint_len((uint64_t)blen) + blen + tail_n;
-    Py_ssize_t hdr = 5 + txn_n + prio_n;
-    Py_ssize_t frame = 4 + hdr + varint_len((uint64_t)part) + part;
-    if (frame > 0xFFFFFFFFLL) {
+    AddLayout l;
+    if (!add_layout(&l, lid, eid, txn, priority, PyBytes_GET_SIZE(args[2]), blen, tail_n)) {
         return call_encode_fallback(args, nargsf, kwnames);
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + frame);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + l.frame);
     if (out == NULL) {
         return NULL;
     }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    p[0] = (unsigned char)(frame >> 24);
-    p[1] = (unsigned char)(frame >> 16);
-    p[2] = (unsigned char)(frame >> 8);
-    p[3] = (unsigned char)frame;
-    p += 4;
-    *p++ = 0x0a;
-    *p++ = (unsigned char)hdr;
-    memcpy(p, ADD_HEADER, 5);
-    p += 5;
-    p += varint_put(p, (uint64_t)txn);
-    if (priority) {
-        *p++ = 0x20;
-        p += varint_put(p, (uint64_t)priority);
-    }
-    *p++ = 0xaa;
-    *p++ = 0x06;
-    p += varint_put(p, (uint64_t)part);
-    *p++ = 0x08;
-    p += varint_put(p, ulid);
-    *p++ = 0x10;
-    p += varint_put(p, ueid);
-    *p++ = 0x1a;
-    p += varint_put(p, (uint64_t)klen);
-    memcpy(p, key, klen);
-    p += klen;
-    *p++ = 0x22;
-    p += varint_put(p, (uint64_t)blen);
-    memcpy(p, body, blen);
+    unsigned char *p = put_add_prefix((unsigned char *)PyBytes_AS_STRING(out), &l, PyBytes_AS_STRING(args[2]));
+    memcpy(p, PyBytes_AS_STRING(args[3]), blen);
     p += blen;
     if (write_flags) {
         *p++ = 0x28;
@@ -960,48 +988,17 @@ encode_add_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (!ok || txn < 0) {
         return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
     }
-    const unsigned char *payload = (const unsigned char *)PyBytes_AS_STRING(args[4]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
-    const char *key = PyBytes_AS_STRING(args[5]);
-    Py_ssize_t klen = PyBytes_GET_SIZE(args[5]);
-    uint64_t ulid = (uint64_t)fields[0], ueid = (uint64_t)fields[1];
-    Py_ssize_t blen = ENTRY_HEAD_BYTES + n;
-    Py_ssize_t part = 1 + varint_len(ulid) + 1 + varint_len(ueid) + 1 + varint_len((uint64_t)klen) + klen + 1 +
-                      varint_len((uint64_t)blen) + blen;
-    Py_ssize_t hdr = 5 + varint_len((uint64_t)txn);
-    Py_ssize_t frame = 4 + hdr + varint_len((uint64_t)part) + part;
-    if (frame > 0xFFFFFFFFLL) {
+    AddLayout l;
+    if (!add_layout(&l, fields[0], fields[1], txn, 0, PyBytes_GET_SIZE(args[5]), ENTRY_HEAD_BYTES + n, 0)) {
         return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + frame - n);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + l.frame - n);
     if (out == NULL) {
         return NULL;
     }
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
-    p[0] = (unsigned char)(frame >> 24);
-    p[1] = (unsigned char)(frame >> 16);
-    p[2] = (unsigned char)(frame >> 8);
-    p[3] = (unsigned char)frame;
-    p += 4;
-    *p++ = 0x0a;
-    *p++ = (unsigned char)hdr;
-    memcpy(p, ADD_HEADER, 5);
-    p += 5;
-    p += varint_put(p, (uint64_t)txn);
-    *p++ = 0xaa;
-    *p++ = 0x06;
-    p += varint_put(p, (uint64_t)part);
-    *p++ = 0x08;
-    p += varint_put(p, ulid);
-    *p++ = 0x10;
-    p += varint_put(p, ueid);
-    *p++ = 0x1a;
-    p += varint_put(p, (uint64_t)klen);
-    memcpy(p, key, klen);
-    p += klen;
-    *p++ = 0x22;
-    p += varint_put(p, (uint64_t)blen);
-    put_entry_head(p, fields, payload, n);
+    unsigned char *p = put_add_prefix((unsigned char *)PyBytes_AS_STRING(out), &l, PyBytes_AS_STRING(args[5]));
+    put_entry_head(p, fields, (const unsigned char *)PyBytes_AS_STRING(args[4]), n);
     return out;
 }
 
