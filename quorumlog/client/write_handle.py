@@ -93,6 +93,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quorumlog.client")
 
+# What the handle keeps of a pending add, in one dict entry (at 10,000 ledgers written round robin each dict a
+# handle touches per add is a cold one): (body, None, future), or (frame head, payload, future) for an entry
+# sent in two pieces (`_push`; `_body` joins them).
+_PendingAdd = tuple[bytes, bytes | None, "asyncio.Future[int]"]
+
 # A `SendAdd`'s fields as a plain tuple: what an add in flight leaves with its connection (`_send_adds`).
 _SentAdd = tuple[int, int, str, bool]
 
@@ -113,8 +118,8 @@ class WriteHandle(LedgerHandle):
         "_abandoned",
         "_add_answered",
         "_add_batch_end",
+        "_adds",
         "_adv_waiting",
-        "_bodies",
         "_capacity",
         "_change_task",
         "_close_error",
@@ -124,7 +129,6 @@ class WriteHandle(LedgerHandle):
         "_ensemble_changes",
         "_excluded",
         "_failed_why",
-        "_futures",
         "_lac_dirty",
         "_lac_flusher",
         "_loop",
@@ -170,10 +174,8 @@ class WriteHandle(LedgerHandle):
             deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
-        # entry id -> what a resend needs of a pending entry: its body, or (frame head, payload) for entries
-        # sent in two pieces (`_push`; `_body` joins them).
-        self._bodies: dict[int, bytes | tuple[bytes, bytes]] = {}
-        self._futures: dict[int, asyncio.Future[int]] = {}
+        # entry id -> the pending add: what a resend needs of it, and the future `append` returned.
+        self._adds: dict[int, _PendingAdd] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         # Adds go out as v3 frames this handle encodes (`_send_entry`); v2 connections encode requests.
         self._v3 = cfg.protocol_version == ProtocolVersion.V3
@@ -327,7 +329,6 @@ class WriteHandle(LedgerHandle):
         appended = self._tracker.append(len(payload), now)
         eid = appended.entry_id
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._futures[eid] = fut
         if self._split and type(payload) is bytes:
             # The frame in two pieces, head and payload, joined by the connection's write: the payload is
             # copied once on its way to the sockets, not into a body, then a frame, then the write.
@@ -338,24 +339,25 @@ class WriteHandle(LedgerHandle):
                 if self._v3
                 else encode_add_head_v2(self.ledger_id, eid, lac, length, payload, self._master_key)
             )
-            self._bodies[eid] = (head, payload)
+            self._adds[eid] = (head, payload, fut)
             self._send_frame(eid, txn, head, payload, appended.sends, False, now)
         else:
             body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
-            self._bodies[eid] = body
+            self._adds[eid] = (body, None, fut)
             self._send_entry(eid, body, appended.sends, False, now)
         self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return fut
 
     def _body(self, entry_id: int) -> bytes | None:
         """The body of pending entry `entry_id` (None once it completed or failed)."""
-        kept = self._bodies.get(entry_id)
-        if isinstance(
-            kept, tuple
-        ):  # (frame head, payload): the body is the head's last bytes, then the payload
-            head, payload = kept
-            return head[len(head) - ENTRY_HEADER_BYTES - self._digest.digest_bytes :] + payload
-        return kept
+        kept = self._adds.get(entry_id)
+        if kept is None:
+            return None
+        head, payload, _ = kept
+        if payload is None:
+            return head  # (the body itself)
+        # The frame's head ends with the body's entry header and digest; the payload follows them.
+        return head[len(head) - ENTRY_HEADER_BYTES - self._digest.digest_bytes :] + payload
 
     def _append_adv(self, payload: bytes, entry_id: int) -> asyncio.Future[int]:
         if not self._tracker.adv_admit(entry_id, self._adv_waiting):
@@ -376,8 +378,7 @@ class WriteHandle(LedgerHandle):
         self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._bodies[entry_id] = body
-        self._futures[entry_id] = fut
+        self._adds[entry_id] = (body, None, fut)
         self._send_entry(entry_id, body, appended.sends, True, self._now())
         self._schedule_timeouts()
         return fut
@@ -466,7 +467,7 @@ class WriteHandle(LedgerHandle):
                     )
             except QuorumLogError as e:
                 self._apply(self._tracker.on_error(entry_id, bookie_id, e, self._now()))
-                if entry_id not in self._bodies:
+                if entry_id not in self._adds:
                     return  # the error failed the entry (or the writer): its other replicas are not sent
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
@@ -524,7 +525,7 @@ class WriteHandle(LedgerHandle):
         counts = self._resends.get(action.entry_id)
         done = 0 if counts is None else counts.get(action.bookie_id, 0)
         verdict = same_bookie_drop_verdict(
-            pending=action.entry_id in self._bodies,
+            pending=action.entry_id in self._adds,
             writer_failed=self._tracker.error is not None,
             resends_done=done,
             resends_max=SAME_BOOKIE_RESENDS_MAX,
@@ -544,7 +545,7 @@ class WriteHandle(LedgerHandle):
         completed = 0
         last_completed = -1
         resends = self._resends
-        bodies, futures = self._bodies, self._futures
+        adds = self._adds
         for action in actions:
             if isinstance(action, AddCompleted):  # nearly every action: no match statement for it
                 eid = action.entry_id
@@ -553,11 +554,10 @@ class WriteHandle(LedgerHandle):
                 completed += 1
                 if not eid & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
                     self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                bodies.pop(eid, None)
-                fut = futures.pop(eid, None)
+                kept = adds.pop(eid, None)
                 last_completed = eid  # completions come in entry-id order
-                if fut is not None and not fut.done():
-                    fut.set_result(eid)
+                if kept is not None and not kept[2].done():
+                    kept[2].set_result(eid)
                 continue
             if resends and isinstance(action, AddFailed):
                 resends.pop(action.entry_id, None)
@@ -566,10 +566,9 @@ class WriteHandle(LedgerHandle):
                     sends.append(action)
                 case AddFailed():
                     self._stats.adds_failed += 1
-                    self._bodies.pop(action.entry_id, None)
-                    fut = self._futures.pop(action.entry_id, None)
-                    if fut is not None and not fut.done():
-                        fut.set_exception(action.error)
+                    kept = adds.pop(action.entry_id, None)
+                    if kept is not None and not kept[2].done():
+                        kept[2].set_exception(action.error)
                 case EnsembleChangeNeeded():
                     self._start_ensemble_change(action)
                 case _:
@@ -777,7 +776,7 @@ class WriteHandle(LedgerHandle):
         """
         self._check_writable()
         target = self._tracker.last_add_pushed
-        waiting = [f for e, f in self._futures.items() if e <= target]
+        waiting = [kept[2] for e, kept in self._adds.items() if e <= target]
         if waiting:
             await asyncio.gather(*waiting)
         if not self.deferred_sync:
@@ -885,11 +884,10 @@ class WriteHandle(LedgerHandle):
         self._abandoned = error
         self._cancel_timers()
         self._fail_waiting(error)
-        for fut in self._futures.values():
+        for _, _, fut in self._adds.values():
             if not fut.done():
                 fut.set_exception(error)
-        self._futures.clear()
-        self._bodies.clear()
+        self._adds.clear()
 
     def _cancel_timers(self) -> None:
         self._timeouts.discard(self)
