@@ -361,7 +361,7 @@ class Bookie:
 
     def _draw_flush_threshold(self) -> None:
         """Where the next checkpoint starts (`checkpoint_jitter`): bookies fed the same stream would otherwise
-        checkpoint in step, and three on one host stalled each other's adds (docs/BOOKIE.md, "Checkpoints")."""
+        checkpoint in step, and three on one host stalled each other's adds (docs/BOOKIE.md, "When a checkpoint starts")."""
         self.storage.flush_at_bytes = flush_threshold(
             self.storage.cache_half_bytes, self.config.checkpoint_jitter, self.env.rng.random()
         )

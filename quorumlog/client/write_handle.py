@@ -340,11 +340,11 @@ class WriteHandle(LedgerHandle):
                 else encode_add_head_v2(self.ledger_id, eid, lac, length, payload, self._master_key)
             )
             self._adds[eid] = (head, payload, fut)
-            self._send_frame(eid, txn, head, payload, appended.sends, False, now)
+            self._send_frame(eid, txn, head, payload, appended.sends, False)
         else:
             body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
             self._adds[eid] = (body, None, fut)
-            self._send_entry(eid, body, appended.sends, False, now)
+            self._send_entry(eid, body, appended.sends, False)
         self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return fut
 
@@ -379,14 +379,13 @@ class WriteHandle(LedgerHandle):
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
         self._adds[entry_id] = (body, None, fut)
-        self._send_entry(entry_id, body, appended.sends, True, self._now())
+        self._send_entry(entry_id, body, appended.sends, True)
         self._schedule_timeouts()
         return fut
 
     def _send_adds(self, actions: Sequence[SendAdd]) -> None:
         """Send these adds (resends, after an ensemble change or a connection drop): each entry's replicas
         together, as `_send_entry` does."""
-        now = self._now()
         i, n = 0, len(actions)
         while i < n:
             first = actions[i]
@@ -396,11 +395,11 @@ class WriteHandle(LedgerHandle):
             body = self._body(first.entry_id)
             if body is not None:  # (else completed or failed meanwhile)
                 sends = tuple((a.index, a.bookie_id) for a in actions[i:j])
-                self._send_entry(first.entry_id, body, sends, first.recovery, now)
+                self._send_entry(first.entry_id, body, sends, first.recovery)
             i = j
 
     def _send_entry(
-        self, entry_id: int, body: bytes, sends: Sequence[tuple[int, str]], recovery: bool, now: float
+        self, entry_id: int, body: bytes, sends: Sequence[tuple[int, str]], recovery: bool
     ) -> None:
         """Send entry `entry_id`, whose body is `body`, to the (ensemble index, bookie) pairs in `sends`."""
         txn = next_txn_id()
@@ -411,7 +410,7 @@ class WriteHandle(LedgerHandle):
             if self._write_flags  # (v2 cannot carry them: the general path says so)
             else encode_add_v2(self._master_key, body, recovery)
         )
-        self._send_frame(entry_id, txn, frame, b"", sends, recovery, now)
+        self._send_frame(entry_id, txn, frame, b"", sends, recovery)
 
     def _send_frame(
         self,
@@ -421,7 +420,6 @@ class WriteHandle(LedgerHandle):
         payload: bytes,
         sends: Sequence[tuple[int, str]],
         recovery: bool,
-        now: float,
     ) -> None:
         """Send the ADD frame `frame + payload` of entry `entry_id` (v3: with txn id `txn`; v2: none), encoded
         once and handed as is to each bookie's connection in `sends` (`send_add_frame`); an empty `frame`, or
@@ -455,10 +453,9 @@ class WriteHandle(LedgerHandle):
                     # object, encoded by the connection -- one for all the replicas, so its frame is encoded
                     # once (bookie_client._FrameCache).
                     if req is None:
+                        # (Kept from before the first send; removed only with the return below.)
                         body = self._body(entry_id)
-                        assert (
-                            body is not None
-                        )  # (set before the first send; removed only with a return below)
+                        assert body is not None
                         req = AddRequest(
                             self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
                         )

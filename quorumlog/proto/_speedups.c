@@ -682,14 +682,16 @@ add_records(PyObject *self, PyObject *bodies)
 
 /* --- the client: AddRequest frames ---------------------------------------------------------------------- */
 
+/* What an encoder does not encode itself goes to its Python twin `fn` (installed by the Python module), so
+ * both fail alike. */
 static PyObject *
-call_encode_fallback(PyObject *const *args, size_t nargsf, PyObject *kwnames)
+call_fallback(PyObject *fn, const char *name, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (encode_add_fallback == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "quorumlog.proto._speedups: no encode_add fallback installed");
+    if (fn == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "quorumlog.proto._speedups: no %s fallback installed", name);
         return NULL;
     }
-    return PyObject_Vectorcall(encode_add_fallback, args, nargsf, kwnames);
+    return PyObject_Vectorcall(fn, args, nargsf, kwnames);
 }
 
 /* An int argument as int64, or 0 with *ok = 0 when it is not an exact int in [-2**63, 2**63). */
@@ -779,7 +781,7 @@ encode_add(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnam
     int64_t write_flags = 0, priority = 0;
     if (kwnames != NULL || nargs < 5 || nargs > 8 || !PyBytes_CheckExact(args[2]) ||
         !PyBytes_CheckExact(args[3])) {
-        return call_encode_fallback(args, nargsf, kwnames);
+        return call_fallback(encode_add_fallback, "encode_add", args, nargsf, kwnames);
     }
     int64_t lid = int64_arg(args[0], &ok);
     int64_t eid = int64_arg(args[1], &ok);
@@ -796,14 +798,14 @@ encode_add(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnam
     /* The Python encoder's range checks: it raises the errors. */
     if (!ok || txn < 0 || priority < 0 || priority >= ((int64_t)1 << 32) || write_flags < INT32_MIN ||
         write_flags > INT32_MAX) {
-        return call_encode_fallback(args, nargsf, kwnames);
+        return call_fallback(encode_add_fallback, "encode_add", args, nargsf, kwnames);
     }
     Py_ssize_t blen = PyBytes_GET_SIZE(args[3]);
     uint64_t uwf = (uint64_t)write_flags;
     Py_ssize_t tail_n = (write_flags ? 1 + varint_len(uwf) : 0) + (recovery ? 3 : 0);
     AddLayout l;
     if (!add_layout(&l, lid, eid, txn, priority, PyBytes_GET_SIZE(args[2]), blen, tail_n)) {
-        return call_encode_fallback(args, nargsf, kwnames);
+        return call_fallback(encode_add_fallback, "encode_add", args, nargsf, kwnames);
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + l.frame);
     if (out == NULL) {
@@ -904,16 +906,6 @@ put_be64(unsigned char *p, int64_t v)
     }
 }
 
-static PyObject *
-call_entry_fallback(PyObject *const *args, size_t nargsf)
-{
-    if (encode_entry_fallback == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "quorumlog.proto._speedups: no encode_entry fallback installed");
-        return NULL;
-    }
-    return PyObject_Vectorcall(encode_entry_fallback, args, nargsf, NULL);
-}
-
 #define ENTRY_HEAD_BYTES 36
 
 /* The first ENTRY_HEAD_BYTES of a CRC32C entry body at p: header (ledger id, entry id, LAC, length:
@@ -948,7 +940,7 @@ encode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     int64_t fields[4];
     if (nargs != 5 || !PyBytes_CheckExact(args[4]) || !entry_fields(args, fields)) {
-        return call_entry_fallback(args, (size_t)nargs);
+        return call_fallback(encode_entry_fallback, "encode_entry", args, (size_t)nargs, NULL);
     }
     Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
     PyObject *out = PyBytes_FromStringAndSize(NULL, ENTRY_HEAD_BYTES + n);
@@ -959,16 +951,6 @@ encode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     memcpy(p + ENTRY_HEAD_BYTES, PyBytes_AS_STRING(args[4]), n);
     put_entry_head(p, fields, p + ENTRY_HEAD_BYTES, n);
     return out;
-}
-
-static PyObject *
-call_fallback(PyObject *fn, const char *name, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (fn == NULL) {
-        PyErr_Format(PyExc_RuntimeError, "quorumlog.proto._speedups: no %s fallback installed", name);
-        return NULL;
-    }
-    return PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
 }
 
 /* encode_add_head(ledger_id, entry_id, lac, length, payload, master_key, txn_id): the v3 ADD frame of the
@@ -982,16 +964,16 @@ encode_add_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int ok = 1;
     if (nargs != 7 || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[5]) ||
         !entry_fields(args, fields)) {
-        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, (size_t)nargs, NULL);
     }
     int64_t txn = int64_arg(args[6], &ok);
     if (!ok || txn < 0) {
-        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, (size_t)nargs, NULL);
     }
     Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
     AddLayout l;
     if (!add_layout(&l, fields[0], fields[1], txn, 0, PyBytes_GET_SIZE(args[5]), ENTRY_HEAD_BYTES + n, 0)) {
-        return call_fallback(encode_add_head_fallback, "encode_add_head", args, nargs);
+        return call_fallback(encode_add_head_fallback, "encode_add_head", args, (size_t)nargs, NULL);
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + l.frame - n);
     if (out == NULL) {
@@ -1010,12 +992,12 @@ encode_add_head_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int64_t fields[4];
     if (nargs != 6 || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[5]) ||
         PyBytes_GET_SIZE(args[5]) != 20 || !entry_fields(args, fields)) {
-        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, nargs);
+        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, (size_t)nargs, NULL);
     }
     Py_ssize_t n = PyBytes_GET_SIZE(args[4]);
     Py_ssize_t frame = 4 + 20 + ENTRY_HEAD_BYTES + n;
     if (frame > 0xFFFFFFFFLL) {
-        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, nargs);
+        return call_fallback(encode_add_head_v2_fallback, "encode_add_head_v2", args, (size_t)nargs, NULL);
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, 8 + 20 + ENTRY_HEAD_BYTES);
     if (out == NULL) {
