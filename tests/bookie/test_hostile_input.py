@@ -278,7 +278,16 @@ async def test_connections_per_address_and_idle_connections_are_bounded(start_bo
 async def test_unanswered_add_bytes_per_connection_pause_reading(start_bookie: StartBookie) -> None:
     """A peer that pipelines adds faster than they are synced stops being read once it has
     max_pending_bytes_per_connection unanswered; everything sent is still answered."""
-    svc = await start_bookie(max_pending_bytes_per_connection=1 << 20, journal_max_wait_ms=200.0)
+    # Answers are held back by the journal alone: each batch waits 500 ms (no batch-size cut-off, and no
+    # checkpoint, whose journal mark would end a batch early), so the unanswered bytes can only grow until
+    # reading pauses. Under load, early batch ends answered the adds as fast as they were read.
+    svc = await start_bookie(
+        max_pending_bytes_per_connection=1 << 20,
+        journal_max_wait_ms=500.0,
+        journal_max_batch_bytes=16 << 20,
+        journal_file_size_bytes=64 << 20,
+        write_cache_bytes=64 << 20,
+    )
     server = svc.server
     assert server is not None
     c = await RawClient.connect(*svc.address)
