@@ -26,8 +26,9 @@ import os
 import struct
 import threading
 from bisect import bisect_left
+from dataclasses import dataclass
 from itertools import accumulate, chain, repeat
-from operator import add
+from operator import itemgetter
 
 import crc32c
 
@@ -39,12 +40,23 @@ _LEN_TYPE = struct.Struct(">IB")
 _IDS = struct.Struct(">qq")
 LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
 _ADD = int(RecordType.ADD)
+_payload_of = itemgetter(1)  # of a (header, payload) record
 # Most bytes written per pwrite + fdatasync of a checkpoint by default (see the rules above; the bookie's
 # setting `flush_entrylog_bytes`). Three bookies on one disk fill their write caches at the same rate and
 # checkpoint together: with 2 MiB chunks a concurrent 8 KiB fdatasync (a journal's) took p50 3-12 ms and
 # p90 16-31 ms while they wrote 16 MiB each; with 256 KiB, p50 2 ms and p90 8-9 ms, the checkpoint taking
 # 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md, "Session 11").
 FLUSH_CHUNK_BYTES = 256 << 10
+
+
+@dataclass(frozen=True, slots=True)
+class WrittenBatch:
+    """Where `EntryLogs.write_records` put a batch: log `log_id`, record i at `offsets[i]` up to
+    `offsets[i + 1]` (one more offset than records), and each record's packed `LOCATION`."""
+
+    log_id: int
+    offsets: list[int]
+    locations: list[bytes]
 
 
 class CorruptEntryError(Exception):
@@ -84,15 +96,21 @@ class EntryLogs:
 
     def write_batch(self, records: list[Record]) -> list[bytes]:
         """Append (header, entry) records durably; return each one's packed location (`LOCATION`). Blocking."""
+        return self.write_records(records).locations
+
+    def write_records(self, records: list[Record]) -> WrittenBatch:
+        """`write_batch`, also saying where each record starts and ends (`WrittenBatch.offsets`): a checkpoint
+        counts live bytes per ledger from them rather than reading every record's length a second time."""
         if self._current is None or self._current_size >= self.log_size_bytes:
             self._roll()
         assert self._current is not None
         f = self._current
         log_id = self._current_id
         # Sizes, offsets and locations with C-level loops (map, accumulate): a checkpoint moves tens of
-        # thousands of records, and this runs holding the GIL the event loop needs.
-        lens = list(map(len, chain.from_iterable(records)))
-        sizes = list(map(add, lens[0::2], lens[1::2]))
+        # thousands of records, and this runs holding the GIL the event loop needs. The records were cached
+        # seconds ago, so each length read is a cache miss: only the payloads' are read, every header being
+        # REC_HEADER_SIZE bytes (the log's format; each chunk's length below proves it).
+        sizes = list(map(REC_HEADER_SIZE.__add__, map(len, map(_payload_of, records))))
         offsets = list(accumulate(sizes, initial=self._current_size))
         locations = list(map(LOCATION.pack, repeat(log_id), offsets, sizes))
         chunk_limit = self.flush_chunk_bytes
@@ -100,11 +118,16 @@ class EntryLogs:
         while first < len(records):
             # A chunk ends with the first record that takes it to `chunk_limit` bytes (or with the batch).
             end = min(bisect_left(offsets, offsets[first] + chunk_limit, first + 1), len(records))
-            f.pwrite(b"".join(chain.from_iterable(records[first:end])), offsets[first])
+            chunk = b"".join(chain.from_iterable(records[first:end]))
+            if len(chunk) != offsets[end] - offsets[first]:
+                raise ValueError(
+                    f"a record header is not {REC_HEADER_SIZE} bytes: nothing of this batch is indexed"
+                )
+            f.pwrite(chunk, offsets[first])
             f.fdatasync()
             first = end
         self._current_size = offsets[-1]
-        return locations
+        return WrittenBatch(log_id, offsets, locations)
 
     def _roll(self) -> None:
         if self._current is not None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, starmap
+from itertools import starmap
 from operator import itemgetter
 
 from quorumlog.bookie.compaction import LogUsage
-from quorumlog.bookie.entrylog import LOCATION, EntryLogs
+from quorumlog.bookie.entrylog import EntryLogs
 from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
@@ -71,17 +71,17 @@ class WriteCache:
         self.size_bytes = 0
 
 
-def _bytes_per_ledger(keys: list[tuple[int, int]], records: list[Record]) -> dict[int, int]:
-    """Record bytes per ledger of a checkpoint's records, sorted by `keys`. In C-level passes over the
-    records and one Python step per ledger: a checkpoint of adds round robin over 10,000 ledgers holds
-    about as many ledgers as records (a bisect and a sum per ledger took 20-30 ms of each such checkpoint)."""
-    # Running totals, header and body alternating: the total through record i is at 2 * i + 1.
-    totals = list(accumulate(map(len, chain.from_iterable(records))))
-    last = dict(zip(map(_ledger_of, keys), range(len(keys)), strict=True))  # each ledger's last record
+def _bytes_per_ledger(keys: list[tuple[int, int]], offsets: list[int]) -> dict[int, int]:
+    """Record bytes per ledger of a checkpoint's records, sorted by `keys`, from where the entry log put them
+    (`WrittenBatch.offsets`: record i ends at offsets[i + 1]). One C-level pass over the keys and one Python
+    step per ledger: a checkpoint of adds round robin over 10,000 ledgers holds about as many ledgers as
+    records (a bisect and a sum per ledger took 20-30 ms of each such checkpoint), and reading every record's
+    length again cost a cache miss per record (docs/PERFORMANCE.md, "Session 15")."""
+    ends = dict(zip(map(_ledger_of, keys), range(1, len(keys) + 1), strict=True))  # past each ledger's last
     per_ledger: dict[int, int] = {}
-    before = 0
-    for lid, i in last.items():
-        through = totals[2 * i + 1]
+    before = offsets[0]
+    for lid, end in ends.items():
+        through = offsets[end]
         per_ledger[lid] = through - before
         before = through
     return per_ledger
@@ -254,12 +254,13 @@ class LedgerStorage:
         keys = sorted(cache.entries)
         entries = cache.entries
         records = list(map(entries.__getitem__, keys))
-        locations = self.entry_logs.write_batch(records) if keys else []
+        written = self.entry_logs.write_records(records) if keys else None
         # Test-only crash point: the entries are in a synced log that no index entry points to yet.
         self.entry_logs.env.faults.hit("checkpoint.before-index")
+        locations = written.locations if written is not None else []
         self.index.commit(zip(list(starmap(_IDS.pack, keys)), locations, strict=True), states, checkpoint)
-        if keys:
-            self.usage.add(LOCATION.unpack(locations[0])[0], _bytes_per_ledger(keys, records))  # one log
+        if written is not None:
+            self.usage.add(written.log_id, _bytes_per_ledger(keys, written.offsets))  # one log
         # Everything is readable through the index now: free the flushed entries here rather than on the
         # loop (dropping tens of thousands of objects takes milliseconds). A concurrent read that misses
         # goes to the index; dict operations are atomic under the GIL.

@@ -125,6 +125,41 @@ def test_a_batch_is_written_and_synced_in_bounded_chunks(tmp_path: str) -> None:
     logs.close()
 
 
+def test_written_offsets_bound_each_record_and_follow_the_last_batch(tmp_path: str) -> None:
+    """`write_records` says where each record starts and ends (a checkpoint counts live bytes per ledger from
+    it): record i spans offsets[i]..offsets[i + 1] in log `log_id`, as its location says, and a second batch
+    starts where the first ended."""
+    logs = EntryLogs(DiskEnv(OsDisk()), os.path.join(tmp_path, "logs"), flush_chunk_bytes=5_000)
+    first = [_record(1, e, 100 + 37 * e) for e in range(9)]
+    second = [_record(2, e, 2000) for e in range(4)]
+    a = logs.write_records(first)
+    b = logs.write_records(second)
+    assert a.log_id == b.log_id
+    assert len(a.offsets) == len(first) + 1 and b.offsets[0] == a.offsets[-1]
+    for batch, records in ((a, first), (b, second)):
+        for i, ((h, body), loc) in enumerate(zip(records, batch.locations, strict=True)):
+            log_id, offset, length = LOCATION.unpack(loc)
+            assert (log_id, offset, length) == (batch.log_id, batch.offsets[i], len(h) + len(body))
+            assert batch.offsets[i + 1] - batch.offsets[i] == length
+            assert logs.read_record(loc) == (h, body)
+    logs.close()
+
+
+def test_a_record_whose_header_is_not_a_journal_header_fails_its_batch(tmp_path: str) -> None:
+    """Record sizes come from the payloads (a header is REC_HEADER_SIZE bytes by the log's format); a header
+    of another size would shift every location after it, so its batch fails before it is synced, and the
+    next batch is written where the failed one would have been."""
+    logs = EntryLogs(DiskEnv(OsDisk()), os.path.join(tmp_path, "logs"))
+    good = [_record(3, e, 50) for e in range(3)]
+    header, body = _record(3, 3, 50)
+    with pytest.raises(ValueError, match="header"):
+        logs.write_records([*good, (header + b"x", body)])
+    after = logs.write_records(good)
+    assert after.offsets[0] == 0
+    assert [logs.read_record(loc) for loc in after.locations] == good
+    logs.close()
+
+
 async def test_the_bookie_flushes_entry_logs_in_chunks_of_its_setting(start_bookie: StartBookie) -> None:
     """`flush_entrylog_bytes` reaches the entry logs (BookKeeper's flushEntrylogBytes), and its default is the
     measured `FLUSH_CHUNK_BYTES`; a value below the range is refused naming the key."""

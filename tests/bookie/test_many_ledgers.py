@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from itertools import accumulate
 from typing import Any
 
 import pytest
@@ -250,11 +251,14 @@ async def test_acknowledged_write_lacs_survive_kill_9(tmp_path: str) -> None:
     )
 )
 def test_checkpoint_bytes_per_ledger_match_a_plain_sum(records: list[tuple[int, int, bytes, bytes]]) -> None:
-    """The live-bytes accounting of a checkpoint (compaction's input), done in C-level passes since a
-    checkpoint of round-robin adds holds thousands of ledgers, equals summing each ledger's records."""
+    """The live-bytes accounting of a checkpoint (compaction's input), done in C-level passes from the offsets
+    the entry log wrote the records at, since a checkpoint of round-robin adds holds thousands of ledgers,
+    equals summing each ledger's records."""
     entries = {(lid, eid): (header, body) for lid, eid, header, body in records}
     keys = sorted(entries)
     want: dict[int, int] = {}
     for (lid, _), (header, body) in entries.items():
         want[lid] = want.get(lid, 0) + len(header) + len(body)
-    assert _bytes_per_ledger(keys, [entries[k] for k in keys]) == want
+    start = 4096  # a log that already holds records: offsets do not start at 0
+    offsets = list(accumulate((len(h) + len(b) for h, b in (entries[k] for k in keys)), initial=start))
+    assert _bytes_per_ledger(keys, offsets) == want
