@@ -77,6 +77,10 @@ def _bytes_per_ledger(keys: list[tuple[int, int]], offsets: list[int]) -> dict[i
     step per ledger: a checkpoint of adds round robin over 10,000 ledgers holds about as many ledgers as
     records (a bisect and a sum per ledger took 20-30 ms of each such checkpoint), and reading every record's
     length again cost a cache miss per record (docs/PERFORMANCE.md, "Session 15")."""
+    if not keys:
+        return {}
+    if keys[0][0] == keys[-1][0]:  # one ledger (the keys are sorted): nothing to look up per record
+        return {keys[0][0]: offsets[-1] - offsets[0]}
     ends = dict(zip(map(_ledger_of, keys), range(1, len(keys) + 1), strict=True))  # past each ledger's last
     per_ledger: dict[int, int] = {}
     before = offsets[0]
