@@ -290,7 +290,12 @@ class Journal:
         self._hurry = threading.Event()
         self._thread: threading.Thread | None = None
         self._task: asyncio.Task[None] | None = None  # the worker when the Env has no threads
-        self._wakeup: asyncio.Event | None = None  # the task's wake-up (the thread waits on _cond)
+        self._wakeup: asyncio.Event | None = None  # the task's wake-up (the thread waits on _doorbell)
+        # The idle sync thread's wake-up: an eventfd it reads with the lock and the GIL released, rung by the
+        # loop after it lets go of the lock. Notifying a Condition instead released the waiter's lock holding
+        # the GIL: the woken thread often took the loop's CPU at once, only to wait for the GIL the loop still
+        # held, and a fifth of a bookie loop's time went there (docs/PERFORMANCE.md, "Session 15").
+        self._doorbell: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed_files: list[int] = []  # sealed by the sync thread since start (guarded by _cond)
         self.batches_synced = 0
@@ -592,6 +597,7 @@ class Journal:
                 "a machine crash or power loss WILL lose acknowledged entries. Never run this in production."
             )
         if self.env.threads:
+            self._doorbell = os.eventfd(0, os.EFD_CLOEXEC)
             self._thread = threading.Thread(target=self._run, name="ql-journal-sync", daemon=True)
             self._thread.start()
         else:
@@ -698,8 +704,14 @@ class Journal:
             self._records += staged
             self._callbacks += callbacks
             self._queued_bytes += nbytes
+            bell = None
             if self._thread_waiting and self._queued_bytes >= self._notify_at_bytes:
-                self._notify()
+                self._cond.notify()  # (a batch-size wait, `max_wait_s`)
+                if self._wakeup is not None:
+                    self._wakeup.set()
+                bell = self._doorbell
+        if bell is not None:
+            os.eventfd_write(bell, 1)  # the lock is free, and the GIL is let go for the call
 
     def mark(self, callback: MarkCallback) -> None:
         """Report the journal position after every record appended so far, once those are durable.
@@ -755,17 +767,47 @@ class Journal:
             self._fail(exc, batch)
 
     def _notify(self) -> None:
-        """Wake the waiting worker (under _cond)."""
+        """Wake the waiting worker (under _cond): `handoff`, the hot path, does the same after the lock."""
         self._cond.notify()
         if self._wakeup is not None:
             self._wakeup.set()
+        if self._doorbell is not None:
+            os.eventfd_write(self._doorbell, 1)
+
+    def _close_doorbell(self, fd: int) -> None:
+        """Close the doorbell once no `handoff` can still ring it: `handoff` rings after it lets go of the
+        lock, so a `close` on another thread leaves the closing to the loop, between two of its callbacks."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                on_loop = asyncio.get_running_loop() is loop
+            except RuntimeError:
+                on_loop = False
+            if not on_loop:
+                try:
+                    loop.call_soon_threadsafe(os.close, fd)
+                    return
+                except RuntimeError:  # closed meanwhile: no handoff runs any more
+                    pass
+        os.close(fd)
+
+    def _wait_for_doorbell(self) -> None:
+        """The idle wait (sync thread, under _cond): the lock is let go while it waits. A ring that came
+        before the wait is not lost (an eventfd counts), and one that finds the thread awake makes a later
+        wait return at once: the caller checks its condition again either way."""
+        assert self._doorbell is not None
+        self._lock.release()
+        try:
+            os.eventfd_read(self._doorbell)
+        finally:
+            self._lock.acquire()
 
     def _take_batch(self) -> _Batch | None:
         with self._cond:
             while not self._records and not self._marks and not self._closing:
                 self._notify_at_bytes = 1
                 self._thread_waiting = True
-                self._cond.wait()
+                self._wait_for_doorbell()
                 self._thread_waiting = False
             if self.max_wait_s > 0 and not self._closing:
                 deadline = self._first_append_s + self.max_wait_s
@@ -1003,6 +1045,10 @@ class Journal:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self._cond:
+            bell, self._doorbell = self._doorbell, None
+        if bell is not None:
+            self._close_doorbell(bell)
         if self._file is not None:
             self._file.close()
             self._file = None
