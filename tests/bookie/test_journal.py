@@ -68,6 +68,40 @@ async def test_records_replay_in_order_across_rolled_files(tmp_path: str) -> Non
     assert replayed(journal(env, d)) == data
 
 
+async def test_the_idle_sync_thread_is_woken_each_time_and_its_doorbell_closed_with_it(tmp_path: str) -> None:
+    """The sync thread sleeps on an eventfd between batches (the doorbell `handoff` rings after it lets go of
+    the lock): records appended one loop turn at a time, each after the thread went idle again, are all made
+    durable; a `close` from another thread while the loop runs leaves the eventfd to the loop to close, and a
+    `close` on the loop thread closes it at once."""
+    loop = asyncio.get_running_loop()
+    for on_loop in (False, True):
+        env, d = OsEnv(), os.path.join(tmp_path, f"j{on_loop}")
+        j = journal(env, d, max_wait_s=0.0)
+        assert replayed(j) == []
+        j.start(loop)
+        bell = j._doorbell
+        assert bell is not None and os.fstat(bell)
+        for i in range(20):  # one record at a time: the thread is idle (or about to be) before each
+            assert await append_all(j, [payload(i)]) == [None]
+        assert j.batches_synced == 20
+        if on_loop:
+            j.close()
+            with pytest.raises(OSError):
+                os.fstat(bell)
+        else:
+            await asyncio.to_thread(j.close)
+            for _ in range(100):  # the loop closes it at its next turns (bounded)
+                await asyncio.sleep(0)
+                try:
+                    os.fstat(bell)
+                except OSError:
+                    break
+            else:
+                raise AssertionError("the doorbell eventfd was never closed")
+        assert j._doorbell is None
+        assert replayed(journal(env, d)) == [payload(i) for i in range(20)]
+
+
 async def test_fdatasync_precedes_every_acknowledgement(tmp_path: str) -> None:
     """Ordering (issue 4 "Must show"): when a record's callback runs, a sync of its file has completed after
     the write that carried it."""
