@@ -49,8 +49,16 @@ if TYPE_CHECKING:
     from quorumlog.kv import KVStore
 
 T = TypeVar("T")
-# Buffers one pwritev takes (Linux: 1024).
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
+
+
+def _iov_max() -> int:
+    """Buffers one pwritev takes (Linux: 1024); 1024 when sysconf cannot say (-1: no limit it reports)."""
+    names = getattr(os, "sysconf_names", {})
+    limit = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in names else -1
+    return limit if limit > 0 else 1024
+
+
+_IOV_MAX = _iov_max()
 
 
 class Clock(ABC):

@@ -109,7 +109,8 @@ class EntryLogs:
         # Sizes, offsets and locations with C-level loops (map, accumulate): a checkpoint moves tens of
         # thousands of records, and this runs holding the GIL the event loop needs. The records were cached
         # seconds ago, so each length read is a cache miss: only the payloads' are read, every header being
-        # REC_HEADER_SIZE bytes (the log's format; each chunk's length below proves it).
+        # REC_HEADER_SIZE bytes (the log's format: `record_header` makes no other; a chunk whose written
+        # length differs fails below, before it is synced or indexed).
         sizes = list(map(REC_HEADER_SIZE.__add__, map(len, map(_payload_of, records))))
         offsets = list(accumulate(sizes, initial=self._current_size))
         locations = list(map(LOCATION.pack, repeat(log_id), offsets, sizes))

@@ -706,10 +706,7 @@ class Journal:
             self._queued_bytes += nbytes
             bell = None
             if self._thread_waiting and self._queued_bytes >= self._notify_at_bytes:
-                self._cond.notify()  # (a batch-size wait, `max_wait_s`)
-                if self._wakeup is not None:
-                    self._wakeup.set()
-                bell = self._doorbell
+                bell = self._wake()
         if bell is not None:
             os.eventfd_write(bell, 1)  # the lock is free, and the GIL is let go for the call
 
@@ -767,12 +764,18 @@ class Journal:
             self._fail(exc, batch)
 
     def _notify(self) -> None:
-        """Wake the waiting worker (under _cond): `handoff`, the hot path, does the same after the lock."""
-        self._cond.notify()
+        """Wake the waiting worker (under _cond)."""
+        bell = self._wake()
+        if bell is not None:
+            os.eventfd_write(bell, 1)
+
+    def _wake(self) -> int | None:
+        """`_notify` but for the doorbell, returned for the caller to ring (under _cond): `handoff`, the hot
+        path, rings it once it has let go of the lock."""
+        self._cond.notify()  # (a thread's batch-size wait, `max_wait_s`)
         if self._wakeup is not None:
             self._wakeup.set()
-        if self._doorbell is not None:
-            os.eventfd_write(self._doorbell, 1)
+        return self._doorbell
 
     def _close_doorbell(self, fd: int) -> None:
         """Close the doorbell once no `handoff` can still ring it: `handoff` rings after it lets go of the
