@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from quorumlog.admin.sketch import OpStats
 from quorumlog.bookie.config import BookieConfig
-from quorumlog.bookie.core import LedgerBook, LedgerState
+from quorumlog.bookie.core import LedgerBook, LedgerState, entry_lac
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
 from quorumlog.bookie.index import IndexError_, LedgerIndex
 from quorumlog.bookie.journal import (
@@ -205,8 +205,30 @@ class Bookie:
     # --- lifecycle -------------------------------------------------------------------------------------------
 
     def _load_state(self, ledger_id: int) -> LedgerState | None:
+        """The stored state of a ledger, with its last entry and LAC derived from its stored entries: a
+        checkpoint stores a state only when its master key, fence or explicit LAC changed, not as adds move
+        those two (core.py's docstring says why). The LAC is the one piggybacked on the last entry, the
+        largest any of them carries. If that entry cannot be read (corrupt, or a read error), the stored LAC
+        stands: maybe lower than the true one, which readers and recovery take as "not known to be confirmed
+        yet" -- they read on past it -- never as data lost; and a journal replay, which loads states, never
+        fails a start over it."""
         raw = self.index.ledger_state(ledger_id)
-        return None if raw is None else LedgerState.from_bytes(ledger_id, raw)
+        if raw is None:
+            return None
+        state = LedgerState.from_bytes(ledger_id, raw)
+        try:
+            last = self.storage.last_indexed(ledger_id)
+        except (CorruptEntryError, OSError) as exc:
+            log.warning("ledger %d: its last entry cannot be read to derive its LAC: %s", ledger_id, exc)
+            last_id = self.index.last_entry(ledger_id)
+            if last_id is not None and last_id > state.last_entry:
+                state.last_entry = last_id
+            return state
+        if last is not None:
+            entry_id, body = last
+            state.last_entry = max(state.last_entry, entry_id)
+            state.lac = max(state.lac, entry_lac(body))
+        return state
 
     async def start(self) -> None:
         """Replay the journal from the last checkpoint, checkpoint the result, start the journal thread."""

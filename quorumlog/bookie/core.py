@@ -4,6 +4,15 @@ What it owns: `LedgerState` (one per ledger the bookie knows: master key, fenced
 LAC) and `LedgerBook`, the table of them with the rules below. The I/O shell (`bookie.Bookie`) asks the book
 for a verdict, then journals, stores and answers. A deterministic simulator can drive the book directly.
 
+What a checkpoint stores of a state: it is snapshotted (`take_dirty`) when a fact only the state holds
+changes -- created, fenced, a new explicit LAC -- and not when an add moves its LAC or last entry. Those two
+are facts about the stored entries: the last entry is the index's, and the LAC the largest one piggybacked on
+them, which is the last entry's (a writer fixes each entry's LAC when it assigns the id, so it grows with the
+id; recovery re-adds carry the original bodies). The bookie derives both when it loads a state (`Bookie.
+_load_state`), as BookKeeper's DbLedgerStorage reads the LAC from the last entry. Snapshotting on every add
+re-encoded and rewrote every ledger written since the last checkpoint: at 10,000 ledgers written round robin,
+nearly all of them, each checkpoint (docs/PERFORMANCE.md, "Session 16").
+
 Rules (BookKeeper 4.14 semantics, DESIGN.md §1-§3):
 - The first add (or fence, or WRITE_LAC) of an unknown ledger creates it with the master key it carries;
   later requests with another key get EUA. A fencing read of an unknown ledger creates it *fenced*: an old
@@ -30,7 +39,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from quorumlog.proto.messages import MASTER_KEY_BYTES
@@ -43,7 +51,6 @@ _STATE = struct.Struct(">BqqH")  # flags, lac, last entry, master key length
 _FLAG_FENCED = 1
 _LAC_OFFSET = 16  # lastAddConfirmed inside an entry: ledgerId i64 | entryId i64 | lac i64 | ...
 _I64 = struct.Struct(">q")
-_ledger_of = itemgetter(0)  # a `FastAdd`'s ledger id
 
 # How long a fenced-and-deleted ledger stays refused after a request last touched its memory: BookKeeper's
 # 7 days after last access, long enough for any writer that was cut off by a fence to have given up.
@@ -267,9 +274,8 @@ class LedgerBook:
 
     def record_adds(self, ledger_id: int, last_entry_id: int, lac: int) -> bool:
         """Note stored entries of one ledger up to `last_entry_id`, the largest LAC among them `lac`; True
-        when the ledger's LAC advanced."""
+        when the ledger's LAC advanced. (Not a change to snapshot: the module docstring says why.)"""
         st = self._states[ledger_id]
-        self.dirty.add(ledger_id)
         if last_entry_id > st.last_entry:
             st.last_entry = last_entry_id
         if lac > st.lac:
@@ -290,7 +296,6 @@ class LedgerBook:
             if add[4] > st.lac:
                 st.lac = add[4]
                 advanced.append(lid)
-        self.dirty.update(map(_ledger_of, adds))
         return advanced
 
     def record_explicit_lac(self, ledger_id: int, lac: int, body: bytes) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from quorumlog.bookie.bookie import encode_availability
 from quorumlog.bookie.config import BookieConfig
+from quorumlog.bookie.core import LedgerState
 from quorumlog.bookie.journal import HEADER_SIZE
 from quorumlog.bookie.service import BookieService
 from quorumlog.env import OsDisk
@@ -220,6 +221,80 @@ async def test_corrupt_entry_is_eio_never_enoentry(start_bookie: StartBookie, tm
     await c.close()
 
 
+async def test_lac_and_last_entry_after_a_restart_come_from_the_last_stored_entry(
+    start_bookie: StartBookie,
+) -> None:
+    """A checkpoint stores a ledger's state when it is created, fenced or gets an explicit LAC, not as adds
+    move its LAC: after a clean restart (nothing to replay) the LAC and the last entry are derived from the
+    last entry in the index. Ledger 31 is striped (this bookie holds only even ids), ledger 32's last entry
+    carries a lower LAC than an explicit LAC it got before, which stands."""
+    svc = await start_bookie("derive")
+    c = await client(svc)
+    for lid in (30, 31, 32):
+        assert await add(c, lid, 0) == OK
+    await svc.bookie.checkpoint()  # type: ignore[union-attr]  # the states as created: LAC -1
+    for e in range(1, 10):
+        assert await add(c, 30, e) == OK
+    for e in range(2, 12, 2):
+        assert await add(c, 31, e) == OK
+    lac_body = DigestManager(32, DigestType.CRC32C, PASSWORD).encode_lac(6)
+    assert (await c.call(m.WriteLacRequest(32, 6, KEY, lac_body))).status == OK
+    assert await add(c, 32, 1, lac=0) == OK
+    await c.close()
+    await svc.stop()  # a checkpoint: the journal is released, nothing is replayed at the next start
+    svc2 = await start_bookie("derive")
+    book = svc2.bookie.book  # type: ignore[union-attr]
+    stored = {lid: svc2.bookie.index.ledger_state(lid) for lid in (30, 31, 32)}  # type: ignore[union-attr]
+    # Only ledger 32's state changed after the first checkpoint (its explicit LAC): the others' stored LAC
+    # is the one they were created with, so the LACs below are not read from there.
+    assert {lid: LedgerState.from_bytes(lid, raw).lac for lid, raw in stored.items() if raw} == {
+        30: -1,
+        31: -1,
+        32: 6,
+    }
+    states = {lid: book.get(lid) for lid in (30, 31, 32)}
+    assert {lid: (st.last_entry, st.lac) for lid, st in states.items() if st} == {
+        30: (9, 8),
+        31: (10, 9),
+        32: (1, 6),
+    }
+    c = await client(svc2)
+    r = await c.call(m.ReadRequest(30, 0))
+    assert (r.status, r.max_lac) == (OK, 8)
+    last = await c.call(m.ReadRequest(31, m.LAST_ENTRY_ID))
+    assert (last.status, struct.unpack_from(">q", last.body, 8)[0]) == (OK, 10)
+    assert (await c.call(m.ReadLacRequest(32))).lac_body == lac_body
+    await c.close()
+
+
+async def test_a_ledger_whose_last_entry_is_unreadable_loads_with_its_stored_lac(
+    start_bookie: StartBookie, tmp_path: str
+) -> None:
+    """The LAC is derived from the last entry; if that entry is corrupt the ledger still loads (its other
+    entries stay readable) with the LAC its state last stored, and reading the damaged entry is EIO."""
+    svc = await start_bookie("derive-corrupt", read_ahead_bytes=0)
+    c = await client(svc)
+    assert await add(c, 61, 0, b"payload-0") == OK
+    await svc.bookie.checkpoint()  # type: ignore[union-attr]  # its state as created: LAC -1
+    for e in range(1, 5):
+        assert await add(c, 61, e, b"payload-%d" % e) == OK
+    await c.close()
+    await svc.stop()
+    logs = os.path.join(tmp_path, "derive-corrupt", "ledgers", "entrylogs")
+    (name,) = os.listdir(logs)
+    path = os.path.join(logs, name)
+    raw = bytearray(_read(path))
+    raw[raw.find(b"payload-4")] ^= 0xFF
+    _write(path, bytes(raw))
+    svc2 = await start_bookie("derive-corrupt", read_ahead_bytes=0)
+    c = await client(svc2)
+    r = await c.call(m.ReadRequest(61, 3))
+    assert (r.status, r.max_lac) == (OK, -1)  # the LAC stored at creation
+    assert (await c.call(m.ReadRequest(61, 4))).status == StatusCode.EIO
+    assert svc2.bookie.book.get(61).last_entry == 4  # type: ignore[union-attr]
+    await c.close()
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -379,6 +454,8 @@ async def test_sequential_scan_grows_read_ahead_and_random_reads_do_not(start_bo
     await svc.stop()
     svc2 = await start_bookie("scan", write_cache_bytes=1 << 20)
     storage = svc2.bookie.storage  # type: ignore[union-attr]
+    # Loading the ledger's state reads its last entry (for its LAC): done before the reads are counted.
+    assert svc2.bookie.book.get(72) is not None  # type: ignore[union-attr]
     sizes: list[int] = []
     log_read = storage.entry_logs.read
 

@@ -78,6 +78,23 @@ def test_dirty_states_are_taken_once_per_checkpoint() -> None:
     assert b.take_dirty() == {}
 
 
+def test_adds_move_the_lac_without_a_snapshot_but_fences_and_explicit_lacs_take_one() -> None:
+    """A checkpoint re-stores a state only for what the entries cannot tell after a restart (the bookie
+    derives the LAC and the last entry from the last stored entry)."""
+    b = book()
+    b.check_add(1, KEY, False)
+    assert set(b.take_dirty()) == {1}
+    assert b.record_adds(1, 5, 4) is True
+    assert b.record_add(1, 6, entry(1, 6, b"x", lac=5)) is True
+    assert b.take_dirty() == {}
+    st = b.get(1)
+    assert st is not None and (st.last_entry, st.lac) == (6, 5)
+    b.record_explicit_lac(1, 9, b"lac-body")
+    assert LedgerState.from_bytes(1, b.take_dirty()[1]).lac == 9
+    b.check_fence(1, KEY)
+    assert LedgerState.from_bytes(1, b.take_dirty()[1]).fenced
+
+
 @pytest.mark.parametrize("key", [b"", b"k" * 19, b"k" * 21, b"k" * 70_000])
 def test_a_master_key_that_is_not_a_20_byte_digest_is_refused_at_the_door(key: bytes) -> None:
     """Issue 14 defect 1: a 70,000-byte key was accepted and then could not be checkpointed (the state keeps
