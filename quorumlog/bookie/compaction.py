@@ -42,6 +42,8 @@ import logging
 import threading
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add
 from typing import TYPE_CHECKING, TypeVar
 
 from quorumlog.bookie.entrylog import LOCATION, CorruptEntryError
@@ -71,8 +73,10 @@ class LogUsage:
     def add(self, log_id: int, per_ledger: Mapping[int, int]) -> None:
         with self._lock:
             d = self._logs.setdefault(log_id, {})
-            for lid, n in per_ledger.items():
-                d[lid] = d.get(lid, 0) + n
+            # One C-level pass (a checkpoint of 10,000 ledgers' adds holds as many ledgers as records).
+            d.update(
+                zip(per_ledger, map(add, map(d.get, per_ledger, repeat(0)), per_ledger.values()), strict=True)
+            )
 
     def remove(self, log_id: int, ledger_id: int, nbytes: int) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import starmap
-from operator import itemgetter
+from operator import itemgetter, sub
 
 from quorumlog.bookie.compaction import LogUsage
 from quorumlog.bookie.entrylog import EntryLogs
@@ -82,13 +82,10 @@ def _bytes_per_ledger(keys: list[tuple[int, int]], offsets: list[int]) -> dict[i
     if keys[0][0] == keys[-1][0]:  # one ledger (the keys are sorted): nothing to look up per record
         return {keys[0][0]: offsets[-1] - offsets[0]}
     ends = dict(zip(map(_ledger_of, keys), range(1, len(keys) + 1), strict=True))  # past each ledger's last
-    per_ledger: dict[int, int] = {}
-    before = offsets[0]
-    for lid, end in ends.items():
-        through = offsets[end]
-        per_ledger[lid] = through - before
-        before = through
-    return per_ledger
+    # Where each ledger's records end and start, as C-level passes too (a Python step per ledger was a
+    # millisecond of the loop's GIL per such checkpoint): ledger i starts where ledger i - 1 ends.
+    through = list(map(offsets.__getitem__, ends.values()))
+    return dict(zip(ends, map(sub, through, [offsets[0], *through[:-1]]), strict=True))
 
 
 class ReadAheadCache:

@@ -215,8 +215,10 @@ class WriteHandle(LedgerHandle):
         self._add_batch_end = self._on_add_batch_end
         # An ack gave some entry its A acks since the last drain: the batch end completes entries.
         self._drain_due = False
-        # entry id -> bookie -> resends after drops blamed on another request (usually empty).
-        self._resends: dict[int, dict[str, int]] = {}
+        # entry id -> bookie -> resends after drops blamed on another request; made by the first such drop
+        # (an empty dict would still be one more cold object each completion reads, docs/PERFORMANCE.md,
+        # "Session 16").
+        self._resends: dict[int, dict[str, int]] | None = None
         # The largest payload an entry of this ledger may carry: its ADD frame (entry header, digest, master
         # key, protocol header, ids at their widest) must fit in the client's max_frame_bytes.
         self.max_payload_bytes = (
@@ -519,7 +521,8 @@ class WriteHandle(LedgerHandle):
         """Send `action` again to its bookie after a drop blamed on another request, or ignore the drop; False
         when the drop counts against the bookie (`same_bookie_drop_verdict`: the entry already completed
         without it, or was resent too often)."""
-        counts = self._resends.get(action.entry_id)
+        resends = self._resends
+        counts = None if resends is None else resends.get(action.entry_id)
         done = 0 if counts is None else counts.get(action.bookie_id, 0)
         verdict = same_bookie_drop_verdict(
             pending=action.entry_id in self._adds,
@@ -532,7 +535,9 @@ class WriteHandle(LedgerHandle):
         if verdict == "blame":
             return False
         if counts is None:
-            counts = self._resends[action.entry_id] = {}
+            if resends is None:
+                resends = self._resends = {}
+            counts = resends[action.entry_id] = {}
         counts[action.bookie_id] = done + 1
         self._send_adds([action])
         return True
@@ -590,7 +595,7 @@ class WriteHandle(LedgerHandle):
                 # readers see its end without recovering it. A recovery's adds never close: the recovery
                 # decides where the ledger ends.
                 self._begin_close()
-        elif self._adv_waiting and self._tracker.has_capacity:
+        elif self.adv and self._adv_waiting and self._tracker.has_capacity:  # (self.adv: the dict stays cold)
             self._push_adv_waiting()
         if self._capacity is not None and self._tracker.has_capacity:
             self._capacity.set()

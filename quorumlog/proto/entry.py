@@ -154,6 +154,23 @@ def _mac_fn(key: bytes) -> DigestFn:
     return mac
 
 
+# Master keys, one bytes object per distinct key: a writer reads its ledger's key for every entry, and with
+# 10,000 open ledgers written round robin a key of its own per handle was one more cold object per add
+# (docs/PERFORMANCE.md, "Session 16"). Ledgers of one application share a password, so a handful of keys.
+# Bounded: past it, keys are simply not shared.
+_SHARED_KEYS: dict[bytes, bytes] = {}
+_SHARED_KEYS_MAX = 1024
+
+
+def _shared_key(key: bytes) -> bytes:
+    shared = _SHARED_KEYS.get(key)
+    if shared is not None:
+        return shared
+    if len(_SHARED_KEYS) < _SHARED_KEYS_MAX:
+        _SHARED_KEYS[key] = key
+    return key
+
+
 class DigestManager:
     """Builds and verifies the entries and LAC bodies of one ledger.
 
@@ -167,7 +184,7 @@ class DigestManager:
         self.ledger_id = ledger_id
         self.digest_type = DigestType(digest_type)
         pw = _password_bytes(password)
-        self.master_key = master_key(pw)
+        self.master_key = _shared_key(master_key(pw))
         self.digest_bytes = DIGEST_BYTES[self.digest_type]
         fn: DigestFn
         if self.digest_type is DigestType.CRC32:

@@ -79,6 +79,11 @@ def test_log_usage_tracks_live_bytes_per_log_and_ledger() -> None:
     u.add(2, {7: 30})
     u.add(2, {9: 20})
     assert u.live_bytes() == {1: 150, 2: 50}
+    u.add(2, {7: 5, 9: 1, 10: 4})  # adds to ledgers already counted in that log and to a new one
+    assert u.live_bytes() == {1: 150, 2: 60}
+    u.remove(2, 7, 5)
+    u.remove(2, 9, 1)
+    u.remove(2, 10, 4)
     u.remove(1, 7, 60)
     u.remove(1, 99, 10)  # unknown ledger: nothing to remove
     assert u.live_bytes()[1] == 90 and u.ledgers_in(1) == [7, 8]

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from quorumlog import Client
+from quorumlog.client.write_handle import WriteHandle
 from quorumlog.testing.cluster import LocalCluster
 
 PW = b"secret"
@@ -86,3 +87,26 @@ async def test_a_writer_stays_on_the_add_timeout_tick_while_a_bookie_owes_an_ans
             batch_end()
         assert w.last_add_confirmed == 1
         await w.close()
+
+
+async def test_writers_on_the_same_bookies_share_what_a_new_entry_reads(cluster: LocalCluster) -> None:
+    """At 10,000 open ledgers written round robin each append finds its handle cold, and every object of its
+    own the handle reads costs a cache miss (docs/PERFORMANCE.md, "Session 16"): handles on the same bookies
+    with the same password share the ensemble, the table of sends and the master key, and a handle that never
+    resent an add holds no resend table."""
+    async with await Client.connect(cluster.uri) as client:
+        # Placement orders each ensemble at random: of 7 ledgers on 3 bookies two have the same order.
+        handles = [await client.create_ledger(3, 3, 2, password=PW) for _ in range(7)]
+        for h in handles:
+            await h.append(b"x")
+        by_ensemble: dict[tuple[str, ...], list[WriteHandle]] = {}
+        for h in handles:
+            by_ensemble.setdefault(tuple(h.metadata.ensembles[0]), []).append(h)
+        a, b = next(same for same in by_ensemble.values() if len(same) > 1)[:2]
+        assert a._tracker.ensembles is not b._tracker.ensembles  # each handle's own metadata...
+        assert a._tracker._sends is b._tracker._sends  # ...but one table of sends
+        assert a._tracker._last_list is b._tracker._last_list
+        assert all(h._master_key is a._master_key for h in handles)
+        assert all(h._resends is None for h in handles)
+        for h in handles:
+            await h.close()

@@ -498,3 +498,20 @@ def test_fail_pending_fails_adds_in_flight_and_closes_at_the_lac() -> None:
     with pytest.raises(LedgerClosedError):
         t.append(1, 0.1)
     assert t.on_ack(1, "b1", 0.1) == []  # a late answer changes nothing
+
+
+def test_trackers_on_one_ensemble_share_their_sends_and_a_failure_in_one_leaves_the_other_alone() -> None:
+    """The table of where a new entry goes is shared between trackers with the same last ensemble and failed
+    bookies (one hot object rather than one cold one per handle at 10,000 ledgers): sharing must not let one
+    writer's failed bookie change where another writer sends."""
+    a = AddTracker(Quorum(3, 2, 2), {0: list(B)})
+    b = AddTracker(Quorum(3, 2, 2), {0: list(B)})
+    first_a, first_b = a.append(1, 0.0), b.append(1, 0.0)
+    assert first_a.sends is first_b.sends == ((0, "b0"), (1, "b1"))
+    (change,) = a.on_error(0, "b1", BookieUnavailableError("down"), 0.0)
+    assert isinstance(change, EnsembleChangeNeeded)
+    assert [a.append(1, 0.0).sends for _ in range(2)] == [((2, "b2"),), ((2, "b2"), (0, "b0"))]
+    assert [b.append(1, 0.0).sends for _ in range(2)] == [((1, "b1"), (2, "b2")), ((2, "b2"), (0, "b0"))]
+    b.on_ack(1, "b1", 0.0)
+    assert completed(b.on_ack(1, "b2", 0.0)) == []  # entry 0 of b first
+    assert completed(b.on_ack(0, "b0", 0.0) + b.on_ack(0, "b1", 0.0)) == [0, 1]
