@@ -149,19 +149,34 @@ class Appended:
 
 class _Pending:
     """One pending add. A plain slotted class, not a dataclass or an `AckSet` (distribution.py), with the acks
-    as a bit mask rather than a set: every object an add in flight holds is one more for the cyclic GC to
-    count, promote and scan (docs/PERFORMANCE.md, "CPU per entry (session 6)")."""
+    and the requests outstanding as bit masks rather than a set and a dict: every object an add in flight
+    holds is one more to allocate and free, for the cyclic GC to count, promote and scan (docs/PERFORMANCE.md,
+    "CPU per entry (session 6)"), and at 10,000 ledgers one more cold object an ack reads ("Session 16")."""
 
-    __slots__ = ("acked", "first_sent_s", "length", "recovery", "sent_s")
+    __slots__ = ("acked", "first_sent_s", "length", "outstanding", "recovery", "resent_s")
 
-    def __init__(self, length: int, recovery: bool, first_sent_s: float, sent_s: dict[int, float]) -> None:
+    def __init__(self, length: int, recovery: bool, first_sent_s: float, outstanding: int) -> None:
         # Ensemble indices (of the entry's write set) that acknowledged it: bit i is index i.
         self.acked = 0
         self.length = length
         self.recovery = recovery
         self.first_sent_s = first_sent_s
-        # index -> when the request now outstanding at that index was sent (absent once acked or failed).
-        self.sent_s = sent_s
+        # Indices with a request outstanding (sent, neither answered nor failed yet), as a bit mask; each was
+        # sent at `first_sent_s` unless resent later (an ensemble change), then at `resent_s[index]`.
+        self.outstanding = outstanding
+        self.resent_s: dict[int, float] | None = None
+
+    def sent_s(self) -> dict[int, float]:
+        """Index -> when the request outstanding there was sent, in index order."""
+        out, first, resent = self.outstanding, self.first_sent_s, self.resent_s
+        sent: dict[int, float] = {}
+        index = 0
+        while out:
+            if out & 1:
+                sent[index] = first if resent is None else resent.get(index, first)
+            out >>= 1
+            index += 1
+        return sent
 
 
 class AddTracker:
@@ -248,7 +263,7 @@ class AddTracker:
         self._pending: dict[int, _Pending] = {}  # insertion order == entry-id order
         # bookie -> {entry id: send time} of the adds of *completed* entries that bookie has not answered (the
         # entry completed without it, A < W), in completion order. A pending entry's unanswered adds are its
-        # `sent_s`; these are recorded when it completes, so that a bookie slow only after the ack quorum
+        # `outstanding` ones; these are recorded when it completes, so that a bookie slow only after the ack quorum
         # formed is still found late (`take_late_bookies`). Empty when A = W: nothing is recorded per add
         # sent, and at 10,000 ledgers written round robin every add touches a cold handle's dicts
         # (docs/PERFORMANCE.md, "Session 14"). A bookie's key goes once it has nothing unanswered.
@@ -270,8 +285,9 @@ class AddTracker:
         self._last_start = 0
         self._last_list: Sequence[str] = ()
         # What a new entry e is sent to: `_sends[e % E]`, the (index, bookie) pairs of its write set in the last
-        # ensemble less the bookies awaiting replacement, and their indices; valid while `self.ensembles` and
-        # `self._failed_bookies` are the objects it was made from (both are replaced, never changed in place).
+        # ensemble less the bookies awaiting replacement, and their indices as a bit mask; valid while
+        # `self.ensembles` and `self._failed_bookies` are the objects it was made from (both are replaced, never
+        # changed in place).
         # Shared by every tracker with the same last ensemble and failed bookies (`_sends_table`).
         self._sends: _SendsTable = ()
         self._sends_for: dict[int, list[str]] | None = None
@@ -376,11 +392,11 @@ class AddTracker:
             and self._sends_failed is self._failed_bookies
             and entry_id >= self._sends_start
         ):
-            sends, indices = self._sends[entry_id % self._ensemble_size]
+            sends, mask = self._sends[entry_id % self._ensemble_size]
         else:
             sends = self._sends_of(entry_id)
-            indices = tuple(index for index, _ in sends)
-        self._pending[entry_id] = _Pending(length, recovery, now_s, dict.fromkeys(indices, now_s))
+            mask = sum(1 << index for index, _ in sends)
+        self._pending[entry_id] = _Pending(length, recovery, now_s, mask)
         return Appended(entry_id, lac, length, sends, recovery)
 
     def _sends_of(self, entry_id: int) -> tuple[tuple[int, str], ...]:
@@ -478,8 +494,9 @@ class AddTracker:
         if index not in self._write_sets[entry_id % self._ensemble_size] or (failed and bookie_id in failed):
             # Not (or no longer) a bookie of this entry's write set, e.g. one replaced meanwhile.
             return False
-        pending.sent_s.pop(index, None)
-        acked = pending.acked | (1 << index)
+        bit = 1 << index
+        pending.outstanding &= ~bit
+        acked = pending.acked | bit
         pending.acked = acked
         # Most acks: this entry is not complete yet, so no entry can complete now (completion is in order,
         # and every other entry's acks are unchanged since the last drain).
@@ -501,7 +518,7 @@ class AddTracker:
         index = self._index_in_write_set(entry_id, bookie_id)
         if index is None:
             return []
-        pending.sent_s.pop(index, None)
+        pending.outstanding &= ~(1 << index)
         return self._bookie_failed(bookie_id)
 
     def _late_failure(self, entry_id: int, bookie_id: str) -> list[AddAction]:
@@ -539,7 +556,7 @@ class AddTracker:
         for entry_id, pending in self._pending.items():
             index = self._index_in_write_set(entry_id, bookie_id)
             if index is not None:
-                pending.sent_s.pop(index, None)
+                pending.outstanding &= ~(1 << index)
         return self._bookie_failed(bookie_id)
 
     # --- ensemble change --------------------------------------------------------------------------------
@@ -569,7 +586,10 @@ class AddTracker:
             for index in self.quorum.write_set(entry_id):
                 if index in replaced:
                     pending.acked &= ~(1 << index)
-                    pending.sent_s[index] = now_s
+                    pending.outstanding |= 1 << index
+                    if pending.resent_s is None:
+                        pending.resent_s = {}
+                    pending.resent_s[index] = now_s
                     actions.append(SendAdd(entry_id, index, new_ensemble[index], pending.recovery))
         actions.extend(self._drain_completions())
         if self._failed_bookies and self._error is None:
@@ -606,9 +626,9 @@ class AddTracker:
             slow: set[str] = set()
             for entry_id, pending in self._pending.items():
                 _, ensemble = ensemble_for(self.ensembles, entry_id)
-                for index, sent_s in list(pending.sent_s.items()):
+                for index, sent_s in pending.sent_s().items():
                     if now_s - sent_s >= self.add_timeout_s:
-                        del pending.sent_s[index]
+                        pending.outstanding &= ~(1 << index)
                         slow.add(ensemble[index])
             for bookie in sorted(slow):
                 actions.extend(self._bookie_failed(bookie))
@@ -620,8 +640,8 @@ class AddTracker:
         for pending in self._pending.values():
             if self.add_quorum_timeout_s > 0 and pending.acked.bit_count() < self._ack_quorum:
                 deadlines.append(pending.first_sent_s + self.add_quorum_timeout_s)
-            if self.add_timeout_s > 0 and pending.sent_s:
-                deadlines.append(min(pending.sent_s.values()) + self.add_timeout_s)
+            if self.add_timeout_s > 0 and pending.outstanding:
+                deadlines.append(min(pending.sent_s().values()) + self.add_timeout_s)
         return min(deadlines, default=None)
 
     # --- explicit LAC -----------------------------------------------------------------------------------
@@ -682,8 +702,8 @@ class AddTracker:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
             done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s))
-            if pending.sent_s:  # completed without some bookie of its write set (A < W)
-                self._note_unanswered(entry_id, pending.sent_s)
+            if pending.outstanding:  # completed without some bookie of its write set (A < W)
+                self._note_unanswered(entry_id, pending.sent_s())
             entry_id += 1
             pending = pending_adds.get(entry_id)
         return done
@@ -775,7 +795,7 @@ def _write_sets(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...],
 # robin every append finds its tracker cold, and each object it holds costs about a DRAM miss, 0.1 µs of a
 # 14 µs entry (docs/PERFORMANCE.md, "Session 16"). Ledgers on the same bookies share one ensemble tuple (and
 # its bookie-id strings) and one table of sends; these stay hot. Bounded: an evicted one is only made again.
-_SendsTable = tuple[tuple[tuple[tuple[int, str], ...], tuple[int, ...]], ...]
+_SendsTable = tuple[tuple[tuple[tuple[int, str], ...], int], ...]
 _SHARED_MAX = 1024
 
 
@@ -790,11 +810,11 @@ def _sends_table(
     ensemble: tuple[str, ...], failed: frozenset[str], write_sets: tuple[tuple[int, ...], ...]
 ) -> _SendsTable:
     """For each entry id modulo E, the (index, bookie) pairs of its write set in `ensemble` less the bookies
-    in `failed`, and their indices."""
+    in `failed`, and their indices as a bit mask."""
     table = []
     for write_set in write_sets:
         indices = tuple(index for index in write_set if ensemble[index] not in failed)
-        table.append((tuple((index, ensemble[index]) for index in indices), indices))
+        table.append((tuple((index, ensemble[index]) for index in indices), sum(1 << i for i in indices)))
     return tuple(table)
 
 

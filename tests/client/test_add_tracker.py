@@ -515,3 +515,31 @@ def test_trackers_on_one_ensemble_share_their_sends_and_a_failure_in_one_leaves_
     b.on_ack(1, "b1", 0.0)
     assert completed(b.on_ack(1, "b2", 0.0)) == []  # entry 0 of b first
     assert completed(b.on_ack(0, "b0", 0.0) + b.on_ack(0, "b1", 0.0)) == [0, 1]
+
+
+def test_a_resent_add_times_out_from_its_resend_and_is_unanswered_from_then() -> None:
+    """An add resent to a replacement bookie (ensemble change) is timed from the resend, not from the entry's
+    first send: the tracker keeps the outstanding requests as a bit mask plus the resend times."""
+    t = AddTracker(Quorum(3, 3, 3), {0: B}, add_timeout_s=1.0)
+    t.append(1, 0.0)
+    (change,) = t.on_error(0, "b1", BookieUnavailableError("down"), 0.0)
+    assert isinstance(change, EnsembleChangeNeeded)
+    assert sends(t.ensemble_change_committed(0, ["b0", "b7", "b2"], 0.9)) == [(0, "b7")]
+    t.on_ack(0, "b0")
+    assert completed(t.on_ack(0, "b2")) == []  # waits for b7 (A = 3)
+    assert t.next_deadline_s() == pytest.approx(1.9)
+    assert t.check_timeouts(1.5) == []
+    (late,) = t.check_timeouts(1.95)
+    assert isinstance(late, EnsembleChangeNeeded) and dict(late.failed) == {1: "b7"}
+
+
+def test_a_resent_add_left_unanswered_at_completion_is_recorded_with_its_resend_time() -> None:
+    t = AddTracker(Quorum(3, 3, 2), {0: B}, add_timeout_s=5.0)
+    t.append(1, 0.0)
+    (change,) = t.on_error(0, "b1", BookieUnavailableError("down"), 0.0)
+    t.ensemble_change_committed(change.first_entry_id, ["b0", "b7", "b2"], 0.9)
+    t.on_ack(0, "b0")
+    assert completed(t.on_ack(0, "b2")) == [0]
+    assert t.unanswered == {"b7": {0: 0.9}}
+    t.on_ack(0, "b7")  # answered after all: forgotten
+    assert t.unanswered == {}
