@@ -216,17 +216,16 @@ class Bookie:
         if raw is None:
             return None
         state = LedgerState.from_bytes(ledger_id, raw)
+        last = self.index.last_entry(ledger_id)
+        if last is None:
+            return state
+        state.last_entry = max(state.last_entry, last)
         try:
-            last = self.storage.last_indexed(ledger_id)
+            body = self.storage.indexed_entry(ledger_id, last)
         except (CorruptEntryError, OSError) as exc:
             log.warning("ledger %d: its last entry cannot be read to derive its LAC: %s", ledger_id, exc)
-            last_id = self.index.last_entry(ledger_id)
-            if last_id is not None and last_id > state.last_entry:
-                state.last_entry = last_id
             return state
-        if last is not None:
-            entry_id, body = last
-            state.last_entry = max(state.last_entry, entry_id)
+        if body is not None:
             state.lac = max(state.lac, entry_lac(body))
         return state
 

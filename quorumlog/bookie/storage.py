@@ -209,18 +209,15 @@ class LedgerStorage:
                 self._scans.popitem(last=False)
         return entries[0]
 
-    def last_indexed(self, ledger_id: int) -> tuple[int, bytes] | None:
-        """The ledger's last entry in the index and its body (None: it has none there), read without
-        read-ahead: what the bookie derives a loaded state's LAC from (`Bookie._load_state`). Entries still
-        in the write cache are not looked at: a ledger has none there before its state is loaded.
-        `CorruptEntryError` / `IndexError_` if it cannot be read."""
-        entry_id = self.index.last_entry(ledger_id)
-        if entry_id is None:
-            return None
+    def indexed_entry(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """An entry as the index and entry logs hold it (None: not indexed), read without read-ahead and
+        without the caches: what the bookie derives a loaded state's LAC from (`Bookie._load_state`; a
+        ledger has nothing in the write cache before its state is loaded). `CorruptEntryError`,
+        `IndexError_` or `OSError` if it cannot be read."""
         location = self.index.location(ledger_id, entry_id)
-        if location is None:  # deleted between the two reads (garbage collection)
+        if location is None:  # deleted meanwhile (garbage collection)
             return None
-        return entry_id, self.entry_logs.read(ledger_id, entry_id, location)[0]
+        return self.entry_logs.read(ledger_id, entry_id, location)[0]
 
     def entries(self, ledger_id: int) -> list[int]:
         # Caches before the index: the checkpoint thread commits the index *then* clears the flushed cache,

@@ -31,6 +31,7 @@ is built with a single join.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
@@ -157,17 +158,10 @@ def _mac_fn(key: bytes) -> DigestFn:
 # Master keys, one bytes object per distinct key: a writer reads its ledger's key for every entry, and with
 # 10,000 open ledgers written round robin a key of its own per handle was one more cold object per add
 # (docs/PERFORMANCE.md, "Session 16"). Ledgers of one application share a password, so a handful of keys.
-# Bounded: past it, keys are simply not shared.
-_SHARED_KEYS: dict[bytes, bytes] = {}
-_SHARED_KEYS_MAX = 1024
-
-
+# Bounded, as add_tracker's shared ensembles are: an evicted key is only shared again.
+@functools.lru_cache(maxsize=1024)
 def _shared_key(key: bytes) -> bytes:
-    shared = _SHARED_KEYS.get(key)
-    if shared is not None:
-        return shared
-    if len(_SHARED_KEYS) < _SHARED_KEYS_MAX:
-        _SHARED_KEYS[key] = key
+    """The first equal key seen (interned)."""
     return key
 
 
