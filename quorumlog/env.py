@@ -32,6 +32,7 @@ Rules the rest of the code keeps:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -100,6 +101,11 @@ class File(ABC):
     @abstractmethod
     def fdatasync(self) -> None:
         """Make every byte written so far durable (blocking: call through Env.run_blocking)."""
+
+    def drop_cache(self, offset: int, length: int) -> None:
+        """A hint that these bytes, already synced, will not be read soon: the OS may drop them from its page
+        cache. Nothing a read returns changes; files without a page cache ignore it."""
+        return  # the default: no page cache (simulated files); OsFile overrides it
 
     @abstractmethod
     def truncate(self, size: int) -> None: ...
@@ -330,6 +336,13 @@ class OsFile(File):
 
     def fdatasync(self) -> None:
         os.fdatasync(self._fd)
+
+    def drop_cache(self, offset: int, length: int) -> None:
+        # POSIX_FADV_DONTNEED drops clean pages at once (dirty ones would only be queued for writeback: call it
+        # after fdatasync). A refusal (a filesystem that does not support it) leaves the pages cached, which is
+        # all a hint can cost.
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_DONTNEED)
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self._fd, size)

@@ -172,6 +172,7 @@ class Bookie:
                     os.path.join(config.ledger_dir, "entrylogs"),
                     log_size_bytes=config.entry_log_size_bytes,
                     flush_chunk_bytes=config.flush_entrylog_bytes,
+                    remove_pages_from_cache=config.entry_log_remove_pages_from_cache,
                 ),
                 self.index,
                 write_cache_bytes=config.write_cache_bytes,

@@ -70,6 +70,13 @@ class BookieConfig:
         4096,
         1 << 30,
     )
+    entry_log_remove_pages_from_cache: bool = setting(
+        True,
+        "drop each entry-log chunk a checkpoint writes from the OS page cache once it is synced, so writing "
+        "recycles a few pages instead of filling memory with bytes rarely read again (BookKeeper's "
+        "journalRemovePagesFromCache, for entry logs); reads of flushed entries then come from the disk "
+        "through the read-ahead cache: set false to keep them cached on a slow disk",
+    )
     checkpoint_interval_s: float = setting(10.0, "longest time between checkpoints", 0.01, 3600)
     checkpoint_jitter: float = setting(
         0.5,

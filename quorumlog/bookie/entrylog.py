@@ -15,6 +15,14 @@ Rules it keeps:
   one big fdatasync of a whole write-cache half queues tens of MiB in front of the journal's own fdatasync on
   the same disk and stalls acknowledgements; bounded chunks keep each sync short. The batch is durable only
   after the last chunk's sync, which is when `write_batch` returns -- the index is committed after that.
+- Each chunk, once synced, is dropped from the OS page cache (`remove_pages_from_cache`, on by default; the
+  bookie's setting `entry_log_remove_pages_from_cache`). Kept, every byte a bookie writes takes a page the
+  kernel must find: here a never-used page of a VM's memory costs 2.2 s of kernel CPU per GiB to fault in
+  (0.2 s for a recycled one), and after 20 s at full speed a bookie's CPU per add rose by half (11 -> 16 us,
+  docs/PERFORMANCE.md, "Session 17"); on any machine the cache fills with bytes that are rarely read again
+  and pushes out the index's pages. Dropped, the same few pages are recycled chunk after chunk. Reads of
+  entries that have left the write cache then come from the disk, through the bookie's read-ahead cache --
+  BookKeeper's direct-I/O entry logger makes the same trade.
 - Logs roll by size. After a restart writing continues in a new log, so a torn tail of an old log (bytes no
   index entry points to) is never appended to. Every log but the one being appended to is *sealed*: never
   written again, so compaction may rewrite and delete it.
@@ -22,6 +30,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import threading
@@ -41,6 +50,7 @@ _IDS = struct.Struct(">qq")
 LOCATION = struct.Struct(">IQI")  # log id, offset of the record, record length (header included)
 _ADD = int(RecordType.ADD)
 _payload_of = itemgetter(1)  # of a (header, payload) record
+_PAGE_BYTES = mmap.PAGESIZE
 # Most bytes written per pwritev + fdatasync of a checkpoint by default (see the rules above; the bookie's
 # setting `flush_entrylog_bytes`). Three bookies on one disk fill their write caches at the same rate and
 # checkpoint together: with 2 MiB chunks a concurrent 8 KiB fdatasync (a journal's) took p50 3-12 ms and
@@ -77,11 +87,13 @@ class EntryLogs:
         *,
         log_size_bytes: int = 1 << 30,
         flush_chunk_bytes: int = FLUSH_CHUNK_BYTES,
+        remove_pages_from_cache: bool = True,
     ) -> None:
         self.env = env
         self.directory = directory
         self.log_size_bytes = log_size_bytes
         self.flush_chunk_bytes = max(1, flush_chunk_bytes)
+        self.remove_pages_from_cache = remove_pages_from_cache
         env.disk.makedirs(directory)
         ids = [int(n[:8], 16) for n in env.disk.listdir(directory) if n.endswith(".log") and len(n) == 12]
         self._next_id = (max(ids) + 1) if ids else 1
@@ -126,6 +138,11 @@ class EntryLogs:
                     f"a record header is not {REC_HEADER_SIZE} bytes: nothing of this batch is indexed"
                 )
             f.fdatasync()
+            if self.remove_pages_from_cache:
+                # After the sync (dirty pages are not dropped), and from the page the chunk starts in: the OS
+                # drops only whole pages, so the page shared with the previous chunk goes now, with this one.
+                start = offsets[first] - offsets[first] % _PAGE_BYTES
+                f.drop_cache(start, offsets[end] - start)
             first = end
         self._current_size = offsets[-1]
         return WrittenBatch(log_id, offsets, locations)

@@ -35,6 +35,11 @@ class WrappedFile(File):
             self._inner.fdatasync()
             self._disk.event("sync", self.path)
 
+    def drop_cache(self, offset: int, length: int) -> None:
+        with self._disk.lock:
+            self._inner.drop_cache(offset, length)
+            self._disk.event("drop", self.path, offset, offset + length)
+
     def truncate(self, size: int) -> None:
         with self._disk.lock:
             self._inner.truncate(size)

@@ -6,6 +6,8 @@ killed mid-compaction at deterministic points, restarted, with nothing lost and 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import random
 from collections.abc import AsyncIterator
@@ -130,6 +132,88 @@ def test_a_batch_is_written_and_synced_in_bounded_chunks(tmp_path: str) -> None:
     logs.close()
 
 
+def test_each_chunk_is_dropped_from_the_page_cache_after_its_sync(tmp_path: str) -> None:
+    """By default every chunk, once synced (never before: dirty pages are not dropped), is handed to
+    `drop_cache` from the start of the page it begins in to its end, so together the drops cover the whole
+    log; `remove_pages_from_cache=False` drops nothing."""
+    disk = WrappedDisk(OsDisk(), record=True)
+    logs = EntryLogs(DiskEnv(disk), os.path.join(tmp_path, "logs"), flush_chunk_bytes=10_000)
+    records = [_record(1, e, 3001) for e in range(20)]
+    logs.write_batch(records)
+    logs.write_batch(records[:3])
+    events = [e for e in disk.events if e[0] in ("write", "sync", "drop")]
+    assert [e[0] for e in events] == ["write", "sync", "drop"] * (len(events) // 3)
+    page = mmap.PAGESIZE
+    covered = 0
+    for write, drop in zip(events[0::3], events[2::3], strict=True):
+        _, _, start, end = write
+        assert drop[2] == start - start % page and drop[3] == end
+        assert drop[2] <= covered  # no gap between one drop and the next
+        covered = drop[3]
+    assert covered == 2 * sum(len(h) + len(b) for h, b in records[:3]) + sum(
+        len(h) + len(b) for h, b in records[3:]
+    )
+    logs.close()
+
+    disk.events.clear()
+    kept = EntryLogs(DiskEnv(disk), os.path.join(tmp_path, "kept"), remove_pages_from_cache=False)
+    kept.write_batch(records)
+    assert [e for e in disk.events if e[0] == "drop"] == []
+    kept.close()
+
+
+def _resident_pages(path: str) -> tuple[int, int]:
+    """(pages of `path` in the OS page cache, its pages in all), from mincore(2) on a private mapping
+    (mapping a file reads none of it in)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    pages = -(-size // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as mapped:
+        view = ctypes.c_char.from_buffer(mapped)
+        try:
+            if libc.mincore(ctypes.c_void_p(ctypes.addressof(view)), ctypes.c_size_t(size), vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore")
+        finally:
+            del view  # (a mapping with a live export cannot close)
+    return sum(v & 1 for v in vec), pages
+
+
+def test_a_written_entry_log_leaves_the_os_page_cache(tmp_path: str) -> None:
+    """On a real file system: an entry log written with the default keeps at most its last, partly written
+    page in the page cache, one written with `remove_pages_from_cache=False` keeps every page, and both
+    read back the same records (from the disk for the first)."""
+    records = [_record(7, e, 4000) for e in range(100)]  # ~400 KB, several 64 KiB chunks
+    kept = EntryLogs(
+        DiskEnv(OsDisk()),
+        os.path.join(tmp_path, "kept"),
+        flush_chunk_bytes=64 << 10,
+        remove_pages_from_cache=False,
+    )
+    kept_locations = kept.write_batch(records)
+    kept_path = os.path.join(tmp_path, "kept", "00000001.log")
+    resident, pages = _resident_pages(kept_path)
+    assert pages > 50 and resident == pages
+    fd = os.open(kept_path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident_pages(kept_path)[0] == pages:
+        pytest.skip(
+            f"the file system of {tmp_path} keeps file pages in memory (tmpfs): nothing can be dropped"
+        )
+
+    dropped = EntryLogs(DiskEnv(OsDisk()), os.path.join(tmp_path, "dropped"), flush_chunk_bytes=64 << 10)
+    locations = dropped.write_batch(records)
+    resident, pages = _resident_pages(os.path.join(tmp_path, "dropped", "00000001.log"))
+    assert resident <= 1, f"{resident} of {pages} pages still cached"
+    assert [dropped.read_record(loc) for loc in locations] == records
+    assert [kept.read_record(loc) for loc in kept_locations] == records
+    kept.close()
+    dropped.close()
+
+
 def test_written_offsets_bound_each_record_and_follow_the_last_batch(tmp_path: str) -> None:
     """`write_records` says where each record starts and ends (a checkpoint counts live bytes per ledger from
     it): record i spans offsets[i]..offsets[i + 1] in log `log_id`, as its location says, and a second batch
@@ -173,6 +257,16 @@ async def test_the_bookie_flushes_entry_logs_in_chunks_of_its_setting(start_book
     assert svc.bookie is not None and svc.bookie.storage.entry_logs.flush_chunk_bytes == 8192
     with pytest.raises(ConfigError, match="flush_entrylog_bytes"):
         BookieConfig(flush_entrylog_bytes=100)
+
+
+async def test_the_bookie_removes_entry_log_pages_from_the_cache_unless_told_not_to(
+    start_bookie: StartBookie,
+) -> None:
+    """`entry_log_remove_pages_from_cache` (default on) reaches the entry logs."""
+    svc = await start_bookie()
+    assert svc.bookie is not None and svc.bookie.storage.entry_logs.remove_pages_from_cache
+    svc = await start_bookie("kept", entry_log_remove_pages_from_cache=False)
+    assert svc.bookie is not None and not svc.bookie.storage.entry_logs.remove_pages_from_cache
 
 
 def test_relocate_is_a_compare_and_set_per_entry(tmp_path: str) -> None:
