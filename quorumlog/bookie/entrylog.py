@@ -18,9 +18,9 @@ Rules it keeps:
 - Each chunk, once synced, is dropped from the OS page cache (`remove_pages_from_cache`, on by default; the
   bookie's setting `entry_log_remove_pages_from_cache`). Kept, every byte a bookie writes takes a page the
   kernel must find: here a never-used page of a VM's memory costs 2.2 s of kernel CPU per GiB to fault in
-  (0.2 s for a recycled one), and after 20 s at full speed a bookie's CPU per add rose by half (11 -> 16 us,
-  docs/PERFORMANCE.md, "Session 17"); on any machine the cache fills with bytes that are rarely read again
-  and pushes out the index's pages. Dropped, the same few pages are recycled chunk after chunk. Reads of
+  (0.2 s for a recycled one), and after 20 s at full speed the bookies' CPU per entry rose by half (11 -> 16
+  us, docs/PERFORMANCE.md, "Session 17"); on any machine the cache fills with bytes that are rarely read
+  again and can push out the index's pages. Dropped, the same few pages are recycled chunk after chunk. Reads of
   entries that have left the write cache then come from the disk, through the bookie's read-ahead cache --
   BookKeeper's direct-I/O entry logger makes the same trade.
 - Logs roll by size. After a restart writing continues in a new log, so a torn tail of an old log (bytes no
