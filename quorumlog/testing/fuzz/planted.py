@@ -12,6 +12,8 @@ from quorumlog.proto import messages as m
 from quorumlog.testing.fuzz import requests
 from quorumlog.testing.fuzz.requests import one_input
 
+SHORT_SEED_BYTES = 40
+
 
 def _plant(bookie: Bookie) -> None:
     handle = bookie.handle
@@ -30,7 +32,13 @@ def prepare() -> None:
 
 
 def seeds() -> list[bytes]:
-    return [s for s in requests.seeds() if not _asks_odd_lac(s)]
+    """Only the short seeds (a lone request: at most a few dozen bytes) that ask nothing of an odd ledger.
+
+    The whole `requests` corpus (60 seeds, many of hundreds of bytes) made the search a lottery: a fixed
+    `-seed` does not fix the path, because coverage from the bookie's journal thread and timers varies from
+    run to run, and 10 runs of seed 1 took 1,700 to 56,000 inputs to find the bug (some beyond 100,000).
+    From a lone even-ledger READ_LAC one changed bit or byte in the ledger id is enough."""
+    return [s for s in requests.seeds() if len(s) <= SHORT_SEED_BYTES and not _asks_odd_lac(s)]
 
 
 def _asks_odd_lac(seed: bytes) -> bool:

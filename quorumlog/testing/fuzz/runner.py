@@ -92,9 +92,10 @@ def run_target(
     runs: int | None = None,
 ) -> FuzzResult:
     """Fuzz `target` for `seconds` (at least 1), or until `runs` inputs ran if that comes first; findings and
-    the grown corpus go under `workdir/target`. With a fixed `seed` the inputs come in the same order on every
-    run, so a bound in inputs (`runs`), unlike one in seconds, finds the same things however loaded the
-    machine is."""
+    the grown corpus go under `workdir/target`. A bound in inputs (`runs`), unlike one in seconds, does not
+    shrink when the machine is loaded. A fixed `seed` fixes libFuzzer's random choices, not the path: the
+    coverage that decides which inputs join the corpus includes the bookie's threads and timers, so two runs
+    with one seed drift apart (saved findings reproduce; the number of inputs to reach one varies)."""
     if target not in TARGETS:
         raise ValueError(f"unknown fuzz target {target!r}: one of {', '.join(TARGETS)}")
     base = os.path.join(workdir, target)
