@@ -10,6 +10,8 @@ parsed here), alternating them with ours round by round, and the side-by-side bl
 A benchmark with the flag warms the Java bookies up with `--bk-warmup-s` of unmeasured traffic, then runs,
 `--rounds` times: its own workload (a fresh quorumlog cluster each round), then BookKeeper's tool on every
 point. The Java bookies stay up (idle) while ours run, so BookKeeper keeps its warm JIT between rounds;
+before each of our rounds they must have been idle for a few seconds (`Peer.settle`: work they put off after
+a run, such as a write-cache flush, once landed in our first round);
 every tool run has its own `--bk-warmup-s` (>= 15 s) unmeasured first too, since a cold client JVM
 understates BookKeeper. `ratio` is always quorumlog / BookKeeper, per round: above 1 is
 better for a throughput, below 1 is better for a latency.
@@ -44,6 +46,12 @@ TOOL_OVERHEAD_S = 300.0
 # Our name of an add benchmark's figure -> the name in PeerBench's / MultiLedgerBench's RESULT line (the
 # throughput is renamed to ours when read).
 ADD_METRICS = {"entries_per_s": "entries_per_s", "p50_ms": "p50", "p99_ms": "p99", "p999_ms": "p999"}
+# Before each of our rounds the Java bookies must have used under SETTLE_CORES_MAX for SETTLE_QUIET_S
+# (sampled every SETTLE_SAMPLE_S; `Peer.settle`), waiting at most SETTLE_TIMEOUT_S.
+SETTLE_QUIET_S = 6.0
+SETTLE_CORES_MAX = 0.05
+SETTLE_SAMPLE_S = 0.25
+SETTLE_TIMEOUT_S = 30.0
 _PAIR = re.compile(r"(\w+)=(\S+)")
 
 
@@ -129,6 +137,32 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def wait_until_idle(
+    cpu_s: Callable[[], float],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+    *,
+    quiet_s: float = SETTLE_QUIET_S,
+    cores_max: float = SETTLE_CORES_MAX,
+    sample_s: float = SETTLE_SAMPLE_S,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Sample `cpu_s()` (CPU seconds so far) every `sample_s` until it has grown by less than `cores_max` per
+    second for `quiet_s` in a row, or `timeout_s` passed. Returns how long it waited and whether it got there."""
+    t0 = clock()
+    quiet_since = at = t0
+    cpu = cpu_s()
+    while True:
+        sleep(sample_s)
+        cpu_now, now = cpu_s(), clock()
+        if cpu_now - cpu > cores_max * max(now - at, 1e-9):
+            quiet_since = now
+        cpu, at = cpu_now, now
+        settled = now - quiet_since >= quiet_s
+        if settled or now - t0 >= timeout_s:
+            return {"waited_s": round(now - t0, 2), "settled": settled}
+
+
 class Peer:
     """A running BookKeeper cluster of `bookies` bookies and the means to run its benchmark tools."""
 
@@ -208,6 +242,14 @@ class Peer:
         with open(os.path.join(self.data_dir, "pids")) as f:
             return [int(x) for x in f.read().split()[1:]]
 
+    def settle(self) -> dict[str, Any]:
+        """Wait until the Java bookies have been idle for a while (`wait_until_idle`), so that work they put
+        off (a flush of the write cache, a GC) does not land in our next round. Measured after a 15 s
+        warm-up: idle for 3.5 s, then 0.35 s of CPU at once. Our own clusters are stopped before BookKeeper
+        runs, so nothing of ours runs during its rounds."""
+        pids = self._bookie_pids()
+        return wait_until_idle(lambda: _cpu_s(pids), time.perf_counter, time.sleep)
+
     def warm_up(self, seconds: float, quorum: Sequence[int], entry_bytes: int, protocol: str = "v3") -> None:
         """One unmeasured PeerBench run of `seconds` before the first round. Each tool run warms its own
         client JVM, but the bookies' JIT is warmed only by traffic: without this the first round may measure
@@ -283,7 +325,8 @@ def alternate(
     pairs = []
     first: dict[str, Any] = {}
     for r in range(rounds):
-        say(f"round {r + 1}/{rounds}: quorumlog")
+        settled = peer.settle()
+        say(f"round {r + 1}/{rounds}: quorumlog (BookKeeper's bookies idle after {settled['waited_s']:g} s)")
         out = ours()
         machine = out["machine"]
         machine["loadavg_end"] = common.loadavg()
@@ -294,6 +337,7 @@ def alternate(
             {
                 "quorumlog": out["results"],
                 "quorumlog_loadavg": [machine["loadavg_start"], machine["loadavg_end"]],
+                "bookkeeper_settle": settled,
                 "bookkeeper": their_points,
                 "bookkeeper_loadavg_end": common.loadavg(),
             }

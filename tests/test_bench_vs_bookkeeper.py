@@ -72,26 +72,35 @@ def test_side_by_side_gives_both_per_round_and_the_ratio_ours_over_theirs(bk: Mo
     assert bk.ratio(5.0, "never") is None and bk.ratio(None, 3.0) is None and bk.ratio(1.0, 0.0) is None
 
 
+def _runs(calls: list[str]) -> int:
+    return sum(c != "settle" for c in calls)
+
+
 def test_rounds_alternate_ours_then_theirs_and_keep_each_rounds_load(bk: ModuleType) -> None:
     calls: list[str] = []
 
-    class Cluster:  # only what the block records about the Java cluster
+    class Cluster:  # only what the block records about the Java cluster, and its settling
         def info(self) -> dict[str, str]:
             return {"version": "4.14.8"}
 
+        def settle(self) -> dict[str, object]:
+            calls.append("settle")
+            return {"waited_s": 6.0, "settled": True}
+
     def ours() -> dict[str, object]:
         calls.append("ours")
-        rate = 1000 * len(calls)
+        rate = 1000 * _runs(calls)
         return {"machine": {"loadavg_start": [1.0]}, "results": [{"outstanding": 10, "entries_per_s": rate}]}
 
     def theirs() -> list[dict[str, object]]:
         calls.append("theirs")
-        return [{"entries_per_s": 2000.0 * len(calls)}]
+        return [{"entries_per_s": 2000.0 * _runs(calls)}]
 
     out = bk.alternate(
         Cluster(), "PeerBench", 2, ours, theirs, "outstanding", {"entries_per_s": "entries_per_s"}
     )
-    assert calls == ["ours", "theirs", "ours", "theirs"]
+    # BookKeeper's bookies are idle before each of our rounds.
+    assert calls == ["settle", "ours", "theirs", "settle", "ours", "theirs"]
     # The first round's result carries the block; every round keeps both sides and their load.
     assert out["results"] == [{"outstanding": 10, "entries_per_s": 1000}]
     block = out["vs_bookkeeper"]
@@ -101,9 +110,46 @@ def test_rounds_alternate_ours_then_theirs_and_keep_each_rounds_load(bk: ModuleT
         [{"entries_per_s": 8000.0}],
     ]
     assert all(len(r["quorumlog_loadavg"]) == 2 and r["bookkeeper_loadavg_end"] for r in block["rounds"])
+    assert all(r["bookkeeper_settle"] == {"waited_s": 6.0, "settled": True} for r in block["rounds"])
     row = block["side_by_side"][0]
     assert row["outstanding"] == 10
     assert row["entries_per_s"]["ratio"] == [0.25, 0.375]
+
+
+class _FakeTime:
+    """A clock that moves only when slept on, and a CPU counter that grows at `busy[i]` cores during the i-th
+    sleep (0 once the list runs out)."""
+
+    def __init__(self, busy: list[float]) -> None:
+        self.now = 100.0
+        self.cpu = 5.0
+        self.busy = busy
+        self.sleeps = 0
+
+    def sleep(self, s: float) -> None:
+        cores = self.busy[self.sleeps] if self.sleeps < len(self.busy) else 0.0
+        self.sleeps += 1
+        self.now += s
+        self.cpu += cores * s
+
+
+def test_waiting_for_idle_bookies_restarts_the_quiet_period_at_each_burst(bk: ModuleType) -> None:
+    # Quiet 2 s, a burst of one sample (like the flush measured after a warm-up), then quiet: the wait ends
+    # SETTLE_QUIET_S after the burst, not after the first quiet stretch.
+    sample = bk.SETTLE_SAMPLE_S
+    quiet_before = int(2.0 / sample)
+    t = _FakeTime([0.0] * quiet_before + [0.7] + [0.01] * 1000)
+    got = bk.wait_until_idle(lambda: t.cpu, lambda: t.now, t.sleep)
+    assert got["settled"] is True
+    assert got["waited_s"] == pytest.approx((quiet_before + 1) * sample + bk.SETTLE_QUIET_S)
+
+
+def test_waiting_for_idle_bookies_is_bounded(bk: ModuleType) -> None:
+    t = _FakeTime([0.5] * 10_000)  # never idle
+    got = bk.wait_until_idle(lambda: t.cpu, lambda: t.now, t.sleep)
+    assert got["settled"] is False
+    assert bk.SETTLE_TIMEOUT_S <= got["waited_s"] < bk.SETTLE_TIMEOUT_S + 2 * bk.SETTLE_SAMPLE_S
+    assert t.sleeps <= bk.SETTLE_TIMEOUT_S / bk.SETTLE_SAMPLE_S + 1
 
 
 def test_a_missing_distribution_is_refused_with_where_it_was_looked_for(
