@@ -93,9 +93,10 @@ def run_target(
 ) -> FuzzResult:
     """Fuzz `target` for `seconds` (at least 1), or until `runs` inputs ran if that comes first; findings and
     the grown corpus go under `workdir/target`. A bound in inputs (`runs`), unlike one in seconds, does not
-    shrink when the machine is loaded. A fixed `seed` fixes libFuzzer's random choices, not the path: the
-    coverage that decides which inputs join the corpus includes the bookie's threads and timers, so two runs
-    with one seed drift apart (saved findings reproduce; the number of inputs to reach one varies)."""
+    shrink when the machine is loaded. A fixed `seed` fixes libFuzzer's random choices, not the path: which
+    inputs join the corpus depends on the coverage each one reached, and with the bookie's threads and
+    timers running beside each input that varies with timing, so two runs with one seed drift apart (saved
+    findings reproduce; the number of inputs to reach one varies)."""
     if target not in TARGETS:
         raise ValueError(f"unknown fuzz target {target!r}: one of {', '.join(TARGETS)}")
     base = os.path.join(workdir, target)
