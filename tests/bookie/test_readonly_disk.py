@@ -131,6 +131,23 @@ async def _wait_client_sees(client: Client, bookie_id: str, *, writable: bool) -
         await asyncio.sleep(0.02)  # the registry follows watches; it offers no per-bookie event to await
 
 
+async def _wait_replaced(client: Client, ledger_id: int, bookie_id: str) -> None:
+    """Until the ledger's stored metadata has a later ensemble without the bookie. With W > A the appends
+    may all complete on the other bookies before the refusal arrives; the ensemble change it starts then
+    commits after they returned (BookKeeper's writer does the same)."""
+
+    def replaced(md: Any) -> bool:
+        return len(md.ensembles) >= 2 and bookie_id not in list(md.ensembles.values())[-1]
+
+    async with asyncio.timeout(STATE_TIMEOUT_S), await client.ledger_manager.watch(ledger_id) as watch:
+        md = await client.get_ledger_metadata(ledger_id)  # read after the watch is set: no change missed
+        if replaced(md):
+            return
+        async for current in watch:
+            if current is not None and replaced(current.value):
+                return
+
+
 async def test_bookie_turns_read_only_when_its_disk_fills_and_writable_when_it_drains(
     small_disk: SmallDisk,
 ) -> None:
@@ -195,8 +212,7 @@ async def test_bookie_turns_read_only_when_its_disk_fills_and_writable_when_it_d
         # The writer keeps acknowledging: its adds to the read-only bookie fail and it changes ensemble.
         after = [b"after-%d" % i for i in range(20)]
         assert await asyncio.gather(*(w.append(p) for p in after)) == list(range(20, 40))
-        last_ensemble = list(w.metadata.ensembles.values())[-1]
-        assert bid not in last_ensemble and len(w.metadata.ensembles) >= 2
+        await _wait_replaced(client, w.ledger_id, bid)
 
         # New ledgers are not placed on it (E=2 of 3 writable: would pick it half the time otherwise).
         await _wait_client_sees(client, bid, writable=False)
