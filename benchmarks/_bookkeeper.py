@@ -148,7 +148,8 @@ def wait_until_idle(
     timeout_s: float = SETTLE_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Sample `cpu_s()` (CPU seconds so far) every `sample_s` until it has grown by less than `cores_max` per
-    second for `quiet_s` in a row, or `timeout_s` passed. Returns how long it waited and whether it got there."""
+    second for `quiet_s` in a row, or `timeout_s` passed. Returns how long it waited and whether it got
+    there."""
     t0 = clock()
     quiet_since = at = t0
     cpu = cpu_s()

@@ -30,6 +30,7 @@ from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.service import BookieService, disk_full
 from quorumlog.errors import ConfigError
 from quorumlog.meta import layout
+from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import MetadataStore
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
@@ -136,7 +137,7 @@ async def _wait_replaced(client: Client, ledger_id: int, bookie_id: str) -> None
     may all complete on the other bookies before the refusal arrives; the ensemble change it starts then
     commits after they returned (BookKeeper's writer does the same)."""
 
-    def replaced(md: Any) -> bool:
+    def replaced(md: LedgerMetadata) -> bool:
         return len(md.ensembles) >= 2 and bookie_id not in list(md.ensembles.values())[-1]
 
     async with asyncio.timeout(STATE_TIMEOUT_S), await client.ledger_manager.watch(ledger_id) as watch:
