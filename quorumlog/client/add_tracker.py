@@ -467,7 +467,7 @@ class AddTracker:
 
     # --- responses --------------------------------------------------------------------------------------
 
-    def on_ack(self, entry_id: int, bookie_id: str, now_s: float = 0.0) -> list[AddAction]:
+    def on_ack(self, entry_id: int, bookie_id: str, now_s: float = 0.0) -> list[AddCompleted]:
         """A bookie acknowledged an add. Returns completions (in entry-id order), if any. (`now_s` is not
         needed: an ack starts no timer; the driver may leave it out and save reading the clock per ack.)"""
         return self._drain_completions() if self.ack(entry_id, bookie_id) else []
@@ -502,7 +502,7 @@ class AddTracker:
         # and every other entry's acks are unchanged since the last drain).
         return acked.bit_count() >= self._ack_quorum
 
-    def drain(self) -> list[AddAction]:
+    def drain(self) -> list[AddCompleted]:
         """Complete, in entry-id order, the entries whose acks `ack` counted (none during an ensemble change)."""
         return self._drain_completions()
 
@@ -680,7 +680,7 @@ class AddTracker:
             return None
         return index if self.quorum.in_write_set(entry_id, index) else None
 
-    def _drain_completions(self) -> list[AddAction]:
+    def _drain_completions(self) -> list[AddCompleted]:
         if self._changing is not None:
             return []
         pending_adds = self._pending
@@ -692,7 +692,7 @@ class AddTracker:
         if pending is None and pending_adds:  # (never expected; kept for safety: the first in entry order)
             entry_id = next(iter(pending_adds))
             pending = pending_adds[entry_id]
-        done: list[AddAction] = []
+        done: list[AddCompleted] = []
         quorum = self._ack_quorum
         while pending is not None and pending.acked.bit_count() >= quorum:
             del pending_adds[entry_id]

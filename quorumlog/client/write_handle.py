@@ -513,9 +513,11 @@ class WriteHandle(LedgerHandle):
         if self._drain_due:
             self._drain_due = False
             if self._abandoned is None:
-                actions = self._tracker.drain()
-                if actions:
-                    self._apply(actions)
+                done = self._tracker.drain()
+                if done:
+                    # Completions only (a drain returns nothing else): `_complete`, not the general `_apply`.
+                    # At 10,000 ledgers written round robin this runs once per entry, not once per read.
+                    self._complete(done)
 
     def _resend_same_bookie(self, action: SendAdd) -> bool:
         """Send `action` again to its bookie after a drop blamed on another request, or ignore the drop; False
@@ -544,23 +546,15 @@ class WriteHandle(LedgerHandle):
 
     def _apply(self, actions: Sequence[AddAction]) -> None:
         sends: list[SendAdd] = []
-        completed = 0
-        last_completed = -1
+        done: list[AddCompleted] = []
         resends = self._resends
-        adds = self._adds
         for action in actions:
             if isinstance(action, AddCompleted):  # nearly every action: no match statement for it
-                eid = action.entry_id
-                if resends:
-                    resends.pop(eid, None)
-                completed += 1
-                if not eid & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
-                    self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-                kept = adds.pop(eid, None)
-                last_completed = eid  # completions come in entry-id order
-                if kept is not None and not kept[2].done():
-                    kept[2].set_result(eid)
+                done.append(action)
                 continue
+            if done:  # futures resolve in the order of the actions
+                self._complete(done)
+                done = []
             if resends and isinstance(action, AddFailed):
                 resends.pop(action.entry_id, None)
             match action:
@@ -568,36 +562,64 @@ class WriteHandle(LedgerHandle):
                     sends.append(action)
                 case AddFailed():
                     self._stats.adds_failed += 1
-                    kept = adds.pop(action.entry_id, None)
+                    kept = self._adds.pop(action.entry_id, None)
                     if kept is not None and not kept[2].done():
                         kept[2].set_exception(action.error)
                 case EnsembleChangeNeeded():
                     self._start_ensemble_change(action)
                 case _:
                     assert_never(action)
-        if completed:
-            self._stats.adds_ok += completed
-            if not self.deferred_sync:  # deferred sync: the LAC moves in force()
-                self._lac.observe(last_completed)
-                self._lac_moved()
-            if not self._tracker.pending_count and not self._tracker.unanswered:
-                # Nothing left to time out: leave the add-timeout ticker now, while this handle is hot. Left
-                # to the tick, 10,000 ledgers written round robin each cost one visit per add -- a cold
-                # handle's check, made after its add completed, that finds nothing (docs/PERFORMANCE.md,
-                # "Session 7: client CPU per entry"). The next append joins again.
-                self._timeouts.discard(self)
+        if done:
+            self._complete(done)
         if sends:
             self._send_adds(sends)
-        if self._tracker.error is not None:
-            self._fail_waiting(self._tracker.error)
+        error = self._tracker.error
+        if error is not None:
+            self._fail_waiting(error)
             if not self._recovery:
                 # BookKeeper's handleUnrecoverableErrorDuringAdd: the writer closes the ledger at its LAC, so
                 # readers see its end without recovering it. A recovery's adds never close: the recovery
                 # decides where the ledger ends.
                 self._begin_close()
-        elif self.adv and self._adv_waiting and self._tracker.has_capacity:  # (self.adv: the dict stays cold)
-            self._push_adv_waiting()
-        if self._capacity is not None and self._tracker.has_capacity:
+        else:
+            self._capacity_freed()
+
+    def _complete(self, done: Sequence[AddCompleted]) -> None:
+        """Resolve the futures of entries that completed (in entry-id order), then what completing moves: the
+        LAC, the add-timeout ticker, capacity. Changes nothing in the tracker, so no error can follow."""
+        resends = self._resends
+        adds = self._adds
+        eid = -1
+        for action in done:
+            eid = action.entry_id
+            if resends:
+                resends.pop(eid, None)
+            if not eid & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
+                self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
+            kept = adds.pop(eid, None)
+            if kept is not None and not kept[2].done():
+                kept[2].set_result(eid)
+        self._stats.adds_ok += len(done)
+        if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+            self._lac.observe(eid)  # (completions come in entry-id order: the last is the highest)
+            self._lac_moved()
+        tracker = self._tracker
+        if not tracker.pending_count and not tracker.unanswered:
+            # Nothing left to time out: leave the add-timeout ticker now, while this handle is hot. Left
+            # to the tick, 10,000 ledgers written round robin each cost one visit per add -- a cold
+            # handle's check, made after its add completed, that finds nothing (docs/PERFORMANCE.md,
+            # "Session 7: client CPU per entry"). The next append joins again.
+            self._timeouts.discard(self)
+        self._capacity_freed()
+
+    def _capacity_freed(self) -> None:
+        """Adds left the pipeline: an adv ledger's held appends go out, and `wait_for_capacity` wakes."""
+        tracker = self._tracker
+        if (
+            self.adv and self._adv_waiting and tracker.error is None and tracker.has_capacity
+        ):  # (self.adv first:
+            self._push_adv_waiting()  # the dict stays cold)
+        if self._capacity is not None and tracker.has_capacity:
             self._capacity.set()
 
     def _lac_moved(self) -> None:
