@@ -70,9 +70,11 @@ class Ticker(Generic[H]):
     ) -> None:
         self.interval_s = interval_s
         self._visit = visit
-        # Insertion-ordered set of handles to visit at the next tick, the oldest first (an OrderedDict: a tick
-        # over budget takes from the front, which a dict cannot do in O(1)).
-        self._members: OrderedDict[H, None] = OrderedDict()
+        # Insertion-ordered set of handles to visit at the next tick, the oldest first. With a budget an
+        # OrderedDict: a tick over budget takes from the front, which a dict cannot do in O(1). Without one a
+        # plain dict, cheaper to join and leave: the add-timeout ticker's handles do both for every add at
+        # 10,000 ledgers written round robin.
+        self._members: dict[H, None] = self._new_members(visits_per_s_max)
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Handles to visit at the end of this loop iteration (`soon`).
@@ -91,6 +93,10 @@ class Ticker(Generic[H]):
         self.soon_visits = 0  # early visits made (observability, tests)
         self.soon_refused = 0  # early visits refused by the budget (the handle waited for the tick)
         self.tick_deferred = 0  # tick visits put off to a later tick by the budget
+
+    @staticmethod
+    def _new_members(visits_per_s_max: float | None) -> dict[H, None]:
+        return OrderedDict() if visits_per_s_max is not None else {}
 
     @property
     def enabled(self) -> bool:
@@ -209,6 +215,7 @@ class Ticker(Generic[H]):
             # budget's rate, so nothing here may be O(members)); the rest keep their places ahead of anything
             # added during the visits.
             self.tick_deferred += len(members) - granted
+            assert isinstance(members, OrderedDict)  # (with a budget: `_new_members`)
             batch = [members.popitem(last=False)[0] for _ in range(granted)]
             for handle in batch:
                 if visit(handle):
@@ -217,7 +224,7 @@ class Ticker(Generic[H]):
                 # A few left over drain at the budget's rate rather than at the next interval.
                 self._tick_at_next_token(loop.time())
         else:
-            self._members = OrderedDict()
+            self._members = self._new_members(self._rate_per_s)
             for handle in members:
                 if visit(handle):
                     self._members[handle] = None
