@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import struct
@@ -178,6 +179,7 @@ class Bookie:
                 write_cache_bytes=config.write_cache_bytes,
                 read_ahead_bytes=config.read_ahead_bytes,
                 read_cache_bytes=config.read_cache_bytes,
+                index_commit_checkpoints=config.index_commit_checkpoints,
             )
             self._draw_flush_threshold()
         except BaseException:
@@ -241,7 +243,9 @@ class Bookie:
         states = self.book.take_dirty()
         cache = self.storage.begin_flush()
         start_of_new = self.journal.start_position
-        await self.env.run_blocking(self.storage.flush, cache, states, start_of_new)
+        await self.env.run_blocking(
+            functools.partial(self.storage.flush, cache, states, start_of_new, commit_index=True)
+        )
         self.storage.end_flush(True)
         self.env.faults.hit("checkpoint.before-release")  # (test-only: see _checkpoint)
         await self.env.run_blocking(self.journal.release_before, start_of_new.seq)
@@ -294,7 +298,7 @@ class Bookie:
                 await self._checkpoint_task
         if self._started and self.failed is None and self.journal.failed is None:
             with contextlib.suppress(Exception):
-                await self.checkpoint()
+                await self.checkpoint(commit_index=True)
         if self._started:
             self.journal.handoff()
         await self.journal.aclose()
@@ -317,7 +321,7 @@ class Bookie:
     async def _checkpoint_every(self) -> None:
         while True:
             await asyncio.sleep(self.config.checkpoint_interval_s)
-            if self.storage.active.entries or self.book.dirty:
+            if self.storage.active.entries or self.book.dirty or self.storage.index_pending:
                 self._start_checkpoint()
 
     def _start_checkpoint(self) -> None:
@@ -329,12 +333,20 @@ class Bookie:
             # exception unread would log it again as "Task exception was never retrieved".
             self._checkpoint_task.add_done_callback(_retrieve_exception)
 
-    async def checkpoint(self) -> None:
-        """Flush the write cache to an entry log + index and release the journal before it."""
+    async def checkpoint(self, *, commit_index: bool = False) -> None:
+        """Flush the write cache to an entry log, and release the journal before it once its locations are in
+        the index: at every `index_commit_checkpoints`-th checkpoint, or this one with `commit_index`
+        (storage.py)."""
         async with self.checkpoint_lock:
-            await self._checkpoint()
+            await self._checkpoint(commit_index)
 
-    async def _checkpoint(self) -> None:
+    async def commit_index(self) -> None:
+        """Commit the locations waiting for the index. Garbage collection and compaction call it, holding
+        `checkpoint_lock`, before they decide from the index which entry logs hold live entries."""
+        if self.storage.index_pending:
+            await self.env.run_blocking(self.storage.commit_index)
+
+    async def _checkpoint(self, commit_index: bool) -> None:
         loop = asyncio.get_running_loop()
         marked: asyncio.Future[JournalPosition] = loop.create_future()
 
@@ -362,7 +374,9 @@ class Bookie:
         started = time.perf_counter()
         try:
             pos = await marked
-            await self.env.run_blocking(self.storage.flush, cache, states, pos)
+            indexed = await self.env.run_blocking(
+                functools.partial(self.storage.flush, cache, states, pos, commit_index=commit_index)
+            )
         except BaseException as exc:
             self.flush_ms.record(False, (time.perf_counter() - started) * 1000.0)
             self.storage.end_flush(False)
@@ -373,9 +387,10 @@ class Bookie:
         self.flush_ms.record(True, (time.perf_counter() - started) * 1000.0)
         self.flushed_bytes += flush_bytes
         self.storage.end_flush(True)
-        # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
-        self.env.faults.hit("checkpoint.before-release")
-        await self.env.run_blocking(self.journal.release_before, pos.seq)
+        if indexed:
+            # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
+            self.env.faults.hit("checkpoint.before-release")
+            await self.env.run_blocking(self.journal.release_before, pos.seq)
         self._unpark()
         if self._parked or self.storage.wants_flush():
             # This task is finishing, so it cannot start its successor itself: do it right after.

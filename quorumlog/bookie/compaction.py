@@ -257,6 +257,9 @@ class Compactor:
         started = bookie.env.clock.monotonic_s()
         logs = bookie.storage.entry_logs
         async with bookie.checkpoint_lock:  # no checkpoint rolls the current log while we look
+            # Every sealed log's locations in the index, where `_copy_log` and `_delete_copied` look: later
+            # checkpoints write only logs that are not sealed now.
+            await bookie.commit_index()
             sealed = logs.sealed_log_ids()
             sizes = {i: logs.size(i) for i in sealed}
         chosen = select_logs(bookie.storage.usage.live_bytes(), sizes, sealed, threshold)

@@ -78,6 +78,14 @@ class BookieConfig:
         "through the read-ahead cache: set false to keep them cached on a slow disk",
     )
     checkpoint_interval_s: float = setting(10.0, "longest time between checkpoints", 0.01, 3600)
+    index_commit_checkpoints: int = setting(
+        4,
+        "commit the entry locations of this many checkpoints to the index together (until then they are "
+        "kept in memory and the journal is kept): with many ledgers written at once, a commit's cost grows "
+        "with the ledgers it touches, not with the entries; 1 commits at every checkpoint",
+        1,
+        64,
+    )
     checkpoint_jitter: float = setting(
         0.5,
         "a checkpoint starts once the write cache holds a random fraction, between 1 - this and 1, of a "

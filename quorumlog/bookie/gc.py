@@ -72,6 +72,8 @@ class GarbageCollector:
     async def collect_once(self) -> GcStats:
         bookie = self.bookie
         env = bookie.env
+        async with bookie.checkpoint_lock:
+            await bookie.commit_index()  # ledgers whose state and entries wait for the index are listed too
         ledger_ids = await env.run_blocking(bookie.index.ledger_ids)
         deleted = 0
         for lid in ledger_ids:
@@ -85,6 +87,9 @@ class GarbageCollector:
             if exists is not False:
                 continue
             async with bookie.checkpoint_lock:
+                await (
+                    bookie.commit_index()
+                )  # the index holds all of the ledger's entries before it drops them
                 # Its state in memory before the index drops it: forgetting it must know whether it was fenced
                 # (a fence from before the last restart lives only in the index).
                 unreadable = False
@@ -109,6 +114,7 @@ class GarbageCollector:
         bookie = self.bookie
         logs = bookie.storage.entry_logs
         async with bookie.checkpoint_lock:  # no checkpoint rolls the current log while we look
+            await bookie.commit_index()  # a location waiting for the index may point into a sealed log
             referenced = await bookie.env.run_blocking(bookie.index.referenced_logs)
             dead = [i for i in logs.sealed_log_ids() if i not in referenced]
             for log_id in dead:

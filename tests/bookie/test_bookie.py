@@ -332,7 +332,7 @@ async def test_failed_checkpoint_stops_acknowledging_but_keeps_entries_readable(
     for e in range(5):
         assert await add(c, 80, e) == OK
 
-    def broken_flush(*args: object) -> None:
+    def broken_flush(*args: object, **kwargs: object) -> None:
         raise OSError(5, "EIO from the test")
 
     svc.bookie.storage.flush = broken_flush  # type: ignore[method-assign]
