@@ -33,7 +33,9 @@ Rules it keeps:
 from __future__ import annotations
 
 import struct
+from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, starmap
 from operator import itemgetter, sub
@@ -44,6 +46,7 @@ from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
+_LEDGER = struct.Struct(">q")  # the index keys' prefix
 _ledger_of = itemgetter(0)
 SCAN_READ_AHEAD_MAX_BYTES = 4 << 20  # largest read-ahead of a sequential scan (one pread, parsed in memory)
 _SCAN_GAP_ENTRIES = 8  # a miss this close after the last read-ahead entry continues a scan
@@ -82,13 +85,25 @@ class WriteCache:
 
 @dataclass(slots=True)
 class _Unindexed:
-    """One checkpoint's locations, synced in an entry log and not yet committed to the index."""
+    """One checkpoint's locations, synced in an entry log and not yet committed to the index. Reads find theirs
+    by bisection: a dict made for them cost every checkpoint as much as it saved the few reads that come here."""
 
-    locations: dict[tuple[int, int], bytes]  # (ledger, entry) -> location: what reads look up
-    keys: list[bytes]  # the index keys, sorted, and `values` their locations in the same order
+    keys: list[bytes]  # the index keys (`_IDS`), sorted, and `values` their locations in the same order
     values: list[bytes]
     states: dict[int, bytes]
     checkpoint: JournalPosition | None
+
+    def location(self, key: bytes) -> bytes | None:
+        i = bisect_left(self.keys, key)
+        return self.values[i] if i < len(self.keys) and self.keys[i] == key else None
+
+    def entries(self, ledger_id: int) -> Iterator[int]:
+        keys = self.keys
+        prefix = _LEDGER.pack(ledger_id)
+        i = bisect_left(keys, prefix)
+        while i < len(keys) and keys[i].startswith(prefix):
+            yield _IDS.unpack(keys[i])[1]
+            i += 1
 
 
 def _bytes_per_ledger(keys: list[tuple[int, int]], offsets: list[int]) -> dict[int, int]:
@@ -248,9 +263,9 @@ class LedgerStorage:
         """Where an entry past the write cache is: waiting for the index (the newest checkpoint first: an entry
         written again is found where it was written last), else in the index."""
         if self._unindexed:
-            key = (ledger_id, entry_id)
+            key = _IDS.pack(ledger_id, entry_id)
             for batch in reversed(self._unindexed):  # (safe while the checkpoint thread shortens the list)
-                location = batch.locations.get(key)
+                location = batch.location(key)
                 if location is not None:
                     return location
         return self.index.location(ledger_id, entry_id)
@@ -267,7 +282,7 @@ class LedgerStorage:
         for cache in (self.active, self.flushing):
             ids.update(e for (lid, e) in list(cache.entries) if lid == ledger_id)
         for batch in list(self._unindexed):  # (before the index too: a commit empties this list after it)
-            ids.update(e for (lid, e) in batch.locations if lid == ledger_id)
+            ids.update(batch.entries(ledger_id))
         ids.update(self.index.entries(ledger_id))
         return sorted(ids)
 
@@ -324,10 +339,13 @@ class LedgerStorage:
         if written is not None:
             # Counted live now, not at the index commit: compaction picks logs by these counts.
             self.usage.add(written.log_id, _bytes_per_ledger(keys, written.offsets))  # one log
+        packed = list(starmap(_IDS.pack, keys))
+        if keys and keys[0][0] < 0:  # a negative ledger id packs after the others: bisection needs byte order
+            pairs = sorted(zip(packed, locations, strict=True))
+            packed, locations = [k for k, _ in pairs], [v for _, v in pairs]
         self._unindexed.append(
             _Unindexed(
-                dict(zip(keys, locations, strict=True)),
-                list(starmap(_IDS.pack, keys)),
+                packed,
                 locations,
                 states,
                 checkpoint,

@@ -44,7 +44,7 @@ async def test_every_third_checkpoint_commits_and_entries_read_back_meanwhile(
     for round_ in range(3):
         batch = {
             (lid, round_ * 4 + e): entry(lid, round_ * 4 + e, os.urandom(200))
-            for lid in (40, 41)
+            for lid in (-7, 40, 41)  # (a negative id: its packed key sorts after the others)
             for e in range(4)
         }
         await _add_all(c, batch)
@@ -57,7 +57,8 @@ async def test_every_third_checkpoint_commits_and_entries_read_back_meanwhile(
             assert all(bookie.index.location(lid, eid) is None for lid, eid in bodies)
             assert bookie.index.checkpoint() == mark_before
             await _read_all(svc, bodies)
-            assert bookie.storage.entries(40) == sorted(eid for lid, eid in bodies if lid == 40)
+            for lid in (-7, 40):
+                assert bookie.storage.entries(lid) == sorted(e for ld, e in bodies if ld == lid)
     assert not bookie.storage.index_pending
     assert all(bookie.index.location(lid, eid) is not None for lid, eid in bodies)
     assert bookie.index.checkpoint() != mark_before
