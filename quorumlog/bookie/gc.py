@@ -87,9 +87,8 @@ class GarbageCollector:
             if exists is not False:
                 continue
             async with bookie.checkpoint_lock:
-                await (
-                    bookie.commit_index()
-                )  # the index holds all of the ledger's entries before it drops them
+                # The index holds all of the ledger's entries before it drops them.
+                await bookie.commit_index()
                 # Its state in memory before the index drops it: forgetting it must know whether it was fenced
                 # (a fence from before the last restart lives only in the index).
                 unreadable = False

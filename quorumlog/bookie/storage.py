@@ -276,12 +276,13 @@ class LedgerStorage:
         return bool(self._unindexed)
 
     def entries(self, ledger_id: int) -> list[int]:
-        # Caches before the index: the checkpoint thread commits the index *then* clears the flushed cache,
-        # so whatever this misses in the caches it finds in the index. list(): one atomic copy.
+        # Caches, then the locations waiting for the index, then the index: the checkpoint thread adds to the
+        # waiting locations *then* clears the flushed cache, and commits the index *then* drops them, so what
+        # this misses in one place it finds in the next. list(): one atomic copy.
         ids: set[int] = set()
         for cache in (self.active, self.flushing):
             ids.update(e for (lid, e) in list(cache.entries) if lid == ledger_id)
-        for batch in list(self._unindexed):  # (before the index too: a commit empties this list after it)
+        for batch in list(self._unindexed):
             ids.update(batch.entries(ledger_id))
         ids.update(self.index.entries(ledger_id))
         return sorted(ids)
@@ -343,14 +344,7 @@ class LedgerStorage:
         if keys and keys[0][0] < 0:  # a negative ledger id packs after the others: bisection needs byte order
             pairs = sorted(zip(packed, locations, strict=True))
             packed, locations = [k for k, _ in pairs], [v for _, v in pairs]
-        self._unindexed.append(
-            _Unindexed(
-                packed,
-                locations,
-                states,
-                checkpoint,
-            )
-        )
+        self._unindexed.append(_Unindexed(packed, locations, states, checkpoint))
         # Readable through `_unindexed` now: free the flushed entries here rather than on the loop (dropping
         # tens of thousands of objects takes milliseconds). A concurrent read that misses goes on to
         # `_unindexed`; dict and list operations are atomic under the GIL.
