@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.gc import GarbageCollector
 from quorumlog.bookie.service import BookieService
 from quorumlog.proto import messages as m
@@ -32,13 +33,18 @@ async def _read_all(svc: BookieService, bodies: dict[tuple[int, int], bytes]) ->
         await c.close()
 
 
+async def _started(
+    start_bookie: StartBookie, name: str, **overrides: object
+) -> tuple[BookieService, Bookie, RawClient]:
+    svc = await start_bookie(name, **overrides)
+    assert svc.bookie is not None
+    return svc, svc.bookie, await RawClient.connect(*svc.address)
+
+
 async def test_every_third_checkpoint_commits_and_entries_read_back_meanwhile(
     start_bookie: StartBookie,
 ) -> None:
-    svc = await start_bookie("every3", index_commit_checkpoints=3)
-    bookie = svc.bookie
-    assert bookie is not None
-    c = await RawClient.connect(*svc.address)
+    svc, bookie, c = await _started(start_bookie, "every3", index_commit_checkpoints=3)
     mark_before = bookie.index.checkpoint()
     bodies: dict[tuple[int, int], bytes] = {}
     for round_ in range(3):
@@ -69,10 +75,7 @@ async def test_every_third_checkpoint_commits_and_entries_read_back_meanwhile(
 async def test_an_entry_written_again_keeps_its_last_bytes_through_the_commit(
     start_bookie: StartBookie,
 ) -> None:
-    svc = await start_bookie("again", index_commit_checkpoints=4)
-    bookie = svc.bookie
-    assert bookie is not None
-    c = await RawClient.connect(*svc.address)
+    svc, bookie, c = await _started(start_bookie, "again", index_commit_checkpoints=4)
     first, second = entry(50, 0, b"first"), entry(50, 0, b"second")
     assert (await c.call(m.AddRequest(50, 0, KEY, first))).status == OK
     await bookie.checkpoint()
@@ -90,10 +93,7 @@ async def test_an_entry_written_again_keeps_its_last_bytes_through_the_commit(
 async def test_a_crash_before_the_commit_replays_the_journal_and_loses_nothing(
     start_bookie: StartBookie,
 ) -> None:
-    svc = await start_bookie("crash", index_commit_checkpoints=8)
-    bookie = svc.bookie
-    assert bookie is not None
-    c = await RawClient.connect(*svc.address)
+    svc, bookie, c = await _started(start_bookie, "crash", index_commit_checkpoints=8)
     bodies: dict[tuple[int, int], bytes] = {}
     for round_ in range(3):  # ~2.4 MB through 1 MiB journal files: a release would delete the first
         batch = {(60, round_ * 100 + e): entry(60, round_ * 100 + e, os.urandom(8000)) for e in range(100)}
@@ -119,10 +119,9 @@ async def _sealed_log_with_waiting_locations(
     start_bookie: StartBookie, name: str
 ) -> tuple[BookieService, dict[tuple[int, int], bytes]]:
     """A bookie whose first entry log is sealed (full) while every location in it waits for the index."""
-    svc = await start_bookie(name, index_commit_checkpoints=16, entry_log_size_bytes=1 << 20)
-    bookie = svc.bookie
-    assert bookie is not None
-    c = await RawClient.connect(*svc.address)
+    svc, bookie, c = await _started(
+        start_bookie, name, index_commit_checkpoints=16, entry_log_size_bytes=1 << 20
+    )
     bodies: dict[tuple[int, int], bytes] = {}
     for part in range(4):  # ~1.6 MB through 1 MiB logs, a checkpoint after each ~400 KB: the 4th rolls
         batch = {(70, part * 130 + e): entry(70, part * 130 + e, os.urandom(3000)) for e in range(130)}
@@ -153,10 +152,9 @@ async def test_gc_never_deletes_a_sealed_log_whose_locations_wait_for_the_index(
 async def test_compaction_moves_the_entries_of_a_log_whose_locations_waited(
     start_bookie: StartBookie,
 ) -> None:
-    svc = await start_bookie("compact", index_commit_checkpoints=16, entry_log_size_bytes=1 << 20)
-    bookie = svc.bookie
-    assert bookie is not None
-    c = await RawClient.connect(*svc.address)
+    svc, bookie, c = await _started(
+        start_bookie, "compact", index_commit_checkpoints=16, entry_log_size_bytes=1 << 20
+    )
     # A third of entry log 1 dead: a ledger written, indexed, then deleted (garbage collection).
     await _add_all(c, {(71, e): entry(71, e, os.urandom(3000)) for e in range(100)})
     await bookie.checkpoint(commit_index=True)
