@@ -37,6 +37,7 @@ from operator import itemgetter
 from typing import Any, Protocol
 
 from quorumlog.admin.sketch import OpStats
+from quorumlog.bookie.compaction import finish_even_if_cancelled
 from quorumlog.bookie.config import BookieConfig
 from quorumlog.bookie.core import LedgerBook, LedgerState, entry_lac
 from quorumlog.bookie.entrylog import CorruptEntryError, EntryLogs
@@ -341,10 +342,23 @@ class Bookie:
             await self._checkpoint(commit_index)
 
     async def commit_index(self) -> None:
-        """Commit the locations waiting for the index. Garbage collection and compaction call it, holding
-        `checkpoint_lock`, before they decide from the index which entry logs hold live entries."""
+        """Commit the locations waiting for the index, and release the journal before the mark it now holds.
+        Garbage collection and compaction call it, holding `checkpoint_lock`, before they decide from the index
+        which entry logs hold live entries. A cancelled caller still waits for the commit's thread, so the lock
+        is never released while it writes."""
         if self.storage.index_pending:
-            await self.env.run_blocking(self.storage.commit_index)
+            await finish_even_if_cancelled(self.env.run_blocking(self.storage.commit_index))
+            await self._release_journal()
+
+    async def _release_journal(self) -> None:
+        """Recycle the journal files before the mark the index holds (each commit's, whoever made it: a
+        checkpoint, or garbage collection or compaction, which would otherwise keep every later checkpoint
+        short of the commit count and the journal growing)."""
+        mark = self.storage.indexed_mark
+        if mark is not None:
+            # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
+            self.env.faults.hit("checkpoint.before-release")
+            await self.env.run_blocking(self.journal.release_before, mark.seq)
 
     async def _checkpoint(self, commit_index: bool) -> None:
         loop = asyncio.get_running_loop()
@@ -374,7 +388,7 @@ class Bookie:
         started = time.perf_counter()
         try:
             pos = await marked
-            indexed = await self.env.run_blocking(
+            await self.env.run_blocking(
                 functools.partial(self.storage.flush, cache, states, pos, commit_index=commit_index)
             )
         except BaseException as exc:
@@ -387,10 +401,7 @@ class Bookie:
         self.flush_ms.record(True, (time.perf_counter() - started) * 1000.0)
         self.flushed_bytes += flush_bytes
         self.storage.end_flush(True)
-        if indexed:
-            # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
-            self.env.faults.hit("checkpoint.before-release")
-            await self.env.run_blocking(self.journal.release_before, pos.seq)
+        await self._release_journal()
         self._unpark()
         if self._parked or self.storage.wants_flush():
             # This task is finishing, so it cannot start its successor itself: do it right after.

@@ -357,10 +357,10 @@ class Compactor:
             return copied
 
         async with bookie.checkpoint_lock:
-            return await _finish_even_if_cancelled(bookie.env.run_blocking(copy_and_commit))
+            return await finish_even_if_cancelled(bookie.env.run_blocking(copy_and_commit))
 
 
-async def _finish_even_if_cancelled(aw: Awaitable[T]) -> T:
+async def finish_even_if_cancelled(aw: Awaitable[T]) -> T:
     """Await a worker-thread step; if the caller is cancelled, still wait for the thread to finish before
     the cancellation goes on, so the checkpoint lock is never released while the step writes."""
     fut = asyncio.ensure_future(aw)

@@ -46,7 +46,6 @@ from quorumlog.bookie.index import LedgerIndex
 from quorumlog.bookie.journal import JournalPosition, Record
 
 _IDS = struct.Struct(">qq")  # also the index key: (ledgerId, entryId)
-_LEDGER = struct.Struct(">q")  # the index keys' prefix
 _ledger_of = itemgetter(0)
 SCAN_READ_AHEAD_MAX_BYTES = 4 << 20  # largest read-ahead of a sequential scan (one pread, parsed in memory)
 _SCAN_GAP_ENTRIES = 8  # a miss this close after the last read-ahead entry continues a scan
@@ -86,23 +85,28 @@ class WriteCache:
 @dataclass(slots=True)
 class _Unindexed:
     """One checkpoint's locations, synced in an entry log and not yet committed to the index. Reads find theirs
-    by bisection: a dict made for them cost every checkpoint as much as it saved the few reads that come here."""
+    by bisection of the sorted (ledger, entry) pairs: a dict made for them cost every checkpoint as much as it
+    saved the few reads that come here, and the packed index keys are not in that order when an id is
+    negative."""
 
-    keys: list[bytes]  # the index keys (`_IDS`), sorted, and `values` their locations in the same order
+    ids: list[
+        tuple[int, int]
+    ]  # sorted; `keys` (the index keys, `_IDS`) and `values` (locations) in this order
+    keys: list[bytes]
     values: list[bytes]
     states: dict[int, bytes]
     checkpoint: JournalPosition | None
 
-    def location(self, key: bytes) -> bytes | None:
-        i = bisect_left(self.keys, key)
-        return self.values[i] if i < len(self.keys) and self.keys[i] == key else None
+    def location(self, ledger_id: int, entry_id: int) -> bytes | None:
+        ids = self.ids
+        i = bisect_left(ids, (ledger_id, entry_id))
+        return self.values[i] if i < len(ids) and ids[i] == (ledger_id, entry_id) else None
 
     def entries(self, ledger_id: int) -> Iterator[int]:
-        keys = self.keys
-        prefix = _LEDGER.pack(ledger_id)
-        i = bisect_left(keys, prefix)
-        while i < len(keys) and keys[i].startswith(prefix):
-            yield _IDS.unpack(keys[i])[1]
+        ids = self.ids
+        i = bisect_left(ids, (ledger_id,))  # (a 1-tuple sorts before every pair that starts with it)
+        while i < len(ids) and ids[i][0] == ledger_id:
+            yield ids[i][1]
             i += 1
 
 
@@ -172,6 +176,9 @@ class LedgerStorage:
         # Checkpoints whose locations wait for the index commit, oldest first (module docstring). Appended and
         # emptied by the checkpoint thread, read by the loop (list operations are atomic under the GIL).
         self._unindexed: list[_Unindexed] = []
+        # The journal position the index holds (set by each commit; None until the first): the journal before
+        # it may go (`Bookie._release_journal`).
+        self.indexed_mark: JournalPosition | None = None
         self.cache_half_bytes = max(1, write_cache_bytes // 2)
         # The active cache's size at which a checkpoint starts: half of its half unless the bookie draws
         # another (`flush_threshold`, the setting `checkpoint_jitter`).
@@ -263,9 +270,8 @@ class LedgerStorage:
         """Where an entry past the write cache is: waiting for the index (the newest checkpoint first: an entry
         written again is found where it was written last), else in the index."""
         if self._unindexed:
-            key = _IDS.pack(ledger_id, entry_id)
             for batch in reversed(self._unindexed):  # (safe while the checkpoint thread shortens the list)
-                location = batch.location(key)
+                location = batch.location(ledger_id, entry_id)
                 if location is not None:
                     return location
         return self.index.location(ledger_id, entry_id)
@@ -340,11 +346,16 @@ class LedgerStorage:
         if written is not None:
             # Counted live now, not at the index commit: compaction picks logs by these counts.
             self.usage.add(written.log_id, _bytes_per_ledger(keys, written.offsets))  # one log
-        packed = list(starmap(_IDS.pack, keys))
-        if keys and keys[0][0] < 0:  # a negative ledger id packs after the others: bisection needs byte order
-            pairs = sorted(zip(packed, locations, strict=True))
-            packed, locations = [k for k, _ in pairs], [v for _, v in pairs]
-        self._unindexed.append(_Unindexed(packed, locations, states, checkpoint))
+        if keys or not self._unindexed:
+            self._unindexed.append(
+                _Unindexed(keys, list(starmap(_IDS.pack, keys)), locations, states, checkpoint)
+            )
+        else:
+            # Nothing new (a periodic checkpoint, again while commits fail): no batch more, the last one's
+            # states and mark grow instead (every record before this mark is in a waiting batch or the index).
+            last = self._unindexed[-1]
+            last.states = {**last.states, **states}
+            last.checkpoint = checkpoint
         # Readable through `_unindexed` now: free the flushed entries here rather than on the loop (dropping
         # tens of thousands of objects takes milliseconds). A concurrent read that misses goes on to
         # `_unindexed`; dict and list operations are atomic under the GIL.
@@ -367,9 +378,12 @@ class LedgerStorage:
         states: dict[int, bytes] = {}
         for b in batches:
             states.update(b.states)  # a later checkpoint's state of a ledger is the newer one
-        self.index.commit(items, states, batches[-1].checkpoint)
+        mark = batches[-1].checkpoint
+        self.index.commit(items, states, mark)
         # In the index now: a concurrent read that misses `_unindexed` finds them there.
         del self._unindexed[: len(batches)]
+        if mark is not None:
+            self.indexed_mark = mark
 
     def close(self) -> None:
         self.entry_logs.close()

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from quorumlog.bookie.bookie import Bookie
 from quorumlog.bookie.gc import GarbageCollector
+from quorumlog.bookie.index import IndexError_
 from quorumlog.bookie.service import BookieService
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
@@ -53,6 +56,8 @@ async def test_every_third_checkpoint_commits_and_entries_read_back_meanwhile(
             for lid in (-7, 40, 41)  # (a negative id: its packed key sorts after the others)
             for e in range(4)
         }
+        if round_ == 0:  # (a negative entry id too: the packed keys are then not in the pairs' order)
+            batch[(40, -5)] = entry(40, -5, b"negative")
         await _add_all(c, batch)
         bodies.update(batch)
         await bookie.checkpoint()
@@ -178,3 +183,46 @@ async def test_compaction_moves_the_entries_of_a_log_whose_locations_waited(
     assert stats.logs_compacted == len(sealed) and stats.entries_moved == 260  # log 1's live entries moved
     bookie.storage.read_cache._entries.clear()
     await _read_all(svc, bodies)
+
+
+def _journal_files(bookie: Bookie) -> list[int]:
+    names = os.listdir(bookie.journal.directory)
+    return sorted(int(n[:16], 16) for n in names if n.endswith(".jnl") and not n.startswith("spare-"))
+
+
+async def test_a_commit_made_for_gc_or_compaction_releases_the_journal_too(start_bookie: StartBookie) -> None:
+    """Garbage collection and compaction commit the waiting locations; the journal before that commit's mark
+    goes too, or rounds that come more often than `index_commit_checkpoints` checkpoints would keep it forever."""
+    _, bookie, c = await _started(start_bookie, "release", index_commit_checkpoints=8)
+    for round_ in range(3):  # ~2.4 MB through 1 MiB journal files
+        await _add_all(
+            c, {(90, round_ * 100 + e): entry(90, round_ * 100 + e, os.urandom(8000)) for e in range(100)}
+        )
+        await bookie.checkpoint()
+    await c.close()
+    assert bookie.storage.index_pending and _journal_files(bookie)[0] == 1
+    async with bookie.checkpoint_lock:
+        await bookie.commit_index()
+    mark = bookie.index.checkpoint()
+    assert mark is not None and mark.seq > 1
+    assert _journal_files(bookie)[0] == mark.seq
+
+
+async def test_failing_commits_keep_one_waiting_batch_per_checkpoint_with_entries(
+    start_bookie: StartBookie,
+) -> None:
+    svc, bookie, c = await _started(start_bookie, "fails", index_commit_checkpoints=4)
+    bodies = {(95, e): entry(95, e, os.urandom(100)) for e in range(5)}
+    await _add_all(c, bodies)
+    await c.close()
+
+    def broken(*args: object) -> None:
+        raise IndexError_("index commit failed: from the test")
+
+    bookie.index.commit = broken  # type: ignore[method-assign]
+    await bookie.checkpoint()  # the first of four: nothing to commit yet
+    for _ in range(3):  # nothing new: each tries the commit, and fails
+        with pytest.raises(IndexError_):
+            await bookie.checkpoint()
+    assert len(bookie.storage._unindexed) == 1  # not one more per failed checkpoint
+    await _read_all(svc, bodies)  # still served from the waiting locations
