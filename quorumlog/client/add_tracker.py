@@ -470,7 +470,7 @@ class AddTracker:
     def on_ack(self, entry_id: int, bookie_id: str, now_s: float = 0.0) -> list[AddCompleted]:
         """A bookie acknowledged an add. Returns completions (in entry-id order), if any. (`now_s` is not
         needed: an ack starts no timer; the driver may leave it out and save reading the clock per ack.)"""
-        return self._drain_completions() if self.ack(entry_id, bookie_id) else []
+        return self.drain() if self.ack(entry_id, bookie_id) else []
 
     def ack(self, entry_id: int, bookie_id: str) -> bool:
         """Count an ack without completing anything: True if the entry now has its A acks, so that `drain`
@@ -501,10 +501,6 @@ class AddTracker:
         # Most acks: this entry is not complete yet, so no entry can complete now (completion is in order,
         # and every other entry's acks are unchanged since the last drain).
         return acked.bit_count() >= self._ack_quorum
-
-    def drain(self) -> list[AddCompleted]:
-        """Complete, in entry-id order, the entries whose acks `ack` counted (none during an ensemble change)."""
-        return self._drain_completions()
 
     def on_error(self, entry_id: int, bookie_id: str, error: QuorumLogError, now_s: float) -> list[AddAction]:
         """A bookie failed an add (error status, connection loss or per-request timeout)."""
@@ -591,7 +587,7 @@ class AddTracker:
                         pending.resent_s = {}
                     pending.resent_s[index] = now_s
                     actions.append(SendAdd(entry_id, index, new_ensemble[index], pending.recovery))
-        actions.extend(self._drain_completions())
+        actions.extend(self.drain())
         if self._failed_bookies and self._error is None:
             # A bookie of the new ensemble failed while the change was in flight: change again.
             actions.extend(self._maybe_change())
@@ -680,7 +676,8 @@ class AddTracker:
             return None
         return index if self.quorum.in_write_set(entry_id, index) else None
 
-    def _drain_completions(self) -> list[AddCompleted]:
+    def drain(self) -> list[AddCompleted]:
+        """Complete, in entry-id order, the entries whose acks `ack` counted (none during an ensemble change)."""
         if self._changing is not None:
             return []
         pending_adds = self._pending

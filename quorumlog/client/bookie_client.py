@@ -198,8 +198,9 @@ def largest_add_entry_bytes(
     return max(n, -1)
 
 
-# callback(context, response, None) or callback(context, None, error)
-AnswerCallback = Callable[[Any, Response | None, QuorumLogError | None], None]
+# callback(context, response, None) or callback(context, None, error); a waiter with a batch end (below) may
+# return False for an answer that leaves it nothing to do at the end of the read
+AnswerCallback = Callable[[Any, Response | None, QuorumLogError | None], bool | None]
 
 
 class _Future(Protocol):
@@ -227,7 +228,10 @@ class _Future(Protocol):
 #
 # A writer's adds (`send_add_frame`) carry a third element, `batch_end`: called once after a read that
 # delivered successful answers to the pair, when every answer of that read has been delivered. The writer
-# counts acks as they come and completes its entries once per read, not once per ack (write_handle.py). It
+# counts acks as they come and completes its entries once per read, not once per ack (write_handle.py). An
+# answer whose callback returns False files no batch end: an ack that completes nothing (the first of two at
+# A = 2) leaves nothing for it, and at 10,000 ledgers written round robin that is half the acks, each an
+# idle call of the batch end otherwise (docs/PERFORMANCE.md, "Session 20"). It
 # matches answers by txn id alone, so its callback gets no response object for a v3 EOK answer (None): the
 # connection does not decode one (`_deliver_add_ok`).
 # An error answer has no batch end: the callback handles it at once (the writer first completes what the
@@ -642,11 +646,12 @@ class _Connection(asyncio.Protocol):
                 fut, error_for_status(status, f"bookie {self.owner.bookie_id} answered status {status}")
             )
         elif type(fut) is tuple:
+            wants_end = None
             try:  # `_call_back` inlined: this runs for every ack
-                fut[0](fut[1], response, None)
+                wants_end = fut[0](fut[1], response, None)
             except Exception as e:
                 _report_callback_error(e)
-            if len(fut) == 3:
+            if len(fut) == 3 and wants_end is not False:
                 self._batch_ends[fut[2]] = None  # type: ignore[misc]
         elif not fut.done():  # type: ignore[union-attr]
             fut.set_result(response)  # type: ignore[union-attr]
@@ -690,8 +695,8 @@ class _Connection(asyncio.Protocol):
         if type(fut) is tuple:
             try:
                 if len(fut) == 3:
-                    fut[0](fut[1], None, None)
-                    self._batch_ends[fut[2]] = None  # type: ignore[misc]
+                    if fut[0](fut[1], None, None) is not False:
+                        self._batch_ends[fut[2]] = None  # type: ignore[misc]
                 else:
                     fut[0](fut[1], decode(raw), None)
             except Exception as e:
@@ -1175,8 +1180,7 @@ def _to_callback(
         return
     exc = fut.exception()
     if exc is None:
-        callback(context, fut.result(), None)
-        if batch_end is not None:
+        if callback(context, fut.result(), None) is not False and batch_end is not None:
             batch_end()  # an answer on its own is a batch of one
     else:
         callback(context, None, exc if isinstance(exc, QuorumLogError) else BookieUnavailableError(str(exc)))

@@ -469,17 +469,21 @@ class WriteHandle(LedgerHandle):
                 if entry_id not in self._adds:
                     return  # the error failed the entry (or the writer): its other replicas are not sent
 
-    def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> None:
+    def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> bool:
         """One bookie's answer to one add. An ack is only counted here: the entries it completes complete in
         `_on_add_batch_end`, which the connection calls once the read that brought the ack is delivered
-        (bookie_client `_Waiter`) -- once per read, not once per ack."""
+        (bookie_client `_Waiter`) -- once per read, not once per ack. False when that call would find nothing
+        to do, so the connection files none (the first ack of an entry at A = 2)."""
         if self._abandoned is not None:
-            return
+            return False
         entry_id, _, bookie_id, _ = sent
         if exc is None:
             if self._tracker.ack(entry_id, bookie_id):  # (an ack's decision needs no time)
                 self._drain_due = True
-            return
+                return True
+            return (
+                self._drain_due
+            )  # (True: an earlier ack of this read filed it already; filing again is free)
         if self._drain_due:
             self._on_add_batch_end()  # what the acks before this error completed comes first
         error = exc
@@ -488,7 +492,7 @@ class WriteHandle(LedgerHandle):
             and error.retry_same_bookie
             and self._resend_same_bookie(SendAdd(*sent))
         ):
-            return
+            return False
         if isinstance(error, BadRequestError):
             # About this request, not the bookie: the entry can never be written, so the writer stops
             # (the tracker fails every pending add), and the bookie stays a good one for everyone.
@@ -508,6 +512,7 @@ class WriteHandle(LedgerHandle):
         actions = self._tracker.on_error(entry_id, bookie_id, error, self._now())
         if actions:
             self._apply(actions)
+        return False  # (an error answer files no batch end in any case)
 
     def _on_add_batch_end(self) -> None:
         if self._drain_due:
@@ -600,17 +605,23 @@ class WriteHandle(LedgerHandle):
             if kept is not None and not kept[2].done():
                 kept[2].set_result(eid)
         self._stats.adds_ok += len(done)
-        if not self.deferred_sync:  # deferred sync: the LAC moves in force()
-            self._lac.observe(eid)  # (completions come in entry-id order: the last is the highest)
-            self._lac_moved()
         tracker = self._tracker
-        if not tracker.pending_count and not tracker.unanswered:
+        in_flight = tracker.pending_count
+        # At 10,000 ledgers written round robin all that follows runs once per entry, so the small steps are
+        # inlined: `LacView.observe`, and `_capacity_freed`'s test (docs/PERFORMANCE.md, "Session 20").
+        if not self.deferred_sync:  # deferred sync: the LAC moves in force()
+            lac = self._lac
+            if eid > lac.lac:  # (completions come in entry-id order: the last is the highest)
+                lac.lac = eid
+            self._lac_moved(in_flight)
+        if not in_flight and not tracker.unanswered:
             # Nothing left to time out: leave the add-timeout ticker now, while this handle is hot. Left
             # to the tick, 10,000 ledgers written round robin each cost one visit per add -- a cold
             # handle's check, made after its add completed, that finds nothing (docs/PERFORMANCE.md,
             # "Session 7: client CPU per entry"). The next append joins again.
             self._timeouts.discard(self)
-        self._capacity_freed()
+        if self.adv or self._capacity is not None:
+            self._capacity_freed()
 
     def _capacity_freed(self) -> None:
         """Adds left the pipeline: an adv ledger's held appends go out, and `wait_for_capacity` wakes."""
@@ -622,13 +633,14 @@ class WriteHandle(LedgerHandle):
         if self._capacity is not None and tracker.has_capacity:
             self._capacity.set()
 
-    def _lac_moved(self) -> None:
-        """The LAC moved past what bookies saw: queue this handle for the client's next explicit LAC."""
+    def _lac_moved(self, in_flight: int) -> None:
+        """The LAC moved past what bookies saw, with `in_flight` adds pending: queue this handle for the
+        client's next explicit LAC."""
         if not self._lac_dirty and not self._recovery and self._lac_flusher.enabled:
             self._lac_dirty = True
             self._lac_flusher.add(self, self._loop)
         t = self._tracker  # gone idle: the LAC goes out at the end of this loop iteration (ticker.py)
-        if self._lac_dirty and idle_push_due(t.pending_count, t.last_add_confirmed, t.lac_sent_to_bookies):
+        if self._lac_dirty and idle_push_due(in_flight, t.last_add_confirmed, t.lac_sent_to_bookies):
             self._lac_flusher.soon(self, self._loop)
 
     def _fail_waiting(self, error: QuorumLogError) -> None:
@@ -821,7 +833,9 @@ class WriteHandle(LedgerHandle):
         )
         if self._tracker.forced(last, length):
             self._lac.observe(last)
-            self._lac_moved()  # readers learn the new LAC by explicit LAC (or the next entry's piggyback)
+            self._lac_moved(
+                self._tracker.pending_count
+            )  # readers learn the new LAC by explicit LAC (or the next entry's piggyback)
         return self._tracker.last_add_confirmed
 
     async def close(self) -> None:

@@ -219,8 +219,8 @@ report_exception(PyObject *report)
 
 /* One EOK answer delivered to the writer's waiter filed under `key` in `single`, the (callback, context,
  * batch_end) tuple: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
- * `batch_ends[batch_end] = None`. An Exception from the callback (or from filing its batch end) goes to
- * `report(exc)` and skips its batch end. Returns 1 once delivered, 0 when `single` holds no such waiter
+ * `batch_ends[batch_end] = None` unless the callback returned False (nothing waits for the batch end). An
+ * Exception from the callback (or from filing its batch end) goes to `report(exc)` and skips its batch end. Returns 1 once delivered, 0 when `single` holds no such waiter
  * under `key` (nothing done: none, a future, a pair), -1 with an exception set. */
 static int
 deliver_one(PyObject *single, PyObject *key, PyObject *conn, PyObject *batch_ends, PyObject *report)
@@ -249,8 +249,9 @@ deliver_one(PyObject *single, PyObject *key, PyObject *conn, PyObject *batch_end
     PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
     PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
     int failed = result == NULL;
+    int wants_end = result != Py_False;
     Py_XDECREF(result);
-    if (!failed && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
+    if (!failed && wants_end && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
         failed = 1;
     }
     Py_DECREF(waiter);

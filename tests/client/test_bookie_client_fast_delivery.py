@@ -53,13 +53,15 @@ def _connection(
     return owner, bookie_client._Connection(owner, version)  # type: ignore[arg-type]
 
 
-def _callback(log: list[Any], id_of: Any, failing: str) -> Any:
-    """A writer's callback that logs what it got, and whose call for context `failing` raises."""
+def _callback(log: list[Any], id_of: Any, failing: str, quiet: frozenset[str] = frozenset()) -> Any:
+    """A writer's callback that logs what it got, whose call for context `failing` raises, and whose calls for
+    the contexts in `quiet` return False (no batch end wanted); the others return None (one wanted)."""
 
-    def callback(ctx: Any, response: Any, error: Any) -> None:
+    def callback(ctx: Any, response: Any, error: Any) -> bool | None:
         log.append(("cb", ctx, None if response is None else id_of(response), type(error).__name__))
         if ctx == failing:
             raise RuntimeError(f"a bug in {failing}'s callback")
+        return False if ctx in quiet else None
 
     return callback
 
@@ -70,7 +72,8 @@ def _run(compiled: bool, chunks: list[bytes], unproven: bool, monkeypatch: pytes
     log: list[Any] = []
     with monkeypatch.context() as m:
         owner, conn = _connection(ProtocolVersion.V3, compiled, m, log)
-        callback = _callback(log, lambda response: response.txn_id, "t2")
+        # t5 and t6 want no batch end, so end 5 (theirs and t7's, which is fenced) is never called.
+        callback = _callback(log, lambda response: response.txn_id, "t2", frozenset({"t5", "t6"}))
 
         ends = {txn: (lambda txn=txn: log.append(("end", txn))) for txn in (1, 5)}
         for txn in (1, 2, 3, 5, 6, 7):
@@ -101,6 +104,7 @@ async def test_compiled_delivery_is_the_python_delivery(
         assert got == want
     log = want[0]
     assert ("reported", "a bug in t2's callback") in log and ("cb", "t6", None, "NoneType") in log
+    assert ("end", 1) in log and ("end", 5) not in log
     assert want[2] == 1  # txn 99
 
 
@@ -118,7 +122,10 @@ def _run_v2(compiled: bool, chunks: list[bytes], monkeypatch: pytest.MonkeyPatch
     log: list[Any] = []
     with monkeypatch.context() as m:
         owner, conn = _connection(ProtocolVersion.V2, compiled, m, log)
-        callback = _callback(log, lambda response: response.entry_id, "e2")
+        # e5 and both answers to entry 6 want no batch end: end 5 is never called.
+        callback = _callback(
+            log, lambda response: response.entry_id, "e2", frozenset({"e5", "e6", "e6-again"})
+        )
 
         ends = {e: (lambda e=e: log.append(("end", e))) for e in (1, 5)}
         key = bookie_client._OP_ADD
@@ -150,6 +157,7 @@ async def test_compiled_v2_delivery_is_the_python_delivery(monkeypatch: pytest.M
         assert got == want
     log = want[0]
     assert ("reported", "a bug in e2's callback") in log and ("cb", "e6-again", None, "NoneType") in log
+    assert ("end", 1) in log and ("end", 5) not in log
     assert want[1] == 0 and want[2] == 1  # entry 99
 
 

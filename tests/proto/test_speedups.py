@@ -489,6 +489,24 @@ def test_deliver_add_oks_lowers_any_pending_count_as_python_does() -> None:
 
 
 @needs_c
+def test_deliver_add_oks_files_no_batch_end_for_a_callback_that_returns_false() -> None:
+    # `_deliver_add_ok` files the batch end unless the callback returned False exactly (the writer's "this ack
+    # completed nothing": write_handle `_on_add_answer`); None, True or anything else files it.
+    ok = [v3fast.encode_add_response(AddResponse(StatusCode.EOK, 1, 2, txn)) for txn in (3, 4, 5, 6)]
+    single = {
+        3: (lambda *a: False, "c", "no"),
+        4: (lambda *a: 0, "d", "zero"),
+        5: (lambda *a: True, "e", "yes"),
+        6: (lambda *a: None, "f", "none"),
+    }
+    assert _deliver(b"".join(ok), single, _Conn(4)) == (
+        ("ok", sum(map(len, ok))),
+        ["zero", "yes", "none"],
+        [],
+    )
+
+
+@needs_c
 def test_deliver_add_oks_reports_a_batch_end_that_cannot_be_filed() -> None:
     # Review (reading): `_deliver_add_ok` files the batch end inside its try, so an unhashable one is reported
     # like a callback's exception and the answers after it are delivered; in C it escaped the delivery.
