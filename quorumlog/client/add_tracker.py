@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from quorumlog.client.distribution import Quorum, ensemble_for, last_ensemble
 from quorumlog.errors import (
@@ -117,6 +117,7 @@ class AddCompleted:
     entry_id: int
     length: int
     appended_s: float = 0.0
+    kept: Any = None  # what the driver kept with the entry (`AddTracker.keep`)
 
 
 @fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
@@ -124,6 +125,7 @@ class AddCompleted:
 class AddFailed:
     entry_id: int
     error: QuorumLogError
+    kept: Any = None  # what the driver kept with the entry (`AddTracker.keep`)
 
 
 AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed
@@ -153,7 +155,7 @@ class _Pending:
     holds is one more to allocate and free, for the cyclic GC to count, promote and scan (docs/PERFORMANCE.md,
     "CPU per entry (session 6)"), and at 10,000 ledgers one more cold object an ack reads ("Session 16")."""
 
-    __slots__ = ("acked", "first_sent_s", "length", "outstanding", "recovery", "resent_s")
+    __slots__ = ("acked", "first_sent_s", "kept", "length", "outstanding", "recovery", "resent_s")
 
     def __init__(self, length: int, recovery: bool, first_sent_s: float, outstanding: int) -> None:
         # Ensemble indices (of the entry's write set) that acknowledged it: bit i is index i.
@@ -165,6 +167,7 @@ class _Pending:
         # sent at `first_sent_s` unless resent later (an ensemble change), then at `resent_s[index]`.
         self.outstanding = outstanding
         self.resent_s: dict[int, float] | None = None
+        self.kept: Any = None  # the driver's (`AddTracker.keep`)
 
     def sent_s(self) -> dict[int, float]:
         """Index -> when the request outstanding there was sent, in index order."""
@@ -417,12 +420,45 @@ class AddTracker:
             if ensemble[index] not in failed
         )
 
+    # --- what the driver keeps with each pending entry --------------------------------------------------
+
+    def keep(self, entry_id: int, kept: Any) -> None:
+        """Keep the driver's own data with pending entry `entry_id` until it leaves: it comes back in the
+        entry's `AddCompleted` or `AddFailed`, and from `kept` meanwhile. The tracker never reads it. A write
+        handle keeps the entry's frame and future here rather than in a dict of its own: at 10,000 ledgers
+        written round robin each handle's dicts are cold, and a second one cost a cache-missing insert per
+        append and a pop per completion (docs/PERFORMANCE.md, "Session 20")."""
+        self._pending[entry_id].kept = kept
+
+    def kept(self, entry_id: int) -> Any:
+        """What the driver kept with `entry_id`, if it is still pending (else None)."""
+        pending = self._pending.get(entry_id)
+        return None if pending is None else pending.kept
+
+    def kept_through(self, last_entry_id: int) -> list[Any]:
+        """What the driver kept with every pending entry up to `last_entry_id`, in entry-id order."""
+        return [
+            p.kept
+            for entry_id, p in self._pending.items()
+            if entry_id <= last_entry_id and p.kept is not None
+        ]
+
+    def forget_kept(self) -> list[Any]:
+        """What the driver kept with every pending entry, in entry-id order, no longer kept (a driver that
+        stops without failing them through the tracker: `WriteHandle._abandon`)."""
+        out = []
+        for pending in self._pending.values():
+            if pending.kept is not None:
+                out.append(pending.kept)
+                pending.kept = None
+        return out
+
     def fail_pending(self, error: QuorumLogError) -> list[AddAction]:
         """The handle is being closed with adds in flight: they fail now with `error` (BookKeeper's close
         drains its pending adds and fails them with LedgerClosedException); the LAC stays where it is, so the
         close records only acknowledged entries. Nothing more can be appended."""
         self._closed = True
-        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
+        failed: list[AddAction] = [AddFailed(e, error, p.kept) for e, p in self._pending.items()]
         self._pending.clear()
         return failed
 
@@ -698,7 +734,7 @@ class AddTracker:
             if not self.deferred_sync:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
-            done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s))
+            done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s, pending.kept))
             if pending.outstanding:  # completed without some bookie of its write set (A < W)
                 self._note_unanswered(entry_id, pending.sent_s())
             entry_id += 1
@@ -775,7 +811,7 @@ class AddTracker:
     def _fail_all(self, error: QuorumLogError) -> list[AddAction]:
         if self._error is None:
             self._error = error
-        failed: list[AddAction] = [AddFailed(entry_id, error) for entry_id in self._pending]
+        failed: list[AddAction] = [AddFailed(e, error, p.kept) for e, p in self._pending.items()]
         self._pending.clear()
         return failed
 

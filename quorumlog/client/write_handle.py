@@ -118,7 +118,6 @@ class WriteHandle(LedgerHandle):
         "_abandoned",
         "_add_answered",
         "_add_batch_end",
-        "_adds",
         "_adv_waiting",
         "_capacity",
         "_change_task",
@@ -175,7 +174,6 @@ class WriteHandle(LedgerHandle):
         )
         self._lac.observe(last_add_confirmed)
         # entry id -> the pending add: what a resend needs of it, and the future `append` returned.
-        self._adds: dict[int, _PendingAdd] = {}
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         # Adds go out as v3 frames this handle encodes (`_send_entry`); v2 connections encode requests.
         self._v3 = cfg.protocol_version == ProtocolVersion.V3
@@ -341,18 +339,18 @@ class WriteHandle(LedgerHandle):
                 if self._v3
                 else encode_add_head_v2(self.ledger_id, eid, lac, length, payload, self._master_key)
             )
-            self._adds[eid] = (head, payload, fut)
+            self._tracker.keep(eid, (head, payload, fut))  # (`_PendingAdd`; back in its AddCompleted)
             self._send_frame(eid, txn, head, payload, appended.sends, False)
         else:
             body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
-            self._adds[eid] = (body, None, fut)
+            self._tracker.keep(eid, (body, None, fut))
             self._send_entry(eid, body, appended.sends, False)
         self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return fut
 
     def _body(self, entry_id: int) -> bytes | None:
         """The body of pending entry `entry_id` (None once it completed or failed)."""
-        kept = self._adds.get(entry_id)
+        kept: _PendingAdd | None = self._tracker.kept(entry_id)
         if kept is None:
             return None
         head, payload, _ = kept
@@ -380,7 +378,7 @@ class WriteHandle(LedgerHandle):
         self.check_payload_size(len(body) - ENTRY_HEADER_BYTES - self._digest.digest_bytes)
         appended = self._tracker.append_recovery(entry_id, length, self._now())
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._adds[entry_id] = (body, None, fut)
+        self._tracker.keep(entry_id, (body, None, fut))
         self._send_entry(entry_id, body, appended.sends, True)
         self._schedule_timeouts()
         return fut
@@ -466,7 +464,7 @@ class WriteHandle(LedgerHandle):
                     )
             except QuorumLogError as e:
                 self._apply(self._tracker.on_error(entry_id, bookie_id, e, self._now()))
-                if entry_id not in self._adds:
+                if self._tracker.kept(entry_id) is None:
                     return  # the error failed the entry (or the writer): its other replicas are not sent
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> bool:
@@ -532,7 +530,7 @@ class WriteHandle(LedgerHandle):
         counts = None if resends is None else resends.get(action.entry_id)
         done = 0 if counts is None else counts.get(action.bookie_id, 0)
         verdict = same_bookie_drop_verdict(
-            pending=action.entry_id in self._adds,
+            pending=self._tracker.kept(action.entry_id) is not None,
             writer_failed=self._tracker.error is not None,
             resends_done=done,
             resends_max=SAME_BOOKIE_RESENDS_MAX,
@@ -567,7 +565,7 @@ class WriteHandle(LedgerHandle):
                     sends.append(action)
                 case AddFailed():
                     self._stats.adds_failed += 1
-                    kept = self._adds.pop(action.entry_id, None)
+                    kept = action.kept
                     if kept is not None and not kept[2].done():
                         kept[2].set_exception(action.error)
                 case EnsembleChangeNeeded():
@@ -593,7 +591,6 @@ class WriteHandle(LedgerHandle):
         """Resolve the futures of entries that completed (in entry-id order), then what completing moves: the
         LAC, the add-timeout ticker, capacity. Changes nothing in the tracker, so no error can follow."""
         resends = self._resends
-        adds = self._adds
         eid = -1
         for action in done:
             eid = action.entry_id
@@ -601,7 +598,7 @@ class WriteHandle(LedgerHandle):
                 resends.pop(eid, None)
             if not eid & ADD_SAMPLE_MASK:  # one add in 16 is timed (client/metrics.py)
                 self._stats.add_ms.success.record((self._now() - action.appended_s) * 1000)
-            kept = adds.pop(eid, None)
+            kept = action.kept
             if kept is not None and not kept[2].done():
                 kept[2].set_result(eid)
         self._stats.adds_ok += len(done)
@@ -812,7 +809,7 @@ class WriteHandle(LedgerHandle):
         """
         self._check_writable()
         target = self._tracker.last_add_pushed
-        waiting = [kept[2] for e, kept in self._adds.items() if e <= target]
+        waiting = [kept[2] for kept in self._tracker.kept_through(target)]
         if waiting:
             await asyncio.gather(*waiting)
         if not self.deferred_sync:
@@ -922,10 +919,9 @@ class WriteHandle(LedgerHandle):
         self._abandoned = error
         self._cancel_timers()
         self._fail_waiting(error)
-        for _, _, fut in self._adds.values():
+        for _, _, fut in self._tracker.forget_kept():
             if not fut.done():
                 fut.set_exception(error)
-        self._adds.clear()
 
     def _cancel_timers(self) -> None:
         self._timeouts.discard(self)

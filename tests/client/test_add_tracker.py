@@ -543,3 +543,39 @@ def test_a_resent_add_left_unanswered_at_completion_is_recorded_with_its_resend_
     assert t.unanswered == {"b7": {0: 0.9}}
     t.on_ack(0, "b7")  # answered after all: forgotten
     assert t.unanswered == {}
+
+
+def test_what_the_driver_keeps_comes_back_with_the_entry_and_only_while_it_is_pending() -> None:
+    # The write handle keeps each entry's frame and future with the tracker (`keep`), not in a dict of its
+    # own: whatever ends an entry must hand its data back, or its future would never resolve.
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    for eid in range(4):
+        t.keep(t.append(1, 0.0).entry_id, f"frame-{eid}")
+    assert t.kept(2) == "frame-2" and t.kept(9) is None
+    assert t.kept_through(1) == ["frame-0", "frame-1"]
+    done = t.on_ack(0, "b0") + t.on_ack(0, "b1")
+    assert done == [AddCompleted(0, 1, 0.0, "frame-0")]
+    assert t.kept(0) is None and t.kept_through(9) == ["frame-1", "frame-2", "frame-3"]
+    # A fatal error fails the rest, each with its own data.
+    failed = t.on_error(1, "b1", LedgerFencedError("fenced"), 0.0)
+    assert [(a.entry_id, a.kept) for a in failed if isinstance(a, AddFailed)] == [
+        (1, "frame-1"),
+        (2, "frame-2"),
+        (3, "frame-3"),
+    ]
+    assert t.kept(1) is None and t.kept_through(9) == []
+
+
+def test_closing_with_adds_in_flight_fails_them_with_their_data_and_forget_kept_takes_it_all() -> None:
+    t = AddTracker(Quorum(3, 2, 2), {0: B})
+    for eid in range(3):
+        t.keep(t.append(1, 0.0).entry_id, eid)
+    assert t.forget_kept() == [0, 1, 2]  # (a handle that stops without failing them through the tracker)
+    assert t.kept(0) is None and t.pending_count == 3  # forgotten, still pending
+    t.keep(1, "again")
+    failed = t.fail_pending(LedgerClosedError("closing"))
+    assert [(a.entry_id, a.kept) for a in failed if isinstance(a, AddFailed)] == [
+        (0, None),
+        (1, "again"),
+        (2, None),
+    ]

@@ -17,6 +17,7 @@ from quorumlog import Client, DigestType
 from quorumlog.client.read_handle import TAIL_READ_AHEAD, LedgerHandle, _WindowRead
 from quorumlog.client.read_logic import EntryRead
 from quorumlog.errors import (
+    ClientClosedError,
     DigestMismatchError,
     IllegalOperationError,
     InvalidArgumentError,
@@ -360,8 +361,6 @@ async def test_v2_protocol_round_trip(cluster: LocalCluster) -> None:
 async def test_closing_the_client_fails_pending_adds_and_leaves_the_ledger_recoverable(
     cluster: LocalCluster,
 ) -> None:
-    from quorumlog.errors import ClientClosedError
-
     client = await Client.connect(cluster.uri)
     w = await client.create_ledger(3, 2, 2, password=PW)
     await w.append(b"kept")
@@ -467,3 +466,16 @@ async def test_disabled_ensemble_change_fails_the_writer(cluster: LocalCluster) 
         with pytest.raises(NotEnoughBookiesError):
             await w.append(b"stuck")
         assert len(w.metadata.ensembles) == 1
+
+
+async def test_closing_the_client_fails_every_add_still_in_flight(cluster: LocalCluster) -> None:
+    """A client closed with adds in flight fails each of their futures with ClientClosedError at once (the
+    handle hands back what it kept with each pending entry: `AddTracker.forget_kept`); none is left to hang."""
+    c = await Client.connect(cluster.uri, add_timeout_s=ADD_TIMEOUT_S)
+    w = await c.create_ledger(3, 2, 2, password=PW)
+    await w.append(b"first")
+    in_flight = [w.append(b"entry %d" % i) for i in range(20)]  # sent; no answer read before the close
+    await c.close()
+    async with asyncio.timeout(10):
+        results = await asyncio.gather(*in_flight, return_exceptions=True)
+    assert all(isinstance(r, ClientClosedError) for r in results), results
