@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Container, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 from quorumlog.client.distribution import Quorum, ensemble_for, last_ensemble
@@ -117,7 +117,8 @@ class AddCompleted:
     entry_id: int
     length: int
     appended_s: float = 0.0
-    kept: Any = None  # what the driver kept with the entry (`AddTracker.keep`)
+    # What the driver kept with the entry (`AddTracker.keep`): opaque, not part of the decision.
+    kept: Any = field(default=None, repr=False, compare=False)
 
 
 @fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
@@ -125,7 +126,8 @@ class AddCompleted:
 class AddFailed:
     entry_id: int
     error: QuorumLogError
-    kept: Any = None  # what the driver kept with the entry (`AddTracker.keep`)
+    # What the driver kept with the entry (`AddTracker.keep`): opaque, not part of the decision.
+    kept: Any = field(default=None, repr=False, compare=False)
 
 
 AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed

@@ -93,9 +93,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("quorumlog.client")
 
-# What the handle keeps of a pending add, in one dict entry (at 10,000 ledgers written round robin each dict a
-# handle touches per add is a cold one): (body, None, future), or (frame head, payload, future) for an entry
-# sent in two pieces (`_push`; `_body` joins them).
+# What the handle keeps of a pending add, on the tracker's record of it (`AddTracker.keep`: at 10,000 ledgers
+# written round robin each dict a handle touches per add is a cold one, so there is no second dict here):
+# (body, None, future), or (frame head, payload, future) for an entry sent in two pieces (`_push`; `_body`
+# joins them). It comes back in the entry's AddCompleted or AddFailed: what a resend needs, and the future
+# `append` returned.
 _PendingAdd = tuple[bytes, bytes | None, "asyncio.Future[int]"]
 
 # A `SendAdd`'s fields as a plain tuple: what an add in flight leaves with its connection (`_send_adds`).
@@ -173,7 +175,6 @@ class WriteHandle(LedgerHandle):
             deferred_sync=deferred_sync,
         )
         self._lac.observe(last_add_confirmed)
-        # entry id -> the pending add: what a resend needs of it, and the future `append` returned.
         self._write_flags = WRITE_FLAG_DEFERRED_SYNC if deferred_sync else 0
         # Adds go out as v3 frames this handle encodes (`_send_entry`); v2 connections encode requests.
         self._v3 = cfg.protocol_version == ProtocolVersion.V3
@@ -339,7 +340,7 @@ class WriteHandle(LedgerHandle):
                 if self._v3
                 else encode_add_head_v2(self.ledger_id, eid, lac, length, payload, self._master_key)
             )
-            self._tracker.keep(eid, (head, payload, fut))  # (`_PendingAdd`; back in its AddCompleted)
+            self._tracker.keep(eid, (head, payload, fut))  # (`_PendingAdd`)
             self._send_frame(eid, txn, head, payload, appended.sends, False)
         else:
             body = self._digest.encode_entry(eid, appended.last_add_confirmed, appended.length, payload)
@@ -479,9 +480,8 @@ class WriteHandle(LedgerHandle):
             if self._tracker.ack(entry_id, bookie_id):  # (an ack's decision needs no time)
                 self._drain_due = True
                 return True
-            return (
-                self._drain_due
-            )  # (True: an earlier ack of this read filed it already; filing again is free)
+            # True when an earlier ack of this read filed the batch end already (filing again is free).
+            return self._drain_due
         if self._drain_due:
             self._on_add_batch_end()  # what the acks before this error completed comes first
         error = exc
