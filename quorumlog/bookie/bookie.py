@@ -154,6 +154,8 @@ class Bookie:
         self.env = env or default_env()
         # One bookie per directory: a second process on the same journal would interleave two logs.
         self._dir_locks: list[Callable[[], None]] = []
+        # The journal sequence number the files before which were last released (`_release_journal`).
+        self._journal_released_before = -1
         try:
             for d in (config.journal_dir, config.ledger_dir):
                 self._dir_locks.append(_lock_dir(self.env, d))
@@ -355,10 +357,12 @@ class Bookie:
         checkpoint, or garbage collection or compaction, which would otherwise keep every later checkpoint
         short of the commit count and the journal growing)."""
         mark = self.storage.indexed_mark
-        if mark is not None:
+        # (A checkpoint that waits for a later commit leaves the mark where it was: nothing new to release.)
+        if mark is not None and mark.seq != self._journal_released_before:
             # Test-only crash point: the index holds the checkpoint; the journal before it is still there.
             self.env.faults.hit("checkpoint.before-release")
             await self.env.run_blocking(self.journal.release_before, mark.seq)
+            self._journal_released_before = mark.seq
 
     async def _checkpoint(self, commit_index: bool) -> None:
         loop = asyncio.get_running_loop()

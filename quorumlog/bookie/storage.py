@@ -89,9 +89,8 @@ class _Unindexed:
     saved the few reads that come here, and the packed index keys are not in that order when an id is
     negative."""
 
-    ids: list[
-        tuple[int, int]
-    ]  # sorted; `keys` (the index keys, `_IDS`) and `values` (locations) in this order
+    # Sorted; `keys` (the index keys, `_IDS`) and `values` (the locations) are in the same order.
+    ids: list[tuple[int, int]]
     keys: list[bytes]
     values: list[bytes]
     states: dict[int, bytes]
