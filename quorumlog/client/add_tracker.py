@@ -68,6 +68,10 @@ OUTSTANDING_ADDS_MAX_DEFAULT = 10_000
 
 _NO_BOOKIES: frozenset[str] = frozenset()
 
+# Builds a named tuple from a tuple of its fields in C, without the Python call its generated `__new__` makes
+# (`AddCompleted`, `Appended`: one of each for every entry).
+_new = tuple.__new__
+
 # Errors after which this writer can never succeed again: retrying or changing the ensemble cannot help.
 # None of them is the bookie's fault, so none counts as a bookie failure.
 _FATAL_ADD_ERRORS: tuple[type[QuorumLogError], ...] = (
@@ -107,18 +111,34 @@ class EnsembleChangeNeeded:
     failed: Mapping[int, str]
 
 
-@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
-@dataclass(frozen=True, slots=True)
-class AddCompleted:
+class AddCompleted(NamedTuple):
     """`entry_id` is acknowledged; it is the new LAC unless the ledger is deferred-sync (then only a force
     moves the LAC). `length` is the ledger length through this entry; `appended_s` when it was appended (the
-    client's add latency, client/metrics.py)."""
+    client's add latency, client/metrics.py).
+
+    A named tuple, not a frozen dataclass: one is built for every entry, and the tracker builds it with
+    `tuple.__new__`, in C, where a dataclass's `__init__` was a Python call setting four slots (0.3 µs, of a
+    client's 4-5 µs per entry at E1 W1 A1: docs/PERFORMANCE.md, "Session 21")."""
 
     entry_id: int
     length: int
     appended_s: float = 0.0
-    # What the driver kept with the entry (`AddTracker.keep`): opaque, not part of the decision.
-    kept: Any = field(default=None, repr=False, compare=False)
+    # What the driver kept with the entry (`AddTracker.keep`): opaque, not part of the decision, so left out
+    # of equality, hashing and the repr below.
+    kept: Any = None
+
+    # Equal only to another AddCompleted, as a dataclass is (a tuple's equality would match a plain tuple).
+    def __eq__(self, other: object) -> bool:
+        return type(other) is AddCompleted and self[:3] == other[:3]  # type: ignore[index]
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(self[:3])
+
+    def __repr__(self) -> str:
+        return f"AddCompleted(entry_id={self[0]!r}, length={self[1]!r}, appended_s={self[2]!r})"
 
 
 @fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
@@ -133,12 +153,11 @@ class AddFailed:
 AddAction = SendAdd | EnsembleChangeNeeded | AddCompleted | AddFailed
 
 
-@fast_init  # built on every add (the generated frozen __init__ costs more than the rest of _append)
-@dataclass(frozen=True, slots=True)
-class Appended:
+class Appended(NamedTuple):
     """What `append` fixed at call time: the entry header fields, and where to send the entry: `sends`, the
     (ensemble index, bookie id) pairs of its write set that get it now (shared between entries: the driver
-    reads it, never changes it), or, as actions, `actions`."""
+    reads it, never changes it), or, as actions, `actions`. A named tuple built with `tuple.__new__`, as
+    `AddCompleted` is, and for the same reason."""
 
     entry_id: int
     last_add_confirmed: int  # piggybacked in the entry header
@@ -402,7 +421,7 @@ class AddTracker:
             sends = self._sends_of(entry_id)
             mask = sum(1 << index for index, _ in sends)
         self._pending[entry_id] = _Pending(length, recovery, now_s, mask)
-        return Appended(entry_id, lac, length, sends, recovery)
+        return _new(Appended, (entry_id, lac, length, sends, recovery))
 
     def _sends_of(self, entry_id: int) -> tuple[tuple[int, str], ...]:
         """Where entry `entry_id` goes now: its write set in its ensemble, less the bookies awaiting
@@ -736,7 +755,7 @@ class AddTracker:
             if not self.deferred_sync:
                 self.last_add_confirmed = entry_id
                 self.length_confirmed = pending.length
-            done.append(AddCompleted(entry_id, pending.length, pending.first_sent_s, pending.kept))
+            done.append(_new(AddCompleted, (entry_id, pending.length, pending.first_sent_s, pending.kept)))
             if pending.outstanding:  # completed without some bookie of its write set (A < W)
                 self._note_unanswered(entry_id, pending.sent_s())
             entry_id += 1

@@ -566,6 +566,24 @@ def test_what_the_driver_keeps_comes_back_with_the_entry_and_only_while_it_is_pe
     assert t.kept(1) is None and t.kept_through(9) == []
 
 
+def test_a_completion_compares_and_prints_without_what_the_driver_kept() -> None:
+    # A named tuple built in C (one per entry), which must still behave as the record it was: equal to another
+    # completion with the same entry, length and time whatever was kept, never to a plain tuple.
+    a, b = AddCompleted(3, 30, 1.5, kept="frame"), AddCompleted(3, 30, 1.5, kept=("other", None))
+    assert a == b and not a != b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != AddCompleted(3, 30, 2.0) and a != AddCompleted(4, 30, 1.5) and a != AddCompleted(3, 31, 1.5)
+    assert a != (3, 30, 1.5, "frame") and (3, 30, 1.5, "frame") != a and not a == (3, 30, 1.5, "frame")
+    assert repr(a) == "AddCompleted(entry_id=3, length=30, appended_s=1.5)" and "frame" not in repr(a)
+    assert (a.entry_id, a.length, a.appended_s, a.kept) == (3, 30, 1.5, "frame")
+    assert AddCompleted(3, 30) == AddCompleted(3, 30, 0.0, None)  # the defaults
+    # What the tracker hands out: fields in order, for a driver that unpacks them in one step.
+    t = AddTracker(Quorum(1, 1, 1), {0: ["b0"]})
+    eid, lac, length, where, recovery = t.append(5, 2.5)
+    assert (eid, lac, length, where, recovery) == (0, -1, 5, ((0, "b0"),), False)
+    t.keep(eid, "kept")
+    assert list(t.on_ack(0, "b0")[0]) == [0, 5, 2.5, "kept"]
+
+
 def test_closing_with_adds_in_flight_fails_them_with_their_data_and_forget_kept_takes_it_all() -> None:
     t = AddTracker(Quorum(3, 2, 2), {0: B})
     for eid in range(3):
