@@ -451,6 +451,25 @@ fast_add(const unsigned char *p, Py_ssize_t avail)
                          p + start, avail - start, (long long)lac, p + 7, tn, p + eid_at, en, p + lid_at, ln);
 }
 
+/* The FastAdd of a v2 ADD frame body without flags, as server_codec.decode_add_v2 decodes it: (ledgerId,
+ * entryId, masterKey, entry, lac, b"", b"", b""), the ids and LAC (signed) from the entry's header, which v2 takes
+ * them from; None for anything else (another request, a recovery add, a body too short for a key and an entry
+ * header). */
+#define V2_ADD_MIN (4 + 20 + 32)
+static const unsigned char V2_ADD_HEADER[4] = {0x02, 0x01, 0x00, 0x00}; /* version 2, ADD_ENTRY, flags 0 */
+
+static PyObject *
+fast_add_v2(const unsigned char *p, Py_ssize_t avail)
+{
+    if (avail < V2_ADD_MIN || memcmp(p, V2_ADD_HEADER, 4) != 0) {
+        Py_RETURN_NONE;
+    }
+    const unsigned char *entry = p + 4 + 20;
+    long long lid = be64(entry), eid = be64(entry + 8), lac = be64(entry + 16);
+    return Py_BuildValue("(LLy#y#Ly#y#y#)", lid, eid, p + 4, (Py_ssize_t)20, entry, avail - 24, lac, "",
+                         (Py_ssize_t)0, "", (Py_ssize_t)0, "", (Py_ssize_t)0);
+}
+
 static PyObject *
 decode_add_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -482,12 +501,15 @@ decode_add_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return result;
 }
 
+/* The whole add frames from pos on that `decode` takes, appended to `out`, up to the first it does not (or one
+ * not whole in data[:n], or longer than `limit`); returns where they end. `name` is for the arguments error. */
 static PyObject *
-scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+scan_adds(PyObject *const *args, Py_ssize_t nargs, PyObject *(*decode)(const unsigned char *, Py_ssize_t),
+          const char *name)
 {
     Py_buffer view;
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "scan_adds_v3(data, pos, n, limit, out) takes 5 arguments");
+        PyErr_Format(PyExc_TypeError, "%s(data, pos, n, limit, out) takes 5 arguments", name);
         return NULL;
     }
     /* (One at a time: a conversion must not run with the previous one's exception set.) */
@@ -524,7 +546,7 @@ scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (end > n || length > limit) {
             break;
         }
-        PyObject *add = fast_add(buf + pos + 4, length);
+        PyObject *add = decode(buf + pos + 4, length);
         if (add == NULL) {
             PyBuffer_Release(&view);
             return NULL;
@@ -543,6 +565,18 @@ scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyBuffer_Release(&view);
     return PyLong_FromSsize_t(pos);
+}
+
+static PyObject *
+scan_adds_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return scan_adds(args, nargs, fast_add, "scan_adds_v3");
+}
+
+static PyObject *
+scan_adds_v2(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    return scan_adds(args, nargs, fast_add_v2, "scan_adds_v2");
 }
 
 /* The EOK answers to a batch of FastAdd tuples, one frame each in the add's own protocol version, joined:
@@ -1086,6 +1120,8 @@ static PyMethodDef methods[] = {
     {"add_records", add_records, METH_O, "(ADD record header, body) per entry body (or None)."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
      "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
+    {"scan_adds_v2", (PyCFunction)(void (*)(void))scan_adds_v2, METH_FASTCALL,
+     "Append the FastAdd of each whole v2 ADD frame without flags from pos on; return where they end."},
     {"decode_add_v3", (PyCFunction)(void (*)(void))decode_add_v3, METH_FASTCALL,
      "The FastAdd of a canonical v3 add frame body, or None."},
     {"encode_add", (PyCFunction)(void (*)(void))encode_add, METH_FASTCALL | METH_KEYWORDS,

@@ -209,6 +209,7 @@ def decode_add_v3_py(body: bytes, pos: int = 0, end: int = -1) -> FastAdd | None
 # returns; `_scan_adds_v3_c` decodes a run of whole add frames with it, in C.
 decode_add_v3: Callable[..., FastAdd | None] = speedups.decode_add_v3 or decode_add_v3_py
 _scan_adds_v3_c = speedups.scan_adds_v3
+_scan_adds_v2_c = speedups.scan_adds_v2  # (`decode_add_v2`'s frames)
 _encode_add_oks_c = speedups.encode_add_oks
 
 
@@ -414,7 +415,7 @@ class BookieCodec:
         append = out.append
         unpack = _LEN.unpack_from
         start = pos
-        fast = _scan_adds_v3_c if v3_side else None
+        fast = _scan_adds_v3_c if v3_side else _scan_adds_v2_c
         while n - pos >= FRAME_PREFIX_BYTES:
             if fast is not None:
                 # The run of canonical adds, in C; what stops it (another request, a frame not whole in this

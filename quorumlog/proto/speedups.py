@@ -13,6 +13,8 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `scan_add_ok(data, pos, out) -> pos` -- `codec.scan_v3_add_ok(data, pos, out, raw=True)`.
 * `scan_adds_v3(data, pos, n, limit, out) -> pos` -- the whole canonical v3 add frames from `pos` on, as
   `server_codec.decode_add_v3` decodes each, up to the first other frame (or one longer than `limit`).
+* `scan_adds_v2(data, pos, n, limit, out) -> pos` -- the same over v2: the whole ADD frames without flags, as
+  `server_codec.decode_add_v2` decodes each.
 * `decode_add_v3(body, pos=0, end=-1)` -- `server_codec.decode_add_v3`.
 * `encode_add(...)` -- `v3fast.encode_add`; what it does not encode itself (errors, other types) it hands to
   the Python function, so the errors are the same.
@@ -58,6 +60,7 @@ deliver_v2_add_oks: Callable[..., int] | None = _module.deliver_v2_add_oks if _m
 encode_add_oks: Callable[..., bytes | None] | None = _module.encode_add_oks if _module else None
 add_records: Callable[..., list[tuple[bytes, bytes]] | None] | None = _module.add_records if _module else None
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
+scan_adds_v2: Callable[..., int] | None = _module.scan_adds_v2 if _module else None
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None
 encode_add: Callable[..., bytes] | None = _module.encode_add if _module else None
 encode_entry_crc32c: Callable[..., bytes] | None = _module.encode_entry_crc32c if _module else None

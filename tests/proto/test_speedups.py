@@ -331,6 +331,7 @@ def _requests(
     with monkeypatch.context() as m:
         if not codec_fast:
             m.setattr(server_codec, "_scan_adds_v3_c", None)
+            m.setattr(server_codec, "_scan_adds_v2_c", None)
             m.setattr(server_codec, "decode_add_v3", decode_add_v3_py)
         codec = BookieCodec(max_frame_bytes=600)
         out: list[Any] = []
@@ -381,6 +382,101 @@ def test_the_bookie_codec_reads_the_same_requests_with_and_without_c(
             frames.append(b"\x00\x00\x00\x03\x0a\x01\x08")
     stream = b"".join(frames)
     assert _requests(True, stream, chunks, monkeypatch) == _requests(False, stream, chunks, monkeypatch)
+
+
+def _v2_add(ledger_id: int, entry_id: int, lac: int, payload: bytes, recovery: bool = False) -> bytes:
+    entry = ledger_id.to_bytes(8, "big", signed=True) + entry_id.to_bytes(8, "big", signed=True)
+    entry += lac.to_bytes(8, "big", signed=True) + len(payload).to_bytes(8, "big") + payload
+    return v2.encode_add(b"\x07" * 20, entry, recovery)
+
+
+@needs_c
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    kinds=st.lists(
+        st.sampled_from(["add", "read", "recovery", "big", "broken", "short"]), min_size=1, max_size=8
+    ),
+    chunks=st.lists(st.integers(1, 700), max_size=6),
+)
+def test_the_bookie_codec_reads_the_same_v2_requests_with_and_without_c(
+    kinds: list[str], chunks: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first frame turns the connection to v2 (BookKeeper's rule), so the rest go through the v2 scan.
+    frames = [_v2_add(9, 0, -1, b"first")]
+    for i, kind in enumerate(kinds, start=1):
+        if kind == "add":
+            frames.append(_v2_add(9, i, i - 1, b"x" * 40))
+        elif kind == "recovery":
+            frames.append(_v2_add(9, i, i - 1, b"x" * 40, recovery=True))
+        elif kind == "big":
+            frames.append(_v2_add(9, i, i - 1, b"y" * 700))
+        elif kind == "read":
+            frames.append(v2.encode_request(ReadRequest(9, i)))
+        elif kind == "short":  # an ADD header and key, no whole entry header after them
+            frames.append(v2.encode_add(b"\x07" * 20, b"z" * 31, False))
+        else:
+            frames.append(b"\x00\x00\x00\x03\x02\x01\x00")
+    stream = b"".join(frames)
+    assert _requests(True, stream, chunks, monkeypatch) == _requests(False, stream, chunks, monkeypatch)
+
+
+def _scan_adds_v2_py(data: bytes, pos: int, n: int, limit: int) -> tuple[int, list[Any]]:
+    """What `speedups.scan_adds_v2` does, in Python: `decode_add_v2` on each whole frame, up to the first other."""
+    out: list[Any] = []
+    while n - pos >= 4:
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        end = pos + 4 + length
+        if end > n or length > limit:
+            break
+        add = server_codec.decode_add_v2(data, pos + 4, end)
+        if add is None:
+            break
+        out.append(add)
+        pos = end
+    return pos, out
+
+
+@needs_c
+@settings(max_examples=40, deadline=None)
+@given(
+    lid=st.one_of(ids64, st.integers(-(2**63), -1)),
+    eid=st.one_of(ids64, st.integers(-(2**63), -1)),
+    lac=st.integers(-(2**63), 2**63 - 1),
+    payload=st.binary(max_size=40),
+)
+def test_scan_adds_v2_is_decode_add_v2_frame_by_frame(lid: int, eid: int, lac: int, payload: bytes) -> None:
+    assert speedups.scan_adds_v2 is not None
+    frame = _v2_add(lid, eid, lac, payload)
+    assert speedups.scan_adds_v2(frame, 0, len(frame), 1000, got := []) == len(frame)
+    assert got == [(lid, eid, b"\x07" * 20, frame[28:], lac, b"", b"", b"")]
+    # Every single-byte change and truncation of a frame between two good ones, with each limit around it.
+    good = _v2_add(1, 2, 1, b"ok")
+    for bad in _mutations(frame):
+        stream = good + bad + good
+        for limit in (len(bad) - 5, len(bad) - 4, 1000):
+            mine: list[Any] = []
+            at = speedups.scan_adds_v2(stream, 0, len(stream), limit, mine)
+            assert (at, mine) == _scan_adds_v2_py(stream, 0, len(stream), limit)
+            mine = []
+            at = speedups.scan_adds_v2(stream, len(good), len(stream) - 3, limit, mine)
+            assert (at, mine) == _scan_adds_v2_py(stream, len(good), len(stream) - 3, limit)
+
+
+@needs_c
+def test_scan_adds_v2_with_bad_bounds_or_arguments_reads_nothing_or_raises() -> None:
+    # The loop is scan_adds_v3's (one function, a decoder per version): the same bounds and argument checks.
+    code = (
+        "from quorumlog.proto import speedups\n"
+        "assert speedups.scan_adds_v2(b'\\0' * 8, 10**9, -2**63, 10, []) == 10**9\n"
+        "assert speedups.scan_adds_v2(b'\\0' * 8, 0, -5, 10, []) == 0\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    assert speedups.scan_adds_v2 is not None
+    with pytest.raises(TypeError, match="scan_adds_v2"):
+        speedups.scan_adds_v2(b"", 0, 0, 0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        speedups.scan_adds_v2(b"", 0, 0, 10, ())  # type: ignore[arg-type]
 
 
 @needs_c
@@ -527,6 +623,7 @@ def test_pure_python_env_turns_the_compiled_code_off() -> None:
         "assert v3fast.encode_add is v3fast.encode_add_py\n"
         "assert server_codec.decode_add_v3 is server_codec.decode_add_v3_py\n"
         "assert server_codec._scan_adds_v3_c is None and codec._scan_add_ok_c is None\n"
+        "assert server_codec._scan_adds_v2_c is None\n"
     )
     env = {**os.environ, speedups.PURE_PYTHON_ENV: "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
