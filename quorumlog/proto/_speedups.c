@@ -389,6 +389,38 @@ static const unsigned char ADD_HEADER[] = {0x08, 0x03, 0x10, 0x02, 0x18};
 
 /* The FastAdd tuple of the plain v3 add whose frame body is p[0:avail], a new reference to None if it is
  * not one (server_codec._V3_ADD and decode_add_v3's checks), NULL on a Python error. */
+/* The FastAdd tuple (ledgerId, entryId, masterKey, entry, lac, txn_raw, entry_raw, ledger_raw), built item by item:
+ * Py_BuildValue parsed its format string for every add. NULL with an exception set if memory runs out. */
+static PyObject *
+fast_add_tuple(long long lid, long long eid, const unsigned char *key, const unsigned char *entry,
+               Py_ssize_t entry_len, long long lac, const unsigned char *txn, Py_ssize_t tn,
+               const unsigned char *eid_raw, Py_ssize_t en, const unsigned char *lid_raw, Py_ssize_t ln)
+{
+    PyObject *t = PyTuple_New(8);
+    if (t == NULL) {
+        return NULL;
+    }
+    /* One at a time: no call may run with the previous one's exception set. A tuple with some items still NULL
+     * frees the others. */
+    PyObject *item;
+#define SET_ITEM(i, make)          \
+    if ((item = (make)) == NULL) { \
+        Py_DECREF(t);              \
+        return NULL;               \
+    }                              \
+    PyTuple_SET_ITEM(t, i, item)
+    SET_ITEM(0, PyLong_FromLongLong(lid));
+    SET_ITEM(1, PyLong_FromLongLong(eid));
+    SET_ITEM(2, PyBytes_FromStringAndSize((const char *)key, 20));
+    SET_ITEM(3, PyBytes_FromStringAndSize((const char *)entry, entry_len));
+    SET_ITEM(4, PyLong_FromLongLong(lac));
+    SET_ITEM(5, PyBytes_FromStringAndSize((const char *)txn, tn));
+    SET_ITEM(6, PyBytes_FromStringAndSize((const char *)eid_raw, en));
+    SET_ITEM(7, PyBytes_FromStringAndSize((const char *)lid_raw, ln));
+#undef SET_ITEM
+    return t;
+}
+
 static PyObject *
 fast_add(const unsigned char *p, Py_ssize_t avail)
 {
@@ -447,8 +479,8 @@ fast_add(const unsigned char *p, Py_ssize_t avail)
     if (lid < 0 || eid < 0 || (uint64_t)lid != lid_v || (uint64_t)eid != eid_v) {
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(LLy#y#Ly#y#y#)", (long long)lid, (long long)eid, p + key_at, (Py_ssize_t)20,
-                         p + start, avail - start, (long long)lac, p + 7, tn, p + eid_at, en, p + lid_at, ln);
+    return fast_add_tuple(lid, eid, p + key_at, p + start, avail - start, lac, p + 7, tn, p + eid_at, en, p + lid_at,
+                          ln);
 }
 
 /* The FastAdd of a v2 ADD frame body without flags, as server_codec.decode_add_v2 decodes it: (ledgerId,
@@ -466,8 +498,7 @@ fast_add_v2(const unsigned char *p, Py_ssize_t avail)
     }
     const unsigned char *entry = p + 4 + 20;
     long long lid = be64(entry), eid = be64(entry + 8), lac = be64(entry + 16);
-    return Py_BuildValue("(LLy#y#Ly#y#y#)", lid, eid, p + 4, (Py_ssize_t)20, entry, avail - 24, lac, "",
-                         (Py_ssize_t)0, "", (Py_ssize_t)0, "", (Py_ssize_t)0);
+    return fast_add_tuple(lid, eid, p + 4, entry, avail - 24, lac, p, 0, p, 0, p, 0);
 }
 
 static PyObject *
