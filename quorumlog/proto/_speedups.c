@@ -387,8 +387,6 @@ error:
 
 static const unsigned char ADD_HEADER[] = {0x08, 0x03, 0x10, 0x02, 0x18};
 
-/* The FastAdd tuple of the plain v3 add whose frame body is p[0:avail], a new reference to None if it is
- * not one (server_codec._V3_ADD and decode_add_v3's checks), NULL on a Python error. */
 /* The FastAdd tuple (ledgerId, entryId, masterKey, entry, lac, txn_raw, entry_raw, ledger_raw), built item by item:
  * Py_BuildValue parsed its format string for every add. NULL with an exception set if memory runs out. */
 static PyObject *
@@ -421,6 +419,8 @@ fast_add_tuple(long long lid, long long eid, const unsigned char *key, const uns
     return t;
 }
 
+/* The FastAdd tuple of the plain v3 add whose frame body is p[0:avail], a new reference to None if it is
+ * not one (server_codec._V3_ADD and decode_add_v3's checks), NULL on a Python error. */
 static PyObject *
 fast_add(const unsigned char *p, Py_ssize_t avail)
 {
