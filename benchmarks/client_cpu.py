@@ -23,8 +23,11 @@ it off, as BookKeeper's client has it by default). Its visit budget is per secon
 profiler or valgrind, which slow the client 50×, it sends far more WRITE_LACs per entry than a real run:
 turn it off there, in both runs of a comparison.
 
+`--append future|callback`: the append API driven. `future` (the default, so figures stay comparable with
+every earlier session's) is `append` and a done callback on its future; `callback` is `append_callback`.
+
     ./dev bench client_cpu [--entries 30000] [--rounds 3] [--cases E3W2A2,E1W1A1] [--protocols v3,v2]
-                           [--ledgers 1] [--explicit-lac-s 0.1]
+                           [--ledgers 1] [--explicit-lac-s 0.1] [--append future|callback]
 """
 
 from __future__ import annotations
@@ -152,23 +155,30 @@ def parse_case(text: str) -> tuple[int, int, int]:
         raise SystemExit(f"client_cpu: bad case {text!r}: expected E<n>W<n>A<n>, e.g. E3W2A2") from None
 
 
-async def append_n(handles: list[Any], n: int, outstanding: int, payload: bytes) -> None:
+async def append_n(handles: list[Any], n: int, outstanding: int, payload: bytes, api: str) -> None:
     """Append `n` entries round robin over `handles`, keeping `outstanding` in flight; each acknowledgement
-    issues the next append."""
+    issues the next append. `api`: `append` and a done callback on its future, or `append_callback`."""
     loop = asyncio.get_running_loop()
     finished: asyncio.Future[None] = loop.create_future()
     state = {"issued": 0, "acked": 0}
     count = len(handles)
 
     def issue() -> None:
-        handles[state["issued"] % count].append(payload).add_done_callback(acked)
+        handle = handles[state["issued"] % count]
+        if api == "callback":
+            handle.append_callback(payload, acked)
+        else:
+            handle.append(payload).add_done_callback(acked_future)
         state["issued"] += 1
 
-    def acked(fut: asyncio.Future[int]) -> None:
+    def acked_future(fut: asyncio.Future[int]) -> None:
+        acked(-1, fut.exception(), None)
+
+    def acked(entry_id: int, error: BaseException | None, ctx: object) -> None:
         if finished.done():
             return
-        if fut.exception() is not None:
-            finished.set_exception(fut.exception())  # type: ignore[arg-type]
+        if error is not None:
+            finished.set_exception(error)
             return
         state["acked"] += 1
         if state["issued"] < n:
@@ -194,11 +204,11 @@ async def measure_case(
         handles = await c.bounded(
             [lambda: client.create_ledger(e, w, a, password=b"bench")] * args.ledgers, CREATE_CONCURRENCY
         )
-        await append_n(handles, args.entries, args.outstanding, payload)  # warm-up
+        await append_n(handles, args.entries, args.outstanding, payload, args.append)  # warm-up
         for _ in range(args.rounds):
             meter.reset()
             cpu0, wall0 = time.process_time(), time.perf_counter()
-            await append_n(handles, args.entries, args.outstanding, payload)
+            await append_n(handles, args.entries, args.outstanding, payload, args.append)
             cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
             per = 1e6 / args.entries
             rounds.append(
@@ -239,6 +249,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "payload_bytes": args.payload_bytes,
                 "ledgers": args.ledgers,
                 "explicit_lac_s": args.explicit_lac_s,
+                "append_api": args.append,
                 "gc": c.set_gc(args.gc),
             }
             gc.callbacks.append(meter)
@@ -265,6 +276,13 @@ def cli() -> None:
         type=float,
         default=None,
         help="the client's explicit-LAC interval (default: the client's own; 0: off)",
+    )
+    p.add_argument(
+        "--append",
+        choices=c.APPEND_APIS,
+        default="future",
+        help="the append API driven: future (the default, as every earlier figure here was measured) or "
+        "callback (append_callback)",
     )
     args = p.parse_args()
     c.quick(args, p, entries=2000, rounds=1)

@@ -10,6 +10,10 @@ client configuration, for a like-for-like comparison).
 
     quorumlog bench ledgers [--ledgers 1,10,100,1000,10000] [--outstanding 1000] [--seconds 8]
                             [--warmup-s 2] [--entry-bytes 1024] [--explicit-lac-s S] [--profile FILE] [--quick]
+                            [--append callback|future]
+
+`--append` as in `throughput_latency`: `append_callback` by default (as `MultiLedgerBench` uses callbacks),
+or `append` and its future.
 
 `--vs-bookkeeper [--rounds 2] [--bk-warmup-s 15]`: BookKeeper 4.14.8's `MultiLedgerBench` (v3, its client's
 default explicit LAC: off) on the same bookie count, ledger counts, outstanding adds and entry size,
@@ -61,6 +65,7 @@ async def main(args: Any) -> dict[str, Any]:
                         args.seconds,
                         pids,
                         tick=common.ticker(bar, task, base),
+                        api=args.append,
                     )
                     bar.update(task, description=f"closing {count} ledgers")
                     await common.bounded([h.close for h in handles], CREATE_CONCURRENCY)
@@ -75,6 +80,7 @@ async def main(args: Any) -> dict[str, Any]:
             "quorum": "E3 W2 A2",
             "entry_bytes": args.entry_bytes,
             "outstanding_total": args.outstanding,
+            "append_api": args.append,
             "seconds": args.seconds,
             "warmup_s": args.warmup_s,
             "journal_sync": True,
@@ -139,6 +145,7 @@ if __name__ == "__main__":
     p.add_argument("--entry-bytes", type=int, default=1024)
     p.add_argument("--explicit-lac-s", type=float, default=None, help="explicit-LAC interval (0: off)")
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
+    common.append_option(p)
     bk.add_options(p)
     ns = p.parse_args()
     common.quick(ns, p, seconds=1.5, warmup_s=0.5, ledgers="1,10,100")

@@ -7,7 +7,11 @@ client and the bookies. `--plot` draws latency (p50, p99) against throughput, on
 
     quorumlog bench throughput_latency [--outstanding 1,10,100,1000] [--seconds 8] [--warmup-s 2]
                                        [--entry-bytes 1024] [--protocol v3] [--profile FILE] [--quick]
-                                       [--tls]
+                                       [--tls] [--append callback|future]
+
+`--append`: the append API the writer drives. `callback` (the default) is `WriteHandle.append_callback`, as
+BookKeeper's `PeerBench` drives `asyncAddEntry` with a callback; `future` is `append` with a done callback on
+each future, which costs the client about a microsecond more per entry (docs/PERFORMANCE.md, "Session 22").
 
 `--tls`: every client-bookie connection runs mutual TLS (a throw-away CA, bookies with tls_required), to
 measure what TLS costs (docs/PERFORMANCE.md, "TLS").
@@ -58,6 +62,7 @@ async def main(args: Any) -> dict[str, Any]:
                         args.seconds,
                         pids,
                         tick=common.ticker(bar, task, base),
+                        api=args.append,
                     )
                     await handle.close()
                     results.append({"outstanding": outstanding, **point})
@@ -71,6 +76,7 @@ async def main(args: Any) -> dict[str, Any]:
             "quorum": f"E{e} W{w} A{a}",
             "entry_bytes": args.entry_bytes,
             "protocol": args.protocol,
+            "append_api": args.append,
             "seconds": args.seconds,
             "warmup_s": args.warmup_s,
             "journal_sync": True,
@@ -149,6 +155,7 @@ if __name__ == "__main__":
     p.add_argument("--protocol", default="v3", choices=("v3", "v2"))
     p.add_argument("--profile", default="", help="write a cProfile of the client process to this file")
     p.add_argument("--tls", action="store_true", help="mutual TLS on every client-bookie connection")
+    common.append_option(p)
     bk.add_options(p)
     ns = p.parse_args()
     common.quick(ns, p, seconds=1.5, warmup_s=0.5)

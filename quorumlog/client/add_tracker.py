@@ -464,13 +464,13 @@ class AddTracker:
             if entry_id <= last_entry_id and p.kept is not None
         ]
 
-    def forget_kept(self) -> list[Any]:
-        """What the driver kept with every pending entry, in entry-id order, no longer kept (a driver that
-        stops without failing them through the tracker: `WriteHandle._abandon`)."""
+    def forget_kept(self) -> list[tuple[int, Any]]:
+        """(entry id, what the driver kept) of every pending entry that has it, in entry-id order, no longer
+        kept (a driver that stops without failing them through the tracker: `WriteHandle._abandon`)."""
         out = []
-        for pending in self._pending.values():
+        for entry_id, pending in self._pending.items():
             if pending.kept is not None:
-                out.append(pending.kept)
+                out.append((entry_id, pending.kept))
                 pending.kept = None
         return out
 

@@ -3,13 +3,20 @@ process (its options, its JSON), and refuses an unknown workload with exit 2."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from quorumlog import Client
+from quorumlog.errors import LedgerClosedError
+from quorumlog.testing.cluster import LocalCluster
 from tests.cli.helpers import ROOT, assert_clean_error, ql
 
 
@@ -79,6 +86,8 @@ def test_paper_workload_quick_run(workload: str, tmp_path: Path) -> None:
     assert out["config"]["journal_sync"] is True
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     results = out["results"]
+    if workload in ("throughput_latency", "ledgers"):
+        assert out["config"]["append_api"] == "callback"  # (the default: BookKeeper's tools use callbacks)
     if workload == "throughput_latency":
         assert [p["outstanding"] for p in results] == [1, 100]
         assert all(p["entries"] > 0 and p["p50_ms"] <= p["p99_ms"] <= p["p999_ms"] for p in results)
@@ -112,9 +121,10 @@ def _bench_json(*args: str) -> dict[str, Any]:
     return out
 
 
-def test_client_cpu_quick_run() -> None:
-    out = _bench_json("client_cpu", "--cases", "E3W2A2,E1W1A1", "--protocols", "v3,v2")
-    assert out["benchmark"] == "client_cpu"
+@pytest.mark.parametrize("api", ["future", "callback"])
+def test_client_cpu_quick_run(api: str) -> None:
+    out = _bench_json("client_cpu", "--cases", "E3W2A2,E1W1A1", "--protocols", "v3,v2", "--append", api)
+    assert out["benchmark"] == "client_cpu" and out["config"]["append_api"] == api
     assert out["config"]["gc"]["mode"] == "default" and out["config"]["gc"]["enabled"]
     points = [(p["protocol"], p["case"]) for p in out["results"]]
     assert points == [("v3", "E3W2A2"), ("v3", "E1W1A1"), ("v2", "E3W2A2"), ("v2", "E1W1A1")]
@@ -180,3 +190,37 @@ def test_python_floor_quick_run() -> None:
 def test_python_floor_refuses_an_impossible_quorum() -> None:
     r = ql("bench", "python_floor", "--quick", "--quorum", "2,3,2")
     assert r.returncode == 2 and "1 <= A <= W <= E" in r.stderr
+
+
+@pytest.fixture
+def bench_common() -> Iterator[ModuleType]:
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import _common
+
+        yield _common
+    finally:
+        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+
+
+@pytest.mark.parametrize("api", ["callback", "future"])
+async def test_the_closed_loop_drives_either_append_api_and_fails_with_the_writer(
+    bench_common: ModuleType, api: str
+) -> None:
+    """The driver of every write benchmark (`_common.closed_loop`), in process: round robin over the handles
+    through `append_callback` or `append`, each measured add counted once; an add that fails ends the run
+    with its error instead of leaving it waiting."""
+    async with LocalCluster(3, journal_sync=False) as cluster, await Client.connect(cluster.uri) as client:
+        handles = [await client.create_ledger(3, 2, 2) for _ in range(2)]
+        point = await bench_common.closed_loop(handles, 50, b"x" * 100, 0.1, 0.3, api=api)
+        assert point["entries"] > 0 and point["p50_ms"] <= point["p99_ms"] <= point["p999_ms"]
+        # Every add issued was acknowledged (the loop waits for the last): the two ledgers took turns.
+        assert abs(handles[0].last_add_confirmed - handles[1].last_add_confirmed) <= 1
+        assert handles[0].last_add_confirmed + handles[1].last_add_confirmed + 2 >= point["entries"]
+        await handles[1].close()
+        with pytest.raises(LedgerClosedError):
+            async with asyncio.timeout(10):
+                await bench_common.closed_loop(handles, 50, b"x" * 100, 0.1, 0.3, api=api)
+        with pytest.raises(ValueError, match="api"):
+            await bench_common.closed_loop(handles, 1, b"x", 0, 0, api="promise")
+        await handles[0].close()

@@ -588,7 +588,8 @@ def test_closing_with_adds_in_flight_fails_them_with_their_data_and_forget_kept_
     t = AddTracker(Quorum(3, 2, 2), {0: B})
     for eid in range(3):
         t.keep(t.append(1, 0.0).entry_id, eid)
-    assert t.forget_kept() == [0, 1, 2]  # (a handle that stops without failing them through the tracker)
+    # (a handle that stops without failing them through the tracker)
+    assert t.forget_kept() == [(0, 0), (1, 1), (2, 2)]
     assert t.kept(0) is None and t.pending_count == 3  # forgotten, still pending
     t.keep(1, "again")
     failed = t.fail_pending(LedgerClosedError("closing"))
