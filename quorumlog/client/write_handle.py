@@ -5,9 +5,10 @@ Ensemble changes run through `ensemble_change_driver`; recovery adds through thi
 Rules the writer keeps:
 - Entry ids are assigned at `append` call time; adds are pipelined and their futures resolve strictly in
   entry-id order (the tracker's completions). `append_callback` is the same add with a callback instead of
-  a future, called in that same order and exactly once (the tracker hands each entry's waiter back once). Back-pressure: at most `outstanding_adds_max` adds are pending
-  per handle; past that `append` raises `TooManyRequestsError` at once (nothing is queued without bound) and
-  `await handle.wait_for_capacity()` waits until an append would be accepted.
+  a future, called in that same order and exactly once (the tracker hands each entry's waiter back once).
+  Back-pressure: at most `outstanding_adds_max` adds are pending per handle; past that `append` raises
+  `TooManyRequestsError` at once (nothing is queued without bound) and `await handle.wait_for_capacity()`
+  waits until an append would be accepted.
 - One add-timeout mechanism: `add_timeout_s` / `add_quorum_timeout_s`, checked by one periodic timer per
   handle -- the tracker's check for pending entries, and for adds a bookie left unanswered after their
   entry completed without it (A < W: `AddTracker.unanswered`). Adds are sent with no per-request timeout
