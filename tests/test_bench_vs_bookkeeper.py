@@ -5,26 +5,19 @@ round, a cold JVM). The runs themselves take minutes against real Java bookies: 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from tests.cli.helpers import ROOT, ql
+from tests.cli.helpers import benchmark_module, ql
 
 
 @pytest.fixture
 def bk() -> Iterator[ModuleType]:
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import _bookkeeper
-
-        yield _bookkeeper
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    with benchmark_module("_bookkeeper") as module:
+        yield module
 
 
 def test_result_lines_of_each_tool_are_parsed(bk: ModuleType) -> None:

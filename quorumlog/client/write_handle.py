@@ -306,7 +306,9 @@ class WriteHandle(LedgerHandle):
             raise InvalidArgumentError(f"callback must be callable, not {type(callback).__name__}")
         waiter = [callback, ctx]
         if (
-            type(payload) is bytes  # (as in `append`)
+            # `append`'s fast path, repeated rather than shared: a shared one is a call more per entry, and
+            # per-entry calls are what this API exists to save.
+            type(payload) is bytes
             and entry_id is None
             and self._abandoned is None
             and self._tracker.error is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import select
@@ -15,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from quorumlog.testing.servers import port_base
@@ -22,6 +24,18 @@ from quorumlog.testing.servers import port_base
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMMAND_TIMEOUT_S = 60.0
 STANDALONE_START_TIMEOUT_S = 90.0
+
+
+@contextlib.contextmanager
+def benchmark_module(name: str) -> Iterator[ModuleType]:
+    """A module of benchmarks/ (`_common`, `_bookkeeper`, ...), imported as the benchmarks import each other:
+    with benchmarks/ on sys.path, for as long as the context lasts."""
+    path = os.path.join(ROOT, "benchmarks")
+    sys.path.insert(0, path)
+    try:
+        yield importlib.import_module(name)
+    finally:
+        sys.path.remove(path)
 
 
 def _die_with_parent() -> None:

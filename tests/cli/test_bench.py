@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -17,7 +16,7 @@ import pytest
 from quorumlog import Client
 from quorumlog.errors import LedgerClosedError
 from quorumlog.testing.cluster import LocalCluster
-from tests.cli.helpers import ROOT, assert_clean_error, ql
+from tests.cli.helpers import ROOT, assert_clean_error, benchmark_module, ql
 
 
 def test_bench_lists_every_benchmark() -> None:
@@ -194,13 +193,8 @@ def test_python_floor_refuses_an_impossible_quorum() -> None:
 
 @pytest.fixture
 def bench_common() -> Iterator[ModuleType]:
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import _common
-
-        yield _common
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    with benchmark_module("_common") as module:
+        yield module
 
 
 @pytest.mark.parametrize("api", ["callback", "future"])
