@@ -614,7 +614,7 @@ class WriteHandle(LedgerHandle):
                     self._stats.adds_failed += 1
                     kept = action.kept
                     if kept is not None:
-                        self._settle(kept[2], action.entry_id, action.error)
+                        self._fail_append(kept[2], action.entry_id, action.error)
                 case EnsembleChangeNeeded():
                     self._start_ensemble_change(action)
                 case _:
@@ -648,7 +648,7 @@ class WriteHandle(LedgerHandle):
             kept = action.kept
             if kept is not None:
                 waiter = kept[2]
-                if type(waiter) is list:  # append_callback's (`_settle`, inlined: every entry)
+                if type(waiter) is list:  # append_callback's (as `_fail_append` tells a failure)
                     try:
                         waiter[0](eid, None, waiter[1])
                     except Exception as e:  # the application's bug: reported, never raised here
@@ -700,7 +700,7 @@ class WriteHandle(LedgerHandle):
         waiting = self._adv_waiting
         self._adv_waiting = {}
         for entry_id, (_, waiter) in waiting.items():
-            self._settle(waiter, entry_id, error)
+            self._fail_append(waiter, entry_id, error)
         if self._capacity is not None:
             self._capacity.set()
 
@@ -976,10 +976,10 @@ class WriteHandle(LedgerHandle):
         self._cancel_timers()
         self._fail_waiting(error)
         for entry_id, kept in self._tracker.forget_kept():
-            self._settle(kept[2], entry_id, error)
+            self._fail_append(kept[2], entry_id, error)
 
-    def _settle(self, waiter: _AddWaiter, entry_id: int, error: QuorumLogError | None) -> None:
-        """Tell an append's waiter how its entry ended (`_complete` does it inline for successes)."""
+    def _fail_append(self, waiter: _AddWaiter, entry_id: int, error: QuorumLogError) -> None:
+        """Tell an append's waiter that its entry failed (successes are told in `_complete`, inline)."""
         fut: asyncio.Future[int]
         if isinstance(waiter, list):
             try:
@@ -992,10 +992,7 @@ class WriteHandle(LedgerHandle):
         else:
             fut = waiter
         if not fut.done():  # (a future its caller cancelled is left)
-            if error is None:
-                fut.set_result(entry_id)
-            else:
-                fut.set_exception(error)
+            fut.set_exception(error)
 
     def _future_of(self, waiter: _AddWaiter) -> asyncio.Future[int]:
         """A future that resolves as the append of `waiter` ends: its own, or one added to a callback's."""
