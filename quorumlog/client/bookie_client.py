@@ -527,7 +527,20 @@ class _Connection(asyncio.Protocol):
             # v3 keys are unique on a connection, so the FIFO keeps only the key: holding the waiter kept
             # every answered request's callback -- and what it holds, a read window's entries -- alive for the
             # whole timeout (5 s of a tailing reader's entries, promoted through the GC's generations).
-            self._expiry.append((deadline, key, None if self._unique_keys else fut))
+            expiry = self._expiry
+            expiry.append((deadline, key, None if self._unique_keys else fut))
+            # Answers come back roughly in send order, so the front is usually answered already: trim up to
+            # two such entries per request sent. Left to the timer, a whole timeout's worth of answered
+            # requests was swept in one go -- a tailing reader's 5 s of reads, ~17,000 per connection,
+            # held the event loop for 30-40 ms once every 5 s (the spikes of the tail's p99).
+            if self._unique_keys:
+                single = self.single
+                if expiry[0][1] not in single:
+                    expiry.popleft()
+                    if expiry[0][1] not in single:
+                        expiry.popleft()
+            elif self._settled(expiry[0][1], expiry[0][2]):
+                expiry.popleft()
             if self._expiry_timer is None:
                 self._expiry_timer = self.loop.call_at(deadline, self._expire)
         else:

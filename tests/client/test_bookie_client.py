@@ -207,6 +207,34 @@ async def test_unanswered_request_times_out_and_a_late_answer_is_dropped(fake: F
     await c.close()
 
 
+@pytest.mark.parametrize("version", [ProtocolVersion.V3, ProtocolVersion.V2])
+async def test_answered_requests_leave_the_timeout_queue_as_new_ones_are_sent(
+    fake: FakeBookie, version: ProtocolVersion
+) -> None:
+    # The timeout queue must not hold a whole timeout's worth of answered requests until its timer fires: a
+    # tailing reader's 5 s of reads, swept in one go, stalled the event loop for tens of milliseconds.
+    c = client(fake, version=version, request_timeout_s=60)
+    for e in range(300):
+        await c.request(ReadRequest(ledger_id=7, entry_id=e))
+    assert len(c._conns[version]._expiry) <= 2
+    await c.close()
+
+
+async def test_a_request_behind_answered_ones_still_times_out_on_time(fake: FakeBookie) -> None:
+    fake.answer = lambda req: None if isinstance(req, ReadRequest) and req.entry_id == 50 else ok(req)
+    c = client(fake, request_timeout_s=0.2)
+    for e in range(50):
+        await c.request(ReadRequest(ledger_id=7, entry_id=e))
+    lost = asyncio.ensure_future(c.request(ReadRequest(ledger_id=7, entry_id=50)))
+    for e in range(51, 100):  # sent after it, answered: trimming must stop at the unanswered one
+        await c.request(ReadRequest(ledger_id=7, entry_id=e))
+    assert not lost.done()
+    with pytest.raises(OperationTimeoutError):
+        await asyncio.wait_for(lost, 10)  # a request dropped from the queue would hang here instead
+    assert (await c.request(ReadRequest(ledger_id=7, entry_id=100))).body == b"e100"  # type: ignore[union-attr]
+    await c.close()
+
+
 async def test_connection_loss_fails_outstanding_requests_and_the_next_request_reconnects(
     fake: FakeBookie,
 ) -> None:
