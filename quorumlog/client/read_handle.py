@@ -84,7 +84,10 @@ TAIL_READ_AHEAD = 4
 # Longest single long-poll `tail` asks a bookie for (it also wakes on metadata changes).
 TAIL_POLL_S = 5.0
 # How often `wait_for_entry` asks again while no bookie of the write set knows the ledger yet (a bookie can
-# only hold a long poll for a ledger it has).
+# only hold a long poll for a ledger it has): after UNKNOWN_LEDGER_POLL_FIRST_S, then twice as long each
+# time up to UNKNOWN_LEDGER_POLL_S. A reader that tails a ledger from its creation asks before the first
+# entry reaches a bookie; a flat 50 ms made everything its writer wrote meanwhile wait those 50 ms.
+UNKNOWN_LEDGER_POLL_FIRST_S = 0.001
 UNKNOWN_LEDGER_POLL_S = 0.05
 
 
@@ -468,6 +471,7 @@ class LedgerHandle:
         counts = self._failures.counts(self._now())
         replicas.sort(key=lambda b: counts.get(b, 0))
         deadline = self._now() + timeout_s
+        unknown_wait_s = UNKNOWN_LEDGER_POLL_FIRST_S
         while True:
             remaining_s = max(0.0, deadline - self._now())
             last_error: QuorumLogError | None = None
@@ -519,7 +523,8 @@ class LedgerHandle:
             if remaining_s <= 0:
                 return self._lac.lac, None
             # No replica knows the ledger yet, so none can hold a long poll: look again shortly.
-            await asyncio.sleep(min(UNKNOWN_LEDGER_POLL_S, remaining_s))
+            await asyncio.sleep(min(unknown_wait_s, remaining_s))
+            unknown_wait_s = min(UNKNOWN_LEDGER_POLL_S, unknown_wait_s * 2)
 
     async def tail(self, start: int = 0, *, poll_s: float = TAIL_POLL_S) -> AsyncIterator[Entry]:
         """Every entry from `start` on, once each and in order, following the ledger until it is closed.
