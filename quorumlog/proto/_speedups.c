@@ -21,6 +21,9 @@
  *                                                 (bookie_client._Connection.data_received)
  *   deliver_v2_add_oks(data, single, conn, batch_ends, report, pos, op) -> pos
  *                                                 the same over v2 (keys (op, ledgerId, entryId))
+ *   read_response_at(data, start, end)            v3.read_response_at_py (a reader's every entry)
+ *   decode_entry_crc32c(body, ledger_id, entry_id=None)
+ *                                                 entry.DigestManager.decode_entry when all checks out
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1140,6 +1143,344 @@ crc32c_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromUnsignedLong(value);
 }
 
+/* --- building the frozen slotted dataclasses a reader gets (ReadResponse, Entry) ------------------------- */
+
+/* Their Python `__init__` (_fastinit.py) is a Python frame and one slot-descriptor call per field: about
+ * 0.6 µs per object here, as much as the parsing that fills it. A class given to this file is built the same
+ * way from C: allocated, then every field's slot descriptor set in field order -- the object `__init__`
+ * makes, with no Python frame. */
+#define SLOTTED_MAX_FIELDS 8
+typedef struct {
+    PyTypeObject *type;
+    PyObject *descrs[SLOTTED_MAX_FIELDS];
+    Py_ssize_t n;
+} slotted_t;
+
+/* `cls` and the names of its fields in `__init__` order: 0, or -1 with an exception set. */
+static int
+slotted_set(slotted_t *s, PyObject *cls, PyObject *names)
+{
+    if (!PyType_Check(cls) || !PyTuple_Check(names) || PyTuple_GET_SIZE(names) > SLOTTED_MAX_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "a class and a tuple of at most 8 field names");
+        return -1;
+    }
+    PyObject *descrs[SLOTTED_MAX_FIELDS];
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *d = PyDict_GetItemWithError(((PyTypeObject *)cls)->tp_dict, PyTuple_GET_ITEM(names, i));
+        if (d == NULL || Py_TYPE(d)->tp_descr_set == NULL) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "%R has no slot %R", cls, PyTuple_GET_ITEM(names, i));
+            }
+            for (Py_ssize_t j = 0; j < i; j++) {
+                Py_DECREF(descrs[j]);
+            }
+            return -1;
+        }
+        descrs[i] = Py_NewRef(d);
+    }
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        Py_CLEAR(s->descrs[i]);
+    }
+    Py_XSETREF(s->type, (PyTypeObject *)Py_NewRef(cls));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        s->descrs[i] = descrs[i];
+    }
+    s->n = n;
+    return 0;
+}
+
+/* A new instance with `values` (s->n of them, borrowed; NULL among them: an error is already set). */
+static PyObject *
+slotted_new(slotted_t *s, PyObject *const *values)
+{
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        if (values[i] == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *obj = s->type->tp_alloc(s->type, 0);
+    if (obj == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        if (Py_TYPE(s->descrs[i])->tp_descr_set(s->descrs[i], obj, values[i]) < 0) {
+            Py_DECREF(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
+/* --- the client: READ answers -------------------------------------------------------------------------- */
+
+/* Set once by v3.py (`set_read_response`): the ReadResponse class, the StatusCode member of each one-byte
+ * status value (NULL: a status this build does not know), and the Python twin for bounds outside the buffer. */
+static slotted_t read_response_type;
+static PyObject *read_statuses[128];
+static PyObject *read_response_fallback = NULL;
+
+/* A varint of at most `max_bytes` bytes, high bit set on all but the last (a zero last byte allowed): the
+ * `[\x80-\xff]{0,k}[\x00-\x7f]` groups of v3._READ_OK_HEAD. Returns its length, 0 if there is none. */
+static Py_ssize_t
+varint_upto(const unsigned char *p, Py_ssize_t avail, Py_ssize_t max_bytes, uint64_t *value)
+{
+    uint64_t v = 0;
+    for (Py_ssize_t i = 0; i < max_bytes && i < avail; i++) {
+        v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
+        if (p[i] < 0x80) {
+            *value = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+static const unsigned char READ_OK_HEADER[] = {0x08, 0x03, 0x10, 0x01, 0x18};
+
+/* v3.read_response_at_py(data, start, end): the READ answer body at data[start:end], read in place, as a
+ * ReadResponse, or None when it is not in the bookies' layout. Bounds outside the buffer go to the twin. */
+static PyObject *
+read_response_at(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read_response_at(data, start, end) takes 3 arguments");
+        return NULL;
+    }
+    if (read_response_type.type == NULL || read_response_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "read_response_at: set_read_response was not called");
+        return NULL;
+    }
+    if ((start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if ((end = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    if (start < 0 || end > view.len || start > end) {
+        PyBuffer_Release(&view);
+        return PyObject_Vectorcall(read_response_fallback, args, 3, NULL);
+    }
+    const unsigned char *p = (const unsigned char *)view.buf + start;
+    Py_ssize_t avail = end - start, i, k, part_at, part_n;
+    uint64_t txn, part_len, lid, eid, blen, max_lac = 0, lac_ts = 0;
+    int has_body = 0, has_max_lac = 0, has_lac_ts = 0;
+    unsigned char top, inner;
+    PyObject *result = Py_None;
+    /* header {version 3, READ_ENTRY, txnId}, status, then field 100: {status, ledgerId, entryId[, body]} */
+    if (avail < 7 || p[0] != 0x0a || memcmp(p + 2, READ_OK_HEADER, 5) != 0) {
+        goto none;
+    }
+    i = 7;
+    if ((k = varint_upto(p + i, avail - i, 9, &txn)) == 0 || p[1] != 5 + k) {
+        goto none;
+    }
+    i += k;
+    if (avail - i < 4 || p[i] != 0x10 || p[i + 1] >= 0x80 || p[i + 2] != 0xa2 || p[i + 3] != 0x06) {
+        goto none;
+    }
+    top = p[i + 1];
+    i += 4;
+    if ((part_n = varint_upto(p + i, avail - i, 4, &part_len)) == 0) {
+        goto none;
+    }
+    part_at = i;
+    i += part_n;
+    if (avail - i < 3 || p[i] != 0x08 || p[i + 1] >= 0x80 || p[i + 2] != 0x10) {
+        goto none;
+    }
+    inner = p[i + 1];
+    i += 3;
+    if ((k = varint_upto(p + i, avail - i, 9, &lid)) == 0) {
+        goto none;
+    }
+    i += k;
+    if (avail - i < 1 || p[i] != 0x18 || (k = varint_upto(p + i + 1, avail - i - 1, 9, &eid)) == 0) {
+        goto none;
+    }
+    i += 1 + k;
+    if (i < avail && p[i] == 0x22) {
+        /* The body's length: if it is not a varint of at most 4 bytes, nothing after entryId can match. */
+        if ((k = varint_upto(p + i + 1, avail - i - 1, 4, &blen)) == 0) {
+            goto none;
+        }
+        has_body = 1;
+        i += 1 + k;
+    }
+    if (read_statuses[top] == NULL || read_statuses[inner] == NULL) {
+        goto none;
+    }
+    if (part_len != (uint64_t)(avail - part_at - part_n)) { /* the part runs to the end of the body */
+        goto none;
+    }
+    Py_ssize_t body_at = i;
+    if (has_body) {
+        if (blen > (uint64_t)(avail - i)) {
+            goto none;
+        }
+        i += (Py_ssize_t)blen;
+    }
+    if (i != avail && p[i] == 0x28) {
+        if ((k = varint_upto(p + i + 1, avail - i - 1, 9, &max_lac)) == 0) {
+            goto none;
+        }
+        has_max_lac = 1;
+        i += 1 + k;
+    }
+    if (i != avail && p[i] == 0x30) {
+        if ((k = varint_upto(p + i + 1, avail - i - 1, 9, &lac_ts)) == 0) {
+            goto none;
+        }
+        has_lac_ts = 1;
+        i += 1 + k;
+    }
+    if (i != avail) {
+        goto none;
+    }
+    {
+        PyObject *fields[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        fields[0] = Py_NewRef(top != 0 ? read_statuses[top] : read_statuses[inner]);
+        fields[1] = PyLong_FromUnsignedLongLong(lid);
+        fields[2] = PyLong_FromUnsignedLongLong(eid);
+        fields[3] = has_body ? PyBytes_FromStringAndSize((const char *)p + body_at, (Py_ssize_t)blen)
+                             : Py_NewRef(Py_None);
+        fields[4] = has_max_lac ? PyLong_FromUnsignedLongLong(max_lac) : Py_NewRef(Py_None);
+        fields[5] = has_lac_ts ? PyLong_FromUnsignedLongLong(lac_ts) : Py_NewRef(Py_None);
+        fields[6] = PyLong_FromUnsignedLongLong(txn);
+        result = slotted_new(&read_response_type, fields);
+        for (int f = 0; f < 7; f++) {
+            Py_XDECREF(fields[f]);
+        }
+        PyBuffer_Release(&view);
+        return result;
+    }
+none:
+    PyBuffer_Release(&view);
+    return Py_NewRef(result);
+}
+
+/* set_read_response(cls, fields, statuses: dict[int, StatusCode], fallback): what read_response_at builds
+ * (its seven fields' names, in order), and the Python twin it hands bounds outside the buffer. */
+static PyObject *
+set_read_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyDict_Check(args[2]) || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 7) {
+        PyErr_SetString(PyExc_TypeError, "set_read_response(cls, fields: 7-tuple, statuses: dict, fallback)");
+        return NULL;
+    }
+    for (int v = 0; v < 128; v++) {
+        PyObject *key = PyLong_FromLong(v);
+        if (key == NULL) {
+            return NULL;
+        }
+        PyObject *member = PyDict_GetItemWithError(args[2], key); /* borrowed */
+        Py_DECREF(key);
+        if (member == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        Py_XINCREF(member);
+        Py_XSETREF(read_statuses[v], member);
+    }
+    if (read_statuses[0] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "set_read_response: statuses has no 0 (EOK)");
+        return NULL;
+    }
+    if (slotted_set(&read_response_type, args[0], args[1]) < 0) {
+        return NULL;
+    }
+    Py_XSETREF(read_response_fallback, Py_NewRef(args[3]));
+    Py_RETURN_NONE;
+}
+
+/* Set once by entry.py (`set_entry_type`): the Entry class decode_entry_crc32c builds, and its fields. */
+static slotted_t entry_type;
+
+/* A Python int as a C int64: 1, or 0 if it is not an int in that range (no exception left set). */
+static int
+as_int64(PyObject *o, int64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* decode_entry_crc32c(body, ledger_id, entry_id=None) -> Entry or None: a CRC32C entry body verified and
+ * split, as entry.DigestManager.decode_entry does it, when everything checks out (the ids match, the digest
+ * is right); None for anything else, and that function's Python path then raises the precise error. */
+static PyObject *
+decode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    int64_t want_lid, want_eid = 0;
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "decode_entry_crc32c(body, ledger_id, entry_id=None)");
+        return NULL;
+    }
+    if (entry_type.type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_entry_crc32c: set_entry_type was not called");
+        return NULL;
+    }
+    int check_eid = nargs == 3 && args[2] != Py_None;
+    if (!as_int64(args[1], &want_lid) || (check_eid && !as_int64(args[2], &want_eid))) {
+        Py_RETURN_NONE;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE; /* not a buffer: the Python path says what is wrong */
+    }
+    const unsigned char *p = view.buf;
+    PyObject *result = Py_None;
+    if (view.len < 36) {
+        goto done;
+    }
+    int64_t lid = be64(p), eid = be64(p + 8);
+    if (lid != want_lid || (check_eid && eid != want_eid)) {
+        goto done;
+    }
+    uint32_t digest = ((uint32_t)p[32] << 24) | ((uint32_t)p[33] << 16) | ((uint32_t)p[34] << 8) | p[35];
+    if (crc32c(crc32c(0, p, 32), p + 36, view.len - 36) != digest) {
+        goto done;
+    }
+    PyObject *fields[5] = {PyLong_FromLongLong(lid), PyLong_FromLongLong(eid), PyLong_FromLongLong(be64(p + 16)),
+                           PyLong_FromLongLong(be64(p + 24)),
+                           PyBytes_FromStringAndSize((const char *)p + 36, view.len - 36)};
+    result = slotted_new(&entry_type, fields);
+    for (int f = 0; f < 5; f++) {
+        Py_XDECREF(fields[f]);
+    }
+    PyBuffer_Release(&view);
+    return result;
+done:
+    PyBuffer_Release(&view);
+    return Py_NewRef(result);
+}
+
+static PyObject *
+set_entry_type(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) != 5) {
+        PyErr_SetString(PyExc_TypeError, "set_entry_type(cls, fields: 5-tuple)");
+        return NULL;
+    }
+    if (slotted_set(&entry_type, args[0], args[1]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan_add_ok", (PyCFunction)(void (*)(void))scan_add_ok, METH_FASTCALL,
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
@@ -1171,6 +1512,14 @@ static PyMethodDef methods[] = {
      "The Python entry encoder, called for what this module does not encode itself."},
     {"set_crc_hardware", set_crc_hardware, METH_O,
      "Use the CPU's CRC32C instruction (where it has one) or the table; returns the previous setting."},
+    {"read_response_at", (PyCFunction)(void (*)(void))read_response_at, METH_FASTCALL,
+     "The READ answer body at data[start:end] as a ReadResponse, or None if not in the bookies' layout."},
+    {"set_read_response", (PyCFunction)(void (*)(void))set_read_response, METH_FASTCALL,
+     "The ReadResponse class and its field names, the StatusCode by value, the Python twin (read_response_at)."},
+    {"decode_entry_crc32c", (PyCFunction)(void (*)(void))decode_entry_crc32c, METH_FASTCALL,
+     "A CRC32C entry body verified and split into an Entry, or None if anything does not check out."},
+    {"set_entry_type", (PyCFunction)(void (*)(void))set_entry_type, METH_FASTCALL,
+     "The Entry class decode_entry_crc32c builds, and its field names in order."},
     {"crc32c", (PyCFunction)(void (*)(void))crc32c_py, METH_FASTCALL,
      "CRC32C of data, continuing from value (tests compare it with the crc32c package)."},
     {NULL, NULL, 0, NULL},

@@ -36,6 +36,11 @@ Callers pick the compiled function when it is not None; each has its Python twin
   so that a writer copies the payload once, into the connection's write. Only the writer's add path calls
   them, and only where they are built: its Python twin copies more than the path without it
   (client/write_handle.py).
+* `read_response_at(data, start, end)` -- `v3.read_response_at_py`: a READ answer body read in place, as a
+  `ReadResponse`, or None outside the bookies' layout (a reader's every entry).
+* `decode_entry_crc32c(body, ledger_id, entry_id=None)` -- `entry.DigestManager.decode_entry` of a CRC32C
+  ledger when every check passes (the `Entry`); None for anything else, and the Python code then decides
+  (and raises its precise error).
 """
 
 from __future__ import annotations
@@ -66,12 +71,34 @@ encode_add: Callable[..., bytes] | None = _module.encode_add if _module else Non
 encode_entry_crc32c: Callable[..., bytes] | None = _module.encode_entry_crc32c if _module else None
 encode_add_head: Callable[..., bytes] | None = _module.encode_add_head if _module else None
 encode_add_head_v2: Callable[..., bytes] | None = _module.encode_add_head_v2 if _module else None
+read_response_at: Callable[..., Any] | None = _module.read_response_at if _module else None
+decode_entry_crc32c: Callable[..., Any] | None = _module.decode_entry_crc32c if _module else None
 
 
 def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
     """Give the compiled `encode_add` its Python twin, for the arguments it does not encode itself."""
     if _module is not None:
         _module.set_encode_add_fallback(fn)
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+
+def install_read_response(cls: type, statuses: dict[int, Any], fallback: Callable[..., Any]) -> None:
+    """Give the compiled `read_response_at` the class it builds (a frozen slotted dataclass: C fills its slots
+    as its `__init__` would), the status member of each wire value, and its Python twin (for bounds outside
+    the buffer)."""
+    if _module is not None:
+        _module.set_read_response(cls, _field_names(cls), statuses, fallback)
+
+
+def install_entry_type(cls: type) -> None:
+    """Give the compiled `decode_entry_crc32c` the class it builds (as `install_read_response`)."""
+    if _module is not None:
+        _module.set_entry_type(cls, _field_names(cls))
 
 
 def install_encode_entry_fallback(fn: Callable[..., bytes]) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from quorumlog.proto import entry, server_codec, speedups, v2, v3, v3fast
 from quorumlog.proto.codec import scan_v3_add_ok
 from quorumlog.proto.entry import DigestType
-from quorumlog.proto.messages import AddRequest, AddResponse, ReadRequest, WriteLacRequest
+from quorumlog.proto.messages import AddRequest, AddResponse, ReadRequest, ReadResponse, WriteLacRequest
 from quorumlog.proto.server_codec import BookieCodec, decode_add_v3_py
 from quorumlog.proto.status import StatusCode
 
@@ -594,6 +594,182 @@ def test_deliver_add_oks_reports_a_batch_end_that_cannot_be_filed() -> None:
 # --- switching it off, and building it ----------------------------------------------------------------------
 
 
+# --- a reader's READ answers ---------------------------------------------------------------------------------
+
+_read_ids = st.one_of(ids64, st.integers(-3, -1))
+
+
+@needs_c
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    status=st.sampled_from(list(StatusCode)),
+    lid=_read_ids,
+    eid=_read_ids,
+    body=st.none() | st.binary(max_size=200) | st.integers(0, 20_000).map(lambda n: b"e" * n),
+    max_lac=st.none() | _read_ids,
+    lac_ts=st.none() | ids64,
+    txn=st.one_of(ids64, st.integers(2**63, 2**64 - 1)),
+    pb=st.booleans(),
+)
+def test_read_response_at_is_the_python_reader(
+    status: StatusCode,
+    lid: int,
+    eid: int,
+    body: bytes | None,
+    max_lac: int | None,
+    lac_ts: int | None,
+    txn: int,
+    pb: bool,
+) -> None:
+    resp = ReadResponse(status, lid, eid, body, max_lac, lac_ts, txn)
+    frame = (v3.encode_response_pb if pb else v3.encode_response)(resp)
+    # In a chunk with other bytes around it, as the connection reads it in place.
+    chunk = b"\x01\x02" + frame + b"\x03"
+    start, end = 2 + 4, 2 + len(frame)
+    got = v3.read_response_at(chunk, start, end)
+    assert got == v3.read_response_at_py(chunk, start, end)
+    if got is not None:
+        assert got == resp and (got.body is None or type(got.body) is bytes)
+
+
+@needs_c
+def test_read_response_at_on_every_mutation_and_odd_bounds_is_the_python_reader() -> None:
+    frames = [
+        v3.encode_response(ReadResponse(StatusCode.EOK, 7, 9, b"e", 8, 6, 3)),
+        v3.encode_response(ReadResponse(StatusCode.EOK, 7, 9, b"entry-body", 8, None, 3)),
+        v3.encode_response(ReadResponse(StatusCode.EOK, 2**40, 2**33, b"x" * 300, 2**33 - 1, 12345, 2**30)),
+        v3.encode_response(ReadResponse(StatusCode.ENOENTRY, 7, 9, None, None, None, 5)),
+        v3.encode_response(ReadResponse(StatusCode.EOK, 7, 0, b"", 0, 0, 0)),
+    ]
+    checked = 0
+    small = frames[0][4:]  # every byte of it to every value
+    for i in range(len(small)):
+        for b in range(256):
+            body = small[:i] + bytes((b,)) + small[i + 1 :]
+            assert v3.read_response_at(body, 0, len(body)) == v3.read_response_at_py(body, 0, len(body))
+    for frame in frames:
+        for body in _mutations(frame[4:]):
+            for data in (body, bytearray(body), memoryview(body)):
+                assert v3.read_response_at(data, 0, len(body)) == v3.read_response_at_py(data, 0, len(body))
+                checked += 1
+        body = frame[4:]
+        for start, end in [(-1, len(body)), (0, len(body) + 5), (3, 2), (0, 0), (len(body), len(body))]:
+            assert _outcome(v3.read_response_at, body, start, end) == _outcome(
+                v3.read_response_at_py, body, start, end
+            )
+    rng = random.Random(23)
+    for _ in range(3000):
+        junk = b"\x0a" + bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        assert v3.read_response_at(junk, 0, len(junk)) == v3.read_response_at_py(junk, 0, len(junk))
+    assert checked > 1000
+
+
+def _padded(value: int, width: int) -> bytes:
+    """`value` as a varint of exactly `width` bytes (zero continuation bytes: not canonical, but a varint)."""
+    out = bytearray()
+    for i in range(width):
+        byte = (value >> (7 * i)) & 0x7F
+        out.append(byte | (0x80 if i < width - 1 else 0))
+    return bytes(out)
+
+
+def _read_body(widths: dict[str, int], body: bytes = b"entry") -> bytes:
+    """A READ answer body in the bookies' field order with the chosen varint widths (minimal where absent)."""
+
+    def v(name: str, value: int) -> bytes:
+        return _padded(value, widths.get(name, max(1, (value.bit_length() + 6) // 7)))
+
+    part = b"\x08\x00\x10" + v("lid", 7) + b"\x18" + v("eid", 9) + b"\x22" + v("blen", len(body)) + body
+    part += b"\x28" + v("lac", 8) + b"\x30" + v("ts", 5)
+    txn = v("txn", 300)
+    return (
+        b"\x0a"
+        + bytes((5 + len(txn),))
+        + b"\x08\x03\x10\x01\x18"
+        + txn
+        + b"\x10\x00\xa2\x06"
+        + v("part", len(part))
+        + part
+    )
+
+
+@needs_c
+@pytest.mark.parametrize("field", ["txn", "part", "lid", "eid", "blen", "lac", "ts"])
+def test_read_response_at_takes_padded_varints_up_to_the_python_readers_widths(field: str) -> None:
+    # A bookie may pad a varint (protobuf reads it); the fast readers take each field up to its pattern's
+    # width and leave longer ones to protobuf -- the same width in C and Python.
+    taken = []
+    for width in range(1, 12):
+        body = _read_body({field: width})
+        got = v3.read_response_at(body, 0, len(body))
+        assert got == v3.read_response_at_py(body, 0, len(body)), width
+        if got is not None:
+            assert got == v3.decode_response_pb(body)
+            taken.append(width)
+    assert taken and taken == list(range(taken[0], taken[-1] + 1))
+
+
+@needs_c
+def test_read_response_at_raises_on_bad_arguments() -> None:
+    with pytest.raises(TypeError):
+        v3.read_response_at(b"\x0a", 0)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        v3.read_response_at("text", 0, 1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        v3.read_response_at(b"\x0a", "0", 1)  # type: ignore[arg-type]
+
+
+# --- a reader's entries ------------------------------------------------------------------------------------
+
+
+def _decoders(ledger_id: int) -> tuple[entry.DigestManager, entry.DigestManager]:
+    """(with the compiled decode, Python only) for one CRC32C ledger."""
+    compiled = entry.DigestManager(ledger_id, DigestType.CRC32C, b"pw")
+    python = entry.DigestManager(ledger_id, DigestType.CRC32C, b"pw")
+    python._decode_c = None
+    return compiled, python
+
+
+@needs_c
+@settings(max_examples=200, deadline=None)
+@given(
+    lid=st.integers(-(2**63), 2**63 - 1),
+    eid=st.integers(-(2**63), 2**63 - 1),
+    lac=st.integers(-(2**63), 2**63 - 1),
+    length=st.integers(-(2**63), 2**63 - 1),
+    payload=st.binary(max_size=300),
+)
+def test_decode_entry_crc32c_is_the_python_decoder(
+    lid: int, eid: int, lac: int, length: int, payload: bytes
+) -> None:
+    compiled, python = _decoders(lid)
+    body = entry.encode_entry_crc32c_py(lid, eid, lac, length, payload)
+    for data in (body, bytearray(body), memoryview(body)):
+        for want in (None, eid):
+            got = compiled.decode_entry(data, want)
+            assert got == python.decode_entry(data, want) == entry.Entry(lid, eid, lac, length, payload)
+            assert type(got.payload) is bytes
+
+
+@needs_c
+def test_decode_entry_crc32c_leaves_every_damaged_or_foreign_body_to_python() -> None:
+    compiled, python = _decoders(7)
+    body = entry.encode_entry_crc32c_py(7, 9, 8, 100, b"payload")
+    cases = [(b, 9) for b in _mutations(body)] + [(body, 10), (body, None), (body[:35], None), (b"", 9)]
+    cases += [(entry.encode_entry_crc32c_py(8, 9, 8, 100, b"payload"), 9)]  # another ledger's entry
+    for data, want in cases:
+        assert _outcome(compiled.decode_entry, data, want) == _outcome(python.decode_entry, data, want)
+        c = speedups.decode_entry_crc32c(data, 7, want)  # type: ignore[misc]
+        assert c is None or c == python.decode_entry(data, want)
+    # Ids outside int64 or not ints, and a body that is not a buffer: nothing decided in C.
+    assert speedups.decode_entry_crc32c(body, 2**63, None) is None  # type: ignore[misc]
+    assert speedups.decode_entry_crc32c(body, 7, 2**64) is None  # type: ignore[misc]
+    assert speedups.decode_entry_crc32c(body, "7", None) is None  # type: ignore[misc]
+    assert speedups.decode_entry_crc32c("text", 7, None) is None  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        speedups.decode_entry_crc32c(body)  # type: ignore[misc]
+
+
 def test_pure_python_env_turns_the_compiled_code_off() -> None:
     code = (
         "from quorumlog.proto import speedups, v3fast, server_codec, codec\n"
@@ -602,6 +778,9 @@ def test_pure_python_env_turns_the_compiled_code_off() -> None:
         "assert server_codec.decode_add_v3 is server_codec.decode_add_v3_py\n"
         "assert server_codec._scan_adds_v3_c is None and codec._scan_add_ok_c is None\n"
         "assert server_codec._scan_adds_v2_c is None\n"
+        "from quorumlog.proto import v3, entry\n"
+        "assert v3.read_response_at is v3.read_response_at_py\n"
+        "assert entry.DigestManager(1, entry.DigestType.CRC32C, b'p')._decode_c is None\n"
     )
     env = {**os.environ, speedups.PURE_PYTHON_ENV: "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
