@@ -24,6 +24,9 @@
  *   read_response_at(data, start, end)            v3.read_response_at_py (a reader's every entry)
  *   decode_entry_crc32c(body, ledger_id, entry_id=None)
  *                                                 entry.DigestManager.decode_entry when all checks out
+ *   encode_read(lid, eid, txn)                    v3fast.encode_read_py (its Python twin for errors)
+ *   decode_read_v3(data, start=0, end=None)       server_codec.decode_read_v3_py
+ *   encode_read_ok(txn, lid, eid, body, lac)      v3fast.encode_read_ok_py
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1481,6 +1484,232 @@ set_entry_type(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* --- plain READs: the reader's request, the bookie's reading of it and its answer ------------------------- */
+
+static PyObject *encode_read_fallback = NULL;
+static PyObject *decode_read_fallback = NULL;
+
+/* An int64 field's varint (a negative value sign-extended to 10 bytes, as protobuf writes int64). */
+static Py_ssize_t
+varint_put_i64(unsigned char *p, int64_t v)
+{
+    return varint_put(p, (uint64_t)v);
+}
+
+/* encode_read(ledger_id, entry_id, txn_id): v3fast.encode_read_py's frame; anything but ints in range
+ * (int64 ids, a txn id in [0, 2**64)) goes to that function, which raises its error. */
+static PyObject *
+encode_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t lid, eid;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_read(ledger_id, entry_id, txn_id) takes 3 arguments");
+        return NULL;
+    }
+    if (encode_read_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "encode_read: set_read_fallbacks was not called");
+        return NULL;
+    }
+    unsigned long long txn = (unsigned long long)-1;
+    if (PyLong_Check(args[2])) {
+        txn = PyLong_AsUnsignedLongLong(args[2]);
+        if (txn == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return PyObject_Vectorcall(encode_read_fallback, args, 3, NULL);
+        }
+    }
+    if (!PyLong_Check(args[2]) || !as_int64(args[0], &lid) || !as_int64(args[1], &eid)) {
+        return PyObject_Vectorcall(encode_read_fallback, args, 3, NULL);
+    }
+    unsigned char t[10], l[10], e[10];
+    Py_ssize_t tn = varint_put(t, txn), ln = varint_put_i64(l, lid), en = varint_put_i64(e, eid);
+    Py_ssize_t part = 2 + ln + en; /* at most 22: one byte */
+    Py_ssize_t total = 4 + 10 + tn + part;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t body = total - 4;
+    o[0] = (unsigned char)(body >> 24);
+    o[1] = (unsigned char)(body >> 16);
+    o[2] = (unsigned char)(body >> 8);
+    o[3] = (unsigned char)body;
+    o[4] = 0x0a;
+    o[5] = (unsigned char)(5 + tn);
+    memcpy(o + 6, READ_OK_HEADER, 5);
+    memcpy(o + 11, t, tn);
+    Py_ssize_t i = 11 + tn;
+    o[i++] = 0xa2;
+    o[i++] = 0x06;
+    o[i++] = (unsigned char)part;
+    o[i++] = 0x08;
+    memcpy(o + i, l, ln);
+    i += ln;
+    o[i++] = 0x10;
+    memcpy(o + i, e, en);
+    return out;
+}
+
+/* decode_read_v3(data, start=0, end=None): server_codec.decode_read_v3_py -- the plain READ in data[start:end]
+ * as (txn_raw, ledger_raw, entry_raw, ledger_id, entry_id), or None. Bounds outside the buffer go to it. */
+static PyObject *
+decode_read_v3(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_buffer view;
+    Py_ssize_t start = 0, end;
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "decode_read_v3(data, start=0, end=None)");
+        return NULL;
+    }
+    if (decode_read_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_read_v3: set_decode_read_fallback was not called");
+        return NULL;
+    }
+    if (nargs >= 2 && (start = PyLong_AsSsize_t(args[1])) == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    end = view.len;
+    if (nargs == 3 && args[2] != Py_None && (end = PyLong_AsSsize_t(args[2])) == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (start < 0 || end > view.len || start > end) {
+        PyBuffer_Release(&view);
+        return PyObject_Vectorcall(decode_read_fallback, args, nargs, NULL);
+    }
+    const unsigned char *p = (const unsigned char *)view.buf + start;
+    Py_ssize_t avail = end - start, i, tn, ln, en;
+    uint64_t txn, lid, eid;
+    PyObject *result = Py_None;
+    if (avail < 7 || p[0] != 0x0a || memcmp(p + 2, READ_OK_HEADER, 5) != 0) {
+        goto done;
+    }
+    i = 7;
+    if ((tn = varint_canonical(p + i, avail - i, &txn)) == 0) {
+        goto done;
+    }
+    i += tn;
+    if (avail - i < 4 || p[i] != 0xa2 || p[i + 1] != 0x06 || p[i + 3] != 0x08) {
+        goto done;
+    }
+    unsigned char part = p[i + 2];
+    i += 4;
+    if ((ln = varint_canonical(p + i, avail - i, &lid)) == 0) {
+        goto done;
+    }
+    i += ln;
+    if (avail - i < 1 || p[i] != 0x10 || (en = varint_canonical(p + i + 1, avail - i - 1, &eid)) == 0) {
+        goto done;
+    }
+    i += 1 + en;
+    if (i != avail || p[1] != 5 + tn || part != 2 + ln + en) {
+        goto done;
+    }
+    result = Py_BuildValue("(y#y#y#KK)", p + 7, tn, p + 7 + tn + 4, ln, p + 7 + tn + 4 + ln + 1, en,
+                           (unsigned long long)lid, (unsigned long long)eid);
+    PyBuffer_Release(&view);
+    return result;
+done:
+    PyBuffer_Release(&view);
+    return Py_NewRef(result);
+}
+
+static PyObject *encode_read_ok_fallback = NULL;
+
+/* encode_read_ok(txn, ledger, entry, body, lac): v3fast.encode_read_ok_py -- the EOK answer frame to a plain
+ * READ, from the request's varints as received. Anything but bytes and an int64 lac goes to that function. */
+static PyObject *
+encode_read_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t lac;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "encode_read_ok(txn, ledger, entry, body, lac) takes 5 arguments");
+        return NULL;
+    }
+    if (encode_read_ok_fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "encode_read_ok: set_read_fallbacks was not called");
+        return NULL;
+    }
+    PyObject *txn = args[0], *ledger = args[1], *entry = args[2], *body = args[3];
+    if (!PyBytes_CheckExact(txn) || !PyBytes_CheckExact(ledger) || !PyBytes_CheckExact(entry) ||
+        !PyBytes_CheckExact(body) || !as_int64(args[4], &lac) || 5 + PyBytes_GET_SIZE(txn) >= 0x80) {
+        return PyObject_Vectorcall(encode_read_ok_fallback, args, 5, NULL);
+    }
+    Py_ssize_t tn = PyBytes_GET_SIZE(txn), ln = PyBytes_GET_SIZE(ledger), en = PyBytes_GET_SIZE(entry);
+    Py_ssize_t bn = PyBytes_GET_SIZE(body);
+    unsigned char blen[10], maxlac[10], plen[10];
+    Py_ssize_t bln = varint_put(blen, (uint64_t)bn), mln = varint_put_i64(maxlac, lac);
+    Py_ssize_t part = 6 + ln + en + bln + bn + mln;
+    Py_ssize_t pln = varint_put(plen, (uint64_t)part);
+    Py_ssize_t hdr = 5 + tn;
+    Py_ssize_t frame = 6 + hdr + pln + part; /* the body after the 4-byte length */
+    if (frame > 0xFFFFFFFF) {
+        return PyObject_Vectorcall(encode_read_ok_fallback, args, 5, NULL);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 4 + frame);
+    if (out == NULL) {
+        return NULL;
+    }
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    o[0] = (unsigned char)(frame >> 24);
+    o[1] = (unsigned char)(frame >> 16);
+    o[2] = (unsigned char)(frame >> 8);
+    o[3] = (unsigned char)frame;
+    o[4] = 0x0a;
+    o[5] = (unsigned char)hdr;
+    memcpy(o + 6, READ_OK_HEADER, 5);
+    Py_ssize_t i = 11;
+    memcpy(o + i, PyBytes_AS_STRING(txn), tn);
+    i += tn;
+    o[i++] = 0x10;
+    o[i++] = 0x00;
+    o[i++] = 0xa2;
+    o[i++] = 0x06;
+    memcpy(o + i, plen, pln);
+    i += pln;
+    o[i++] = 0x08;
+    o[i++] = 0x00;
+    o[i++] = 0x10;
+    memcpy(o + i, PyBytes_AS_STRING(ledger), ln);
+    i += ln;
+    o[i++] = 0x18;
+    memcpy(o + i, PyBytes_AS_STRING(entry), en);
+    i += en;
+    o[i++] = 0x22;
+    memcpy(o + i, blen, bln);
+    i += bln;
+    memcpy(o + i, PyBytes_AS_STRING(body), bn);
+    i += bn;
+    o[i++] = 0x28;
+    memcpy(o + i, maxlac, mln);
+    return out;
+}
+
+/* set_read_fallbacks(encode_read, encode_read_ok): the Python twins (v3fast), for what is not done here. */
+static PyObject *
+set_read_fallbacks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "set_read_fallbacks(encode_read, encode_read_ok)");
+        return NULL;
+    }
+    Py_XSETREF(encode_read_fallback, Py_NewRef(args[0]));
+    Py_XSETREF(encode_read_ok_fallback, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* set_decode_read_fallback(decode_read_v3): its Python twin (server_codec), for bounds outside the buffer. */
+static PyObject *
+set_decode_read_fallback(PyObject *self, PyObject *fn)
+{
+    Py_XSETREF(decode_read_fallback, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"scan_add_ok", (PyCFunction)(void (*)(void))scan_add_ok, METH_FASTCALL,
      "Append (txn, lid_raw, eid_raw) of each whole EOK AddResponse frame from pos on; return where they end."},
@@ -1520,6 +1749,16 @@ static PyMethodDef methods[] = {
      "A CRC32C entry body verified and split into an Entry, or None if anything does not check out."},
     {"set_entry_type", (PyCFunction)(void (*)(void))set_entry_type, METH_FASTCALL,
      "The Entry class decode_entry_crc32c builds, and its field names in order."},
+    {"encode_read", (PyCFunction)(void (*)(void))encode_read, METH_FASTCALL,
+     "The v3 frame of a plain READ of (ledger_id, entry_id) with txn_id."},
+    {"decode_read_v3", (PyCFunction)(void (*)(void))decode_read_v3, METH_FASTCALL,
+     "The plain v3 READ in data[start:end] as (txn_raw, ledger_raw, entry_raw, ledger_id, entry_id), or None."},
+    {"encode_read_ok", (PyCFunction)(void (*)(void))encode_read_ok, METH_FASTCALL,
+     "The EOK answer frame to a plain READ, from its varints as received."},
+    {"set_read_fallbacks", (PyCFunction)(void (*)(void))set_read_fallbacks, METH_FASTCALL,
+     "The Python encode_read and encode_read_ok, for what this module does not encode itself."},
+    {"set_decode_read_fallback", set_decode_read_fallback, METH_O,
+     "The Python decode_read_v3, for bounds outside the buffer."},
     {"crc32c", (PyCFunction)(void (*)(void))crc32c_py, METH_FASTCALL,
      "CRC32C of data, continuing from value (tests compare it with the crc32c package)."},
     {NULL, NULL, 0, NULL},

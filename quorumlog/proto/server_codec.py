@@ -329,8 +329,9 @@ def encode_write_lac_ok(txn_id: int, ledger_id: int) -> bytes:
     return b"".join((t[0], txn, t[1], lid))
 
 
-def decode_read_v3(data: bytes, start: int = 0, end: int | None = None) -> FastRead | None:
-    """The plain v3 READ in `data[start:end]` (one frame body) as a `FastRead`, if it is in the layout above."""
+def decode_read_v3_py(data: bytes, start: int = 0, end: int | None = None) -> FastRead | None:
+    """The plain v3 READ in `data[start:end]` (one frame body) as a `FastRead`, if it is in the layout above.
+    The reference for `decode_read_v3`, its compiled twin where built (proto/speedups.py)."""
     if end is None:
         end = len(data)
     m = _v3_read_match(data, start, end)
@@ -340,6 +341,10 @@ def decode_read_v3(data: bytes, start: int = 0, end: int | None = None) -> FastR
     if hdr[0] != 5 + len(txn) or part[0] != 2 + len(lid) + len(eid):
         return None
     return (txn, lid, eid, uvarint(lid), uvarint(eid))
+
+
+speedups.install_decode_read_fallback(decode_read_v3_py)
+decode_read_v3: Callable[..., FastRead | None] = speedups.decode_read_v3 or decode_read_v3_py
 
 
 def fast_read_request(read: FastRead) -> ReadRequest:

@@ -41,6 +41,11 @@ Callers pick the compiled function when it is not None; each has its Python twin
 * `decode_entry_crc32c(body, ledger_id, entry_id=None)` -- `entry.DigestManager.decode_entry` of a CRC32C
   ledger when every check passes (the `Entry`); None for anything else, and the Python code then decides
   (and raises its precise error).
+* `encode_read(ledger_id, entry_id, txn_id)`, `encode_read_ok(txn, ledger, entry, body, lac)` --
+  `v3fast.encode_read_py` and `v3fast.encode_read_ok_py`: a reader's plain READ, and a bookie's EOK answer
+  to it from the request's varints; what they do not encode themselves goes to the Python function.
+* `decode_read_v3(data, start=0, end=None)` -- `server_codec.decode_read_v3_py`: a bookie's reading of a plain
+  READ as a `FastRead`, or None.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ encode_add_head: Callable[..., bytes] | None = _module.encode_add_head if _modul
 encode_add_head_v2: Callable[..., bytes] | None = _module.encode_add_head_v2 if _module else None
 read_response_at: Callable[..., Any] | None = _module.read_response_at if _module else None
 decode_entry_crc32c: Callable[..., Any] | None = _module.decode_entry_crc32c if _module else None
+encode_read: Callable[..., bytes] | None = _module.encode_read if _module else None
+encode_read_ok: Callable[..., bytes] | None = _module.encode_read_ok if _module else None
+decode_read_v3: Callable[..., Any] | None = _module.decode_read_v3 if _module else None
 
 
 def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
@@ -99,6 +107,18 @@ def install_entry_type(cls: type) -> None:
     """Give the compiled `decode_entry_crc32c` the class it builds (as `install_read_response`)."""
     if _module is not None:
         _module.set_entry_type(cls, _field_names(cls))
+
+
+def install_read_fallbacks(encode_read: Callable[..., bytes], encode_read_ok: Callable[..., bytes]) -> None:
+    """Give the compiled `encode_read` and `encode_read_ok` their Python twins (errors, other types)."""
+    if _module is not None:
+        _module.set_read_fallbacks(encode_read, encode_read_ok)
+
+
+def install_decode_read_fallback(fn: Callable[..., Any]) -> None:
+    """Give the compiled `decode_read_v3` its Python twin (bounds outside the buffer)."""
+    if _module is not None:
+        _module.set_decode_read_fallback(fn)
 
 
 def install_encode_entry_fallback(fn: Callable[..., bytes]) -> None:

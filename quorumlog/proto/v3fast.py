@@ -262,11 +262,11 @@ def encode_add_response(resp: AddResponse) -> bytes:
 # --- ReadRequest --------------------------------------------------------------------------------------------
 
 
-def encode_read(ledger_id: int, entry_id: int, txn_id: int) -> bytes:
+def encode_read_py(ledger_id: int, entry_id: int, txn_id: int) -> bytes:
     """The v3 frame of a plain `ReadRequest(ledger_id, entry_id, txn_id=txn_id)` (no fence, no long poll, no
     priority), from its fields: a reader sends one per entry (client/read_handle.py), and protobuf's path
     builds two messages for it. `ledger_id` and `entry_id` are int64 (a negative one takes 10 bytes, as in
-    protobuf)."""
+    protobuf). The reference for `encode_read`, its compiled twin where built (proto/speedups.py)."""
     if txn_id < 0 or not -_I64_SIGN <= ledger_id < _I64_SIGN or not -_I64_SIGN <= entry_id < _I64_SIGN:
         raise _out_of_range(f"txn_id/ledger_id/entry_id ({txn_id}, {ledger_id}, {entry_id}) of a ReadRequest")
     txn = _varint(txn_id)
@@ -340,10 +340,11 @@ def encode_read_response(resp: ReadResponse) -> bytes:
     )
 
 
-def encode_read_ok(txn: bytes, ledger: bytes, entry: bytes, body: bytes, lac: int) -> bytes:
+def encode_read_ok_py(txn: bytes, ledger: bytes, entry: bytes, body: bytes, lac: int) -> bytes:
     """The frame `encode_read_response` gives for `ReadResponse(EOK, ledger_id, entry_id, body, max_lac=lac,
     txn_id=txn_id)`, from the varints of the request's txnId, ledgerId and entryId as received (a bookie
-    answering a plain READ copies them: `server_codec.FastRead`, canonical, so the same bytes)."""
+    answering a plain READ copies them: `server_codec.FastRead`, canonical, so the same bytes). The reference
+    for `encode_read_ok`, its compiled twin where built (proto/speedups.py)."""
     blen = _varint(len(body))
     maxlac = _varint(lac)
     part_len = 6 + len(ledger) + len(entry) + len(blen) + len(body) + len(maxlac)
@@ -369,3 +370,10 @@ def encode_read_ok(txn: bytes, ledger: bytes, entry: bytes, body: bytes, lac: in
             maxlac,
         )
     )
+
+
+# What callers use: the compiled twins where built (a reader sends one READ per entry, a bookie answers each),
+# which hand what they do not encode themselves to the Python functions above.
+speedups.install_read_fallbacks(encode_read_py, encode_read_ok_py)
+encode_read: Callable[..., bytes] = speedups.encode_read or encode_read_py
+encode_read_ok: Callable[..., bytes] = speedups.encode_read_ok or encode_read_ok_py

@@ -719,6 +719,80 @@ def test_read_response_at_raises_on_bad_arguments() -> None:
         v3.read_response_at(b"\x0a", "0", 1)  # type: ignore[arg-type]
 
 
+# --- plain READs: the reader's request, the bookie's reading of it, its answer ---------------------------------
+
+_int64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    lid=st.one_of(ids64, _int64, st.integers(2**63, 2**64 + 3), st.integers(-(2**64), -(2**63) - 1)),
+    eid=st.one_of(ids64, _int64, st.just(2**63)),
+    txn=st.one_of(ids64, st.integers(2**63, 2**64 + 1), st.integers(-3, -1)),
+)
+def test_encode_read_is_the_python_encoder(lid: int, eid: int, txn: int) -> None:
+    assert _outcome(v3fast.encode_read, lid, eid, txn) == _outcome(v3fast.encode_read_py, lid, eid, txn)
+
+
+@needs_c
+def test_encode_read_hands_other_types_to_python() -> None:
+    for args in [(True, 1, 2), (1.0, 2, 3), ("1", 2, 3), (1, 2, None), (1, 2, 2.5)]:
+        assert _outcome(v3fast.encode_read, *args) == _outcome(v3fast.encode_read_py, *args), args
+    with pytest.raises(TypeError):
+        v3fast.encode_read(1, 2)  # type: ignore[call-arg]
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(lid=_int64, eid=_int64, txn=st.integers(0, 2**64 - 1))
+def test_decode_read_v3_is_the_python_decoder_on_reads_and_their_mutations(
+    lid: int, eid: int, txn: int
+) -> None:
+    frame = v3fast.encode_read_py(lid, eid, txn)
+    for body in [frame[4:], *_mutations(frame[4:])]:
+        for data in (body, bytearray(body)):
+            assert server_codec.decode_read_v3(data) == server_codec.decode_read_v3_py(data)
+    chunk = b"\x00" + frame + b"\x01"
+    for start, end in [(5, len(frame) + 1), (5, None), (5, len(frame)), (-1, 5), (0, len(chunk) + 1), (6, 5)]:
+        assert _outcome(server_codec.decode_read_v3, chunk, start, end) == _outcome(
+            server_codec.decode_read_v3_py, chunk, start, end
+        )
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(
+    lid=_int64,
+    eid=_int64,
+    txn=st.integers(0, 2**64 - 1),
+    body=st.binary(max_size=300) | st.integers(0, 70_000).map(lambda n: b"b" * n),
+    lac=st.one_of(_int64, st.integers(2**63, 2**64), st.integers(-(2**64), -(2**63) - 1)),
+)
+def test_encode_read_ok_is_the_python_encoder(lid: int, eid: int, txn: int, body: bytes, lac: int) -> None:
+    v = v3fast._varint
+    args = (v(txn), v(lid), v(eid), body, lac)
+    assert _outcome(v3fast.encode_read_ok, *args) == _outcome(v3fast.encode_read_ok_py, *args)
+    if lac < 2**63 and lac >= -(2**63):
+        # The answer a reader reads back: what protobuf and the reader's fast path both decode.
+        frame = v3fast.encode_read_ok(*args)
+        expected = ReadResponse(StatusCode.EOK, lid, eid, body, lac, None, txn)
+        assert v3.decode_response_pb(frame[4:]) == expected
+
+
+@needs_c
+def test_encode_read_ok_hands_other_types_to_python() -> None:
+    cases = [
+        (bytearray(b"\x01"), b"\x07", b"\x09", b"body", 8),
+        (b"\x01", b"\x07", b"\x09", memoryview(b"body"), 8),
+        (b"\x01", b"\x07", b"\x09", b"body", 8.0),
+        (b"\x01" * 123, b"\x07", b"\x09", b"body", 8),  # a header too long for one length byte
+        (b"\x01" * 122, b"\x07", b"\x09", b"body", 8),
+    ]
+    for args in cases:
+        assert _outcome(v3fast.encode_read_ok, *args) == _outcome(v3fast.encode_read_ok_py, *args)
+
+
 # --- a reader's entries ------------------------------------------------------------------------------------
 
 
@@ -781,6 +855,9 @@ def test_pure_python_env_turns_the_compiled_code_off() -> None:
         "from quorumlog.proto import v3, entry\n"
         "assert v3.read_response_at is v3.read_response_at_py\n"
         "assert entry.DigestManager(1, entry.DigestType.CRC32C, b'p')._decode_c is None\n"
+        "assert v3fast.encode_read is v3fast.encode_read_py\n"
+        "assert v3fast.encode_read_ok is v3fast.encode_read_ok_py\n"
+        "assert server_codec.decode_read_v3 is server_codec.decode_read_v3_py\n"
     )
     env = {**os.environ, speedups.PURE_PYTHON_ENV: "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
