@@ -38,6 +38,7 @@ from quorumlog.errors import (
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
 )
+from quorumlog.proto._fastinit import fast_init
 
 # Bookies remembered as "recently failed" at most this long (read ordering puts them last meanwhile).
 RECENT_FAILURE_WINDOW_S_DEFAULT = 60.0
@@ -48,6 +49,7 @@ READ_RANGE_ENTRIES_MAX = 100_000
 # --- reading one entry -------------------------------------------------------------------------------------
 
 
+@fast_init  # built for every entry read: the frozen dataclass's own __init__ costs more than the rest
 @dataclass(frozen=True, slots=True)
 class SendRead:
     entry_id: int
@@ -55,6 +57,7 @@ class SendRead:
     speculative: bool = False  # sent because the previous replica was slow, not because it failed
 
 
+@fast_init  # built for every entry read: the frozen dataclass's own __init__ costs more than the rest
 @dataclass(frozen=True, slots=True)
 class ReadDone:
     entry_id: int
@@ -62,6 +65,7 @@ class ReadDone:
     data: Any
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadFailed:
     entry_id: int
