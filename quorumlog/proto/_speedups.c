@@ -39,13 +39,14 @@ static PyObject *encode_entry_fallback = NULL;
 static PyObject *encode_add_head_fallback = NULL;
 static PyObject *encode_add_head_v2_fallback = NULL;
 
-/* A varint as the client's AddResponse pattern takes it: up to 8 bytes with the high bit set, then one
- * without (a zero last byte allowed). Returns its length, 0 if `p[0:avail]` does not start with one. */
+/* A varint of at most `max_bytes` bytes, the high bit set on all but the last (a zero last byte allowed): the
+ * `[\x80-\xff]{0,k}[\x00-\x7f]` groups of the Python patterns. Returns its length, 0 if `p[0:avail]` does not
+ * start with one. */
 static Py_ssize_t
-varint_loose(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
+varint_upto(const unsigned char *p, Py_ssize_t avail, Py_ssize_t max_bytes, uint64_t *value)
 {
     uint64_t v = 0;
-    for (Py_ssize_t i = 0; i < 9 && i < avail; i++) {
+    for (Py_ssize_t i = 0; i < max_bytes && i < avail; i++) {
         v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
         if (p[i] < 0x80) {
             *value = v;
@@ -53,6 +54,14 @@ varint_loose(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
         }
     }
     return 0;
+}
+
+/* A varint as the client's AddResponse pattern takes it: up to 8 bytes with the high bit set, then one
+ * without (a zero last byte allowed). */
+static Py_ssize_t
+varint_loose(const unsigned char *p, Py_ssize_t avail, uint64_t *value)
+{
+    return varint_upto(p, avail, 9, value);
 }
 
 /* A canonical varint of a value below 2**63 (the bookie's pattern): one byte below 0x80, or 1 to 8 bytes
@@ -1222,22 +1231,6 @@ slotted_new(slotted_t *s, PyObject *const *values)
 static slotted_t read_response_type;
 static PyObject *read_statuses[128];
 static PyObject *read_response_fallback = NULL;
-
-/* A varint of at most `max_bytes` bytes, high bit set on all but the last (a zero last byte allowed): the
- * `[\x80-\xff]{0,k}[\x00-\x7f]` groups of v3._READ_OK_HEAD. Returns its length, 0 if there is none. */
-static Py_ssize_t
-varint_upto(const unsigned char *p, Py_ssize_t avail, Py_ssize_t max_bytes, uint64_t *value)
-{
-    uint64_t v = 0;
-    for (Py_ssize_t i = 0; i < max_bytes && i < avail; i++) {
-        v |= (uint64_t)(p[i] & 0x7F) << (7 * i);
-        if (p[i] < 0x80) {
-            *value = v;
-            return i + 1;
-        }
-    }
-    return 0;
-}
 
 static const unsigned char READ_OK_HEADER[] = {0x08, 0x03, 0x10, 0x01, 0x18};
 

@@ -90,8 +90,12 @@ def install_encode_add_fallback(fn: Callable[..., bytes]) -> None:
 
 
 def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields C fills, in `__init__` order. C sets the slots and calls no `__init__`: a class whose
+    `__init__` does more (a `__post_init__`) cannot be built that way."""
     import dataclasses
 
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} has a __post_init__, which the compiled builder would skip")
     return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
 
 
@@ -99,14 +103,16 @@ def install_read_response(cls: type, statuses: dict[int, Any], fallback: Callabl
     """Give the compiled `read_response_at` the class it builds (a frozen slotted dataclass: C fills its slots
     as its `__init__` would), the status member of each wire value, and its Python twin (for bounds outside
     the buffer)."""
+    names = _field_names(cls)
     if _module is not None:
-        _module.set_read_response(cls, _field_names(cls), statuses, fallback)
+        _module.set_read_response(cls, names, statuses, fallback)
 
 
 def install_entry_type(cls: type) -> None:
     """Give the compiled `decode_entry_crc32c` the class it builds (as `install_read_response`)."""
+    names = _field_names(cls)
     if _module is not None:
-        _module.set_entry_type(cls, _field_names(cls))
+        _module.set_entry_type(cls, names)
 
 
 def install_read_fallbacks(encode_read: Callable[..., bytes], encode_read_ok: Callable[..., bytes]) -> None:

@@ -844,6 +844,22 @@ def test_decode_entry_crc32c_leaves_every_damaged_or_foreign_body_to_python() ->
         speedups.decode_entry_crc32c(body)  # type: ignore[misc]
 
 
+def test_a_class_with_a_post_init_is_never_built_from_c() -> None:
+    # C fills a ReadResponse's or an Entry's slots without calling __init__: a __post_init__ would be skipped.
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        value: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        speedups.install_entry_type(Checked)
+    assert not hasattr(ReadResponse, "__post_init__") and not hasattr(entry.Entry, "__post_init__")
+
+
 def test_pure_python_env_turns_the_compiled_code_off() -> None:
     code = (
         "from quorumlog.proto import speedups, v3fast, server_codec, codec\n"
