@@ -1396,23 +1396,6 @@ set_read_response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 /* Set once by entry.py (`set_entry_type`): the Entry class decode_entry_crc32c builds, and its fields. */
 static slotted_t entry_type;
 
-/* A Python int as a C int64: 1, or 0 if it is not an int in that range (no exception left set). */
-static int
-as_int64(PyObject *o, int64_t *out)
-{
-    if (!PyLong_Check(o)) {
-        return 0;
-    }
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = (int64_t)v;
-    return 1;
-}
-
 /* decode_entry_crc32c(body, ledger_id, entry_id=None) -> Entry or None: a CRC32C entry body verified and
  * split, as entry.DigestManager.decode_entry does it, when everything checks out (the ids match, the digest
  * is right); None for anything else, and that function's Python path then raises the precise error. */
@@ -1429,9 +1412,13 @@ decode_entry_crc32c(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "decode_entry_crc32c: set_entry_type was not called");
         return NULL;
     }
-    int check_eid = nargs == 3 && args[2] != Py_None;
-    if (!as_int64(args[1], &want_lid) || (check_eid && !as_int64(args[2], &want_eid))) {
-        Py_RETURN_NONE;
+    int check_eid = nargs == 3 && args[2] != Py_None, ok = 1;
+    want_lid = int64_arg(args[1], &ok);
+    if (check_eid) {
+        want_eid = int64_arg(args[2], &ok);
+    }
+    if (!ok) {
+        Py_RETURN_NONE; /* not an exact int64: the Python path decides */
     }
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
@@ -1511,7 +1498,10 @@ encode_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return PyObject_Vectorcall(encode_read_fallback, args, 3, NULL);
         }
     }
-    if (!PyLong_Check(args[2]) || !as_int64(args[0], &lid) || !as_int64(args[1], &eid)) {
+    int ok = PyLong_Check(args[2]);
+    lid = int64_arg(args[0], &ok);
+    eid = int64_arg(args[1], &ok);
+    if (!ok) {
         return PyObject_Vectorcall(encode_read_fallback, args, 3, NULL);
     }
     unsigned char t[10], l[10], e[10];
@@ -1628,8 +1618,10 @@ encode_read_ok(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *txn = args[0], *ledger = args[1], *entry = args[2], *body = args[3];
-    if (!PyBytes_CheckExact(txn) || !PyBytes_CheckExact(ledger) || !PyBytes_CheckExact(entry) ||
-        !PyBytes_CheckExact(body) || !as_int64(args[4], &lac) || 5 + PyBytes_GET_SIZE(txn) >= 0x80) {
+    int ok = 1;
+    lac = int64_arg(args[4], &ok);
+    if (!ok || !PyBytes_CheckExact(txn) || !PyBytes_CheckExact(ledger) || !PyBytes_CheckExact(entry) ||
+        !PyBytes_CheckExact(body) || 5 + PyBytes_GET_SIZE(txn) >= 0x80) {
         return PyObject_Vectorcall(encode_read_ok_fallback, args, 5, NULL);
     }
     Py_ssize_t tn = PyBytes_GET_SIZE(txn), ln = PyBytes_GET_SIZE(ledger), en = PyBytes_GET_SIZE(entry);
