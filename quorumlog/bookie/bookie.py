@@ -56,6 +56,7 @@ from quorumlog.bookie.storage import LedgerStorage, flush_threshold
 from quorumlog.env import Env, cancel_and_wait, default_env
 from quorumlog.errors import CookieError
 from quorumlog.proto import messages as m
+from quorumlog.proto import speedups
 from quorumlog.proto.server_codec import FastAdd
 from quorumlog.proto.status import StatusCode
 from quorumlog.security.auth import AUTH_DISABLED_PLUGIN
@@ -69,6 +70,10 @@ _IDS = struct.Struct(">qq")
 Reply = Callable[[Any], None]
 # The fields of a `FastAdd` the add path reads for every add, as C-level getters.
 _ids_of, _entry_of = itemgetter(0, 1), itemgetter(3)
+# The write cache's (ledger, entry) keys, untracked by the cyclic GC as they are made: they live until a
+# checkpoint's index commit, and every young collection walked them (proto/_speedups.c, `untrack_tuples`).
+# Without the extension the GC untracks them itself, at its first collection.
+_untrack_tuples = speedups.untrack_tuples
 
 
 def encode_availability(entry_ids: list[int]) -> bytes:
@@ -516,7 +521,10 @@ class Bookie:
             journal.append_records(
                 records, record_bytes, _partial(self._adds_durable, sink, accepted, nbytes, tag)
             )
-            storage.put_many(list(map(_ids_of, accepted)), records, record_bytes)
+            ids = list(map(_ids_of, accepted))
+            if _untrack_tuples is not None:
+                _untrack_tuples(ids)
+            storage.put_many(ids, records, record_bytes)
             advanced = book.record_batch(accepted)
             if self._watchers:
                 for lid in advanced:

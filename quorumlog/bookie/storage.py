@@ -89,10 +89,13 @@ class _Unindexed:
     saved the few reads that come here, and the packed index keys are not in that order when an id is
     negative."""
 
-    # Sorted; `keys` (the index keys, `_IDS`) and `values` (the locations) are in the same order.
-    ids: list[tuple[int, int]]
-    keys: list[bytes]
-    values: list[bytes]
+    # Sorted; `keys` (the index keys, `_IDS`) and `values` (the locations) are in the same order. Tuples, not
+    # lists: they hold only ints and bytes, so the cyclic GC stops tracking them at the first collection that
+    # sees them, where each list of a checkpoint's ~15,000 items was walked again by every young collection
+    # until the index commit (docs/PERFORMANCE.md, "Session 24").
+    ids: tuple[tuple[int, int], ...]
+    keys: tuple[bytes, ...]
+    values: tuple[bytes, ...]
     states: dict[int, bytes]
     checkpoint: JournalPosition | None
 
@@ -347,7 +350,7 @@ class LedgerStorage:
             self.usage.add(written.log_id, _bytes_per_ledger(keys, written.offsets))  # one log
         if keys or not self._unindexed:
             self._unindexed.append(
-                _Unindexed(keys, list(starmap(_IDS.pack, keys)), locations, states, checkpoint)
+                _Unindexed(tuple(keys), tuple(starmap(_IDS.pack, keys)), tuple(locations), states, checkpoint)
             )
         else:
             # Nothing new (a periodic checkpoint, again while commits fail): no batch more, the last one's

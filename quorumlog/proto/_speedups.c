@@ -16,6 +16,9 @@
  *                                                 entry.DigestManager.encode_entry with a CRC32C digest
  *   encode_add_oks(adds) -> bytes or None      server_codec.encode_add_oks (None: the Python one decides)
  *   add_records(bodies) -> [(header, body)]     journal.add_record_headers zipped with the bodies
+ *                                                 (tuples the cyclic GC does not track: see untrack_tuples)
+ *   untrack_tuples(items)                         nothing in Python: what the cyclic GC does to these
+ *                                                 tuples at its first collection, done at once
  *   deliver_add_oks(data, single, conn, batch_ends, report, pos=0) -> pos
  *                                                 the writer's connection reading its EOK answers
  *                                                 (bookie_client._Connection.data_received)
@@ -756,9 +759,45 @@ add_records(PyObject *self, PyObject *bodies)
             Py_DECREF(out);
             return NULL;
         }
+        PyObject_GC_UnTrack(record); /* two bytes objects: no cycle can go through it (untrack_tuples) */
         PyList_SET_ITEM(out, i, record);
     }
     return out;
+}
+
+/* Stop the cyclic GC tracking each tuple of the list `items` that holds no object it tracks (ints, bytes,
+ * untracked tuples): it can never be part of a cycle. The GC untracks such tuples itself, but only once a
+ * collection has walked them. A bookie's write cache keeps a (ledger, entry) key and a (header, body) record
+ * per entry until the next checkpoint, and the index commit keeps the keys for up to
+ * `index_commit_checkpoints` checkpoints: tens of thousands of tuples, which every young collection walked
+ * (12 ms each, one or two a second at 110k adds/s; docs/PERFORMANCE.md, "Session 24"). Anything else in the
+ * list is left as it is. */
+static PyObject *
+untrack_tuples(PyObject *self, PyObject *items)
+{
+    if (!PyList_CheckExact(items)) {
+        PyErr_SetString(PyExc_TypeError, "untrack_tuples: expected a list");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(t) || !PyObject_GC_IsTracked(t)) {
+            continue;
+        }
+        Py_ssize_t n = PyTuple_GET_SIZE(t);
+        Py_ssize_t j = 0;
+        for (; j < n; j++) {
+            PyObject *item = PyTuple_GET_ITEM(t, j);
+            if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
+                break;
+            }
+        }
+        if (j == n) {
+            PyObject_GC_UnTrack(t);
+        }
+    }
+    Py_RETURN_NONE;
 }
 
 /* --- the client: AddRequest frames ---------------------------------------------------------------------- */
@@ -1704,6 +1743,7 @@ static PyMethodDef methods[] = {
      "Deliver the v2 EOK ADD answers at data[pos:] to their writers' waiters; return where it stopped."},
     {"encode_add_oks", encode_add_oks, METH_O, "The EOK answers to a batch of FastAdds, joined (or None)."},
     {"add_records", add_records, METH_O, "(ADD record header, body) per entry body (or None)."},
+    {"untrack_tuples", untrack_tuples, METH_O, "Untrack the list's tuples that hold nothing the GC tracks."},
     {"scan_adds_v3", (PyCFunction)(void (*)(void))scan_adds_v3, METH_FASTCALL,
      "Append the FastAdd of each whole canonical v3 add frame from pos on; return where they end."},
     {"scan_adds_v2", (PyCFunction)(void (*)(void))scan_adds_v2, METH_FASTCALL,

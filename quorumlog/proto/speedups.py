@@ -69,6 +69,7 @@ deliver_add_oks: Callable[..., int] | None = _module.deliver_add_oks if _module 
 deliver_v2_add_oks: Callable[..., int] | None = _module.deliver_v2_add_oks if _module else None
 encode_add_oks: Callable[..., bytes | None] | None = _module.encode_add_oks if _module else None
 add_records: Callable[..., list[tuple[bytes, bytes]] | None] | None = _module.add_records if _module else None
+untrack_tuples: Callable[[list[Any]], None] | None = _module.untrack_tuples if _module else None
 scan_adds_v3: Callable[..., int] | None = _module.scan_adds_v3 if _module else None
 scan_adds_v2: Callable[..., int] | None = _module.scan_adds_v2 if _module else None
 decode_add_v3: Callable[..., Any] | None = _module.decode_add_v3 if _module else None

@@ -5,6 +5,7 @@ rules"). Each test sends its requests in one write, so the bookie reads them in 
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 from typing import Any
@@ -18,7 +19,7 @@ from quorumlog.bookie.server import BookieConnection, BookieServer
 from quorumlog.bookie.service import BookieService
 from quorumlog.env import OsDisk, OsEnv
 from quorumlog.proto import messages as m
-from quorumlog.proto import v3
+from quorumlog.proto import speedups, v3
 from quorumlog.proto.codec import ClientConnection, ServerConnection
 from quorumlog.proto.status import StatusCode
 from tests.bookie.conftest import SMALL, StartBookie
@@ -128,6 +129,31 @@ async def test_a_batch_larger_than_the_write_cache_waits_for_a_checkpoint(
         assert (r.status, r.body) == (OK, entry(3, e, p))
     conn = _connection(svc)
     assert (conn._pending, conn._pending_bytes, conn._add_bytes) == (0, 0, {})
+    await c.close()
+
+
+@pytest.mark.skipif(not speedups.AVAILABLE, reason="the compiled codec (_speedups) is not built here")
+@pytest.mark.parametrize("version", [V2, V3])
+async def test_what_waits_for_a_checkpoint_or_the_index_commit_is_not_walked_by_the_gc(
+    start_bookie: StartBookie, version: m.ProtocolVersion
+) -> None:
+    """The write cache's keys and records, and the locations that wait for the index commit, hold only ints
+    and bytes: the cyclic GC does not track them, where every young collection walked tens of thousands of
+    them (docs/PERFORMANCE.md, "Session 24")."""
+    svc = await start_bookie(index_commit_checkpoints=4)
+    assert svc.bookie is not None
+    storage = svc.bookie.storage
+    c = await RawClient.connect(*svc.address, version)
+    answers = await asyncio.gather(*c.send_many([_add(8, e) for e in range(50)]))
+    assert [a.status for a in answers] == [OK] * 50
+    cached = storage.active.entries
+    assert len(cached) == 50
+    assert not any(gc.is_tracked(k) or gc.is_tracked(v) for k, v in cached.items())
+    await svc.bookie.checkpoint()
+    (waiting,) = storage._unindexed
+    gc.collect(0)  # (the GC untracks a tuple of untracked items at the first collection that sees it)
+    assert len(waiting.ids) == 50
+    assert not any(gc.is_tracked(x) for x in (waiting.ids, waiting.keys, waiting.values))
     await c.close()
 
 

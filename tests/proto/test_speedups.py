@@ -535,6 +535,43 @@ def test_add_records_are_the_python_records(bodies: list[bytes]) -> None:
     )
 
 
+def _tuple(*items: Any) -> tuple[Any, ...]:
+    """A tuple made at run time (a literal one is a constant the GC never tracked)."""
+    return tuple(list(items))
+
+
+@needs_c
+def test_untrack_tuples_untracks_the_tuples_that_hold_nothing_the_gc_tracks() -> None:
+    import gc
+
+    pair, record = _tuple(int("5"), int("7")), _tuple(b"head", os.urandom(8))
+    holds_list, holds_pair = _tuple([], 1), _tuple(b"x", pair)
+    holds_tracked = _tuple(1, _tuple(2, []))
+    items: list[Any] = [holds_pair, pair, record, holds_list, holds_tracked, [3], _tuple()]
+    assert all(gc.is_tracked(x) for x in items[:6])
+    speedups._module.untrack_tuples(items)
+    # Left tracked: a tuple holding a list, or a tuple that holds one (a pair still tracked when it was
+    # looked at, too); and anything not a tuple.
+    assert [gc.is_tracked(x) for x in items[:6]] == [True, False, False, True, True, True]
+    speedups._module.untrack_tuples([holds_pair])  # its pair is untracked now: it goes too
+    assert not gc.is_tracked(holds_pair)
+    with pytest.raises(TypeError):
+        speedups._module.untrack_tuples((pair,))
+    # A cycle through a tuple left tracked is still collected.
+    loop: list[Any] = []
+    loop.append(_tuple(loop, 1))
+    speedups._module.untrack_tuples(loop)
+    assert gc.is_tracked(loop[0])
+
+
+@needs_c
+def test_add_records_are_not_tracked_by_the_gc() -> None:
+    import gc
+
+    records = speedups._module.add_records([os.urandom(10), b""])
+    assert gc.is_tracked(records) and not any(gc.is_tracked(r) for r in records)
+
+
 # --- the writer's connection delivering its EOK answers -----------------------------------------------------
 
 
