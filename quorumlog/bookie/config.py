@@ -63,7 +63,7 @@ class BookieConfig:
     read_cache_bytes: int = setting(16 << 20, "read-ahead cache size", 0, 64 << 30)
     entry_log_size_bytes: int = setting(1 << 30, "entry log size before rolling", 1 << 20, 64 << 30)
     flush_entrylog_bytes: int = setting(
-        256 << 10,  # entrylog.FLUSH_CHUNK_BYTES (measured there); not imported, to keep settings light
+        1 << 20,  # entrylog.FLUSH_CHUNK_BYTES (measured there); not imported, to keep settings light
         "a checkpoint syncs the entry log every this many bytes, so the journal's syncs on the same disk "
         "do not wait behind one long flush; raise it when the journal has a disk of its own "
         "(BookKeeper's flushEntrylogBytes)",
