@@ -765,8 +765,8 @@ add_records(PyObject *self, PyObject *bodies)
     return out;
 }
 
-/* Stop the cyclic GC tracking each tuple of the list `items` that holds no object it tracks (ints, bytes,
- * untracked tuples): it can never be part of a cycle. The GC untracks such tuples itself, but only once a
+/* Stop the cyclic GC tracking each tuple of the list `items` that holds no container but untracked tuples
+ * (ints, bytes, strings, ...): it can never be part of a cycle. The GC untracks such tuples itself, but only once a
  * collection has walked them. A bookie's write cache keeps a (ledger, entry) key and a (header, body) record
  * per entry until the next checkpoint, and the index commit keeps the keys for up to
  * `index_commit_checkpoints` checkpoints: tens of thousands of tuples, which every young collection walked
@@ -789,7 +789,10 @@ untrack_tuples(PyObject *self, PyObject *items)
         Py_ssize_t j = 0;
         for (; j < n; j++) {
             PyObject *item = PyTuple_GET_ITEM(t, j);
-            if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) {
+            /* CPython's own rule (_PyTuple_MaybeUntrack): only a tuple is judged by whether it is tracked
+             * now; any other container may become tracked later (an empty dict is untracked until it gets
+             * one), so a tuple holding one stays tracked. */
+            if (PyObject_IS_GC(item) && (!PyTuple_CheckExact(item) || PyObject_GC_IsTracked(item))) {
                 break;
             }
         }

@@ -547,12 +547,15 @@ def test_untrack_tuples_untracks_the_tuples_that_hold_nothing_the_gc_tracks() ->
     pair, record = _tuple(int("5"), int("7")), _tuple(b"head", os.urandom(8))
     holds_list, holds_pair = _tuple([], 1), _tuple(b"x", pair)
     holds_tracked = _tuple(1, _tuple(2, []))
-    items: list[Any] = [holds_pair, pair, record, holds_list, holds_tracked, [3], _tuple()]
-    assert all(gc.is_tracked(x) for x in items[:6])
+    empty: dict[str, Any] = {}
+    holds_dict = _tuple(empty, 1)  # an empty dict is untracked until it holds a container: may be later
+    assert not gc.is_tracked(empty)
+    items: list[Any] = [holds_pair, pair, record, holds_list, holds_tracked, holds_dict, [3], _tuple()]
+    assert all(gc.is_tracked(x) for x in items[:7])
     speedups._module.untrack_tuples(items)
-    # Left tracked: a tuple holding a list, or a tuple that holds one (a pair still tracked when it was
-    # looked at, too); and anything not a tuple.
-    assert [gc.is_tracked(x) for x in items[:6]] == [True, False, False, True, True, True]
+    # Left tracked: a tuple holding a list or a dict, or a tuple that holds one (a pair still tracked when it
+    # was looked at, too); and anything not a tuple.
+    assert [gc.is_tracked(x) for x in items[:7]] == [True, False, False, True, True, True, True]
     speedups._module.untrack_tuples([holds_pair])  # its pair is untracked now: it goes too
     assert not gc.is_tracked(holds_pair)
     with pytest.raises(TypeError):
