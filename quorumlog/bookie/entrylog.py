@@ -55,10 +55,10 @@ _PAGE_BYTES = mmap.PAGESIZE
 # setting `flush_entrylog_bytes`). Three bookies on one disk fill their write caches at the same rate and
 # checkpoint together: with 2 MiB chunks a concurrent 8 KiB fdatasync (a journal's) took p50 3-12 ms and
 # p90 16-31 ms while they wrote 16 MiB each; with 256 KiB, p50 2 ms and p90 8-9 ms, the checkpoint taking
-# 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md, "Session 11"). On today's disks 1 MiB: each chunk costs a
-# pwritev, an fdatasync (~80 us of kernel CPU) and a drop from the page cache, and with 256 KiB chunks a
-# bookie's checkpoint thread took a third of its CPU; 1 MiB saved 5-9 % of the bookies' CPU per entry with
-# the write p99 unchanged or lower, 4 MiB raised the p99 ("Session 24").
+# 0.3-0.35 s instead of 0.19 (docs/PERFORMANCE.md, "Session 11"). On the faster disks since then, 1 MiB: each
+# chunk costs a pwritev, an fdatasync (~80 us of kernel CPU) and a drop from the page cache, and with 256 KiB
+# chunks a bookie's checkpoint thread took a third of its CPU; 1 MiB took 7-11 % off the bookies' CPU per
+# entry (medians) with the write p99 unchanged, and 4 MiB raised the p99 ("Session 24").
 FLUSH_CHUNK_BYTES = 1 << 20
 
 
