@@ -532,7 +532,9 @@ class AddTracker:
     def ack(self, entry_id: int, bookie_id: str) -> bool:
         """Count an ack without completing anything: True if the entry now has its A acks, so that `drain`
         may complete entries. A driver that gets many acks at once (one read of a connection) counts them all
-        and drains once: the same completions, in the same order, as `on_ack` one by one."""
+        and drains once: the same completions, in the same order, as `on_ack` one by one. A write handle's acks
+        are mostly counted by this method's C twin (`_speedups.c`, `fast_ack`: WriteHandle._on_add_answer),
+        which must change with it."""
         pending = self._pending.get(entry_id)
         if pending is None:  # already completed or failed: a late or duplicate answer
             if self.unanswered:

@@ -51,6 +51,7 @@ from quorumlog.client.add_tracker import (
     AddTracker,
     EnsembleChangeNeeded,
     SendAdd,
+    _Pending,
     late_bookies_due,
     same_bookie_drop_verdict,
     take_late_bookies,
@@ -87,6 +88,7 @@ from quorumlog.proto.messages import (
     Response,
     WriteLacRequest,
 )
+from quorumlog.proto.speedups import install_add_answer
 from quorumlog.proto.v2 import encode_add as encode_add_v2
 from quorumlog.proto.v3fast import ADD_HEAD_COMPILED, encode_add, encode_add_head, encode_add_head_v2
 
@@ -519,7 +521,11 @@ class WriteHandle(LedgerHandle):
         """One bookie's answer to one add. An ack is only counted here: the entries it completes complete in
         `_on_add_batch_end`, which the connection calls once the read that brought the ack is delivered
         (bookie_client `_Waiter`) -- once per read, not once per ack. False when that call would find nothing
-        to do, so the connection files none (the first ack of an entry at A = 2)."""
+        to do, so the connection files none (the first ack of an entry at A = 2).
+
+        The compiled deliveries make this method's decision for an ack themselves, without calling it, in the
+        common state (`_speedups.c`, `fast_ack`, registered below); a change here or in `AddTracker.ack` must
+        change it too (tests/client/test_fast_ack.py compares the two)."""
         if self._abandoned is not None:
             return False
         entry_id, _, bookie_id, _ = sent
@@ -1050,3 +1056,7 @@ class WriteHandle(LedgerHandle):
 
 def _ignore_answer(context: object, response: Response | None, error: QuorumLogError | None) -> None:
     """The answer to an explicit LAC: nothing to do either way (a failed one is not worth a warning)."""
+
+
+# The compiled deliveries count acks as `_on_add_answer` does (its docstring).
+install_add_answer(WriteHandle._on_add_answer, WriteHandle, AddTracker, _Pending)

@@ -23,7 +23,9 @@
  *                                                 the writer's connection reading its EOK answers
  *                                                 (bookie_client._Connection.data_received)
  *   deliver_v2_add_oks(data, single, conn, batch_ends, report, pos, op) -> pos
- *                                                 the same over v2 (keys (op, ledgerId, entryId))
+ *                                                 the same over v2 (keys (op, ledgerId, entryId)); both
+ *                                                 count a write handle's acks themselves (fast_ack:
+ *                                                 WriteHandle._on_add_answer, once set_add_answer is called)
  *   read_response_at(data, start, end)            v3.read_response_at_py (a reader's every entry)
  *   decode_entry_crc32c(body, ledger_id, entry_id=None)
  *                                                 entry.DigestManager.decode_entry when all checks out
@@ -33,6 +35,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -235,6 +238,181 @@ report_exception(PyObject *report)
     return 0;
 }
 
+/* --- a writer's ack counted in C (write_handle.WriteHandle._on_add_answer with AddTracker.ack) ----------
+ *
+ * Every ack of every entry reaches the writer as `handle._on_add_answer(sent, None, None)`, and most only
+ * count: set a bit of the pending add and say whether the entry has its A acks now. Two Python calls per
+ * ack; at 10,000 ledgers written round robin twice per entry (docs/PERFORMANCE.md, "Session 25"). When the
+ * waiter's callback is that method of a write handle, `fast_ack` makes the same decision here for the
+ * common state -- the handle not abandoned, the entry pending, in the last ensemble, no bookie awaiting
+ * replacement, the bookie one of the entry's write set -- and hands everything else to the Python method,
+ * which stays the reference (tests/client/test_fast_ack.py compares the two). It reads the objects' slots
+ * by the offsets of their member descriptors, found by name once (`set_add_answer`), and only on objects of
+ * exactly the registered types. */
+
+static PyObject *ack_method = NULL;    /* the function WriteHandle._on_add_answer */
+static PyTypeObject *ack_handle_type = NULL, *ack_tracker_type = NULL, *ack_pending_type = NULL;
+static Py_ssize_t off_abandoned, off_tracker, off_drain_due;
+static Py_ssize_t off_pending, off_last_for, off_ensembles, off_last_start, off_last_list, off_failed,
+    off_write_sets, off_ensemble_size, off_ack_quorum;
+static Py_ssize_t off_acked, off_outstanding;
+
+#define SLOT(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* The offset of slot `name` of `type` (a member descriptor holding an object), -1 with an exception set. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (d == NULL) {
+        return -1;
+    }
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX) {
+        off = ((PyMemberDescrObject *)d)->d_member->offset;
+    } else {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not an object slot", type->tp_name, name);
+    }
+    Py_DECREF(d);
+    return off;
+}
+
+/* A slot's int as a C value >= 0 and < 2**62, or -1 (anything else, no exception left set). */
+static long long
+small_int(PyObject *v)
+{
+    if (v == NULL || !PyLong_CheckExact(v)) {
+        return -1;
+    }
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return overflow || x < 0 || x >= (1LL << 62) ? -1 : x;
+}
+
+/* Replace slot `off` of `obj` with a new int `v`: 0, or -1 with an exception set. */
+static int
+set_int_slot(PyObject *obj, Py_ssize_t off, long long v)
+{
+    PyObject *n = PyLong_FromLongLong(v);
+    if (n == NULL) {
+        return -1;
+    }
+    PyObject *old = SLOT(obj, off);
+    SLOT(obj, off) = n;
+    Py_XDECREF(old);
+    return 0;
+}
+
+/* `handle._on_add_answer(sent, None, None)` for an ack: 1 (True) or 0 (False) as it returns, -2 when the
+ * Python method must decide (nothing changed), -1 with an exception set. */
+static int
+fast_ack(PyObject *handle, PyObject *sent)
+{
+    if (Py_TYPE(handle) != ack_handle_type || SLOT(handle, off_abandoned) != Py_None) {
+        return -2;
+    }
+    PyObject *tracker = SLOT(handle, off_tracker);
+    if (tracker == NULL || Py_TYPE(tracker) != ack_tracker_type || !PyTuple_CheckExact(sent) ||
+        PyTuple_GET_SIZE(sent) != 4) {
+        return -2;
+    }
+    PyObject *eid_obj = PyTuple_GET_ITEM(sent, 0), *bookie = PyTuple_GET_ITEM(sent, 2);
+    PyObject *pending_adds = SLOT(tracker, off_pending);
+    if (pending_adds == NULL || !PyDict_CheckExact(pending_adds)) {
+        return -2;
+    }
+    PyObject *pending = PyDict_GetItemWithError(pending_adds, eid_obj); /* borrowed */
+    if (pending == NULL) {
+        return PyErr_Occurred() ? -1 : -2; /* a late or duplicate answer: the Python method's bookkeeping */
+    }
+    PyObject *ensembles = SLOT(tracker, off_ensembles), *failed = SLOT(tracker, off_failed);
+    PyObject *ensemble = SLOT(tracker, off_last_list), *write_sets = SLOT(tracker, off_write_sets);
+    long long eid = small_int(eid_obj), start = small_int(SLOT(tracker, off_last_start));
+    long long size = small_int(SLOT(tracker, off_ensemble_size)), quorum = small_int(SLOT(tracker, off_ack_quorum));
+    if (Py_TYPE(pending) != ack_pending_type || ensembles == NULL || SLOT(tracker, off_last_for) != ensembles ||
+        eid < 0 || start < 0 || eid < start || size <= 0 || quorum < 0 || ensemble == NULL ||
+        !PyTuple_CheckExact(ensemble) || failed == NULL || !PyAnySet_CheckExact(failed) ||
+        PySet_GET_SIZE(failed) != 0 || write_sets == NULL || !PyTuple_CheckExact(write_sets) ||
+        PyTuple_GET_SIZE(write_sets) != size) {
+        return -2;
+    }
+    /* `ensemble.index(bookie)`: the first equal item, identity first (as list and tuple compare). */
+    Py_ssize_t index = -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ensemble) && index < 0; i++) {
+        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ensemble, i), bookie, Py_EQ);
+        if (eq < 0) {
+            return -1;
+        }
+        if (eq) {
+            index = i;
+        }
+    }
+    PyObject *write_set = PyTuple_GET_ITEM(write_sets, eid % size);
+    if (index < 0 || index >= 62 || !PyTuple_CheckExact(write_set)) {
+        return -2;
+    }
+    int member = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(write_set) && !member; i++) {
+        member = small_int(PyTuple_GET_ITEM(write_set, i)) == index;
+    }
+    long long acked = small_int(SLOT(pending, off_acked)), outstanding = small_int(SLOT(pending, off_outstanding));
+    if (!member || acked < 0 || outstanding < 0) {
+        return -2;
+    }
+    long long bit = 1LL << index;
+    acked |= bit;
+    if (set_int_slot(pending, off_outstanding, outstanding & ~bit) < 0 || set_int_slot(pending, off_acked, acked) < 0) {
+        return -1;
+    }
+    if (__builtin_popcountll((unsigned long long)acked) >= quorum) {
+        PyObject *old = SLOT(handle, off_drain_due);
+        Py_INCREF(Py_True);
+        SLOT(handle, off_drain_due) = Py_True;
+        Py_XDECREF(old);
+        return 1;
+    }
+    PyObject *due = SLOT(handle, off_drain_due);
+    return due == NULL ? -2 : PyObject_IsTrue(due);
+}
+
+/* set_add_answer(method, handle_type, tracker_type, pending_type): register WriteHandle._on_add_answer and
+ * the types whose slots `fast_ack` reads; set_add_answer(None) turns it off. */
+static PyObject *
+set_add_answer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        Py_CLEAR(ack_method);
+        return Py_NewRef(Py_None);
+    }
+    if (nargs != 4 || !PyFunction_Check(args[0]) || !PyType_Check(args[1]) || !PyType_Check(args[2]) ||
+        !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "set_add_answer(method, handle_type, tracker_type, pending_type)");
+        return NULL;
+    }
+    PyTypeObject *h = (PyTypeObject *)args[1], *t = (PyTypeObject *)args[2], *p = (PyTypeObject *)args[3];
+    if ((off_abandoned = slot_offset(h, "_abandoned")) < 0 || (off_tracker = slot_offset(h, "_tracker")) < 0 ||
+        (off_drain_due = slot_offset(h, "_drain_due")) < 0 || (off_pending = slot_offset(t, "_pending")) < 0 ||
+        (off_last_for = slot_offset(t, "_last_for")) < 0 || (off_ensembles = slot_offset(t, "ensembles")) < 0 ||
+        (off_last_start = slot_offset(t, "_last_start")) < 0 || (off_last_list = slot_offset(t, "_last_list")) < 0 ||
+        (off_failed = slot_offset(t, "_failed_bookies")) < 0 ||
+        (off_write_sets = slot_offset(t, "_write_sets")) < 0 ||
+        (off_ensemble_size = slot_offset(t, "_ensemble_size")) < 0 ||
+        (off_ack_quorum = slot_offset(t, "_ack_quorum")) < 0 || (off_acked = slot_offset(p, "acked")) < 0 ||
+        (off_outstanding = slot_offset(p, "outstanding")) < 0) {
+        Py_CLEAR(ack_method);
+        return NULL;
+    }
+    Py_XSETREF(ack_method, Py_NewRef(args[0]));
+    Py_XSETREF(ack_handle_type, (PyTypeObject *)Py_NewRef(h));
+    Py_XSETREF(ack_tracker_type, (PyTypeObject *)Py_NewRef(t));
+    Py_XSETREF(ack_pending_type, (PyTypeObject *)Py_NewRef(p));
+    return Py_NewRef(Py_None);
+}
+
 /* One EOK answer delivered to the writer's waiter filed under `key` in `single`, the (callback, context,
  * batch_end) tuple: taken out, `conn.pending_count` lowered, `callback(context, None, None)` called, then
  * `batch_ends[batch_end] = None` unless the callback returned False (nothing waits for the batch end). An
@@ -264,11 +442,22 @@ deliver_one(PyObject *single, PyObject *key, PyObject *conn, PyObject *batch_end
     Py_DECREF(lowered);
     /* The callback, then its batch end filed: an Exception from either goes to `report` (both are in
      * `_deliver_add_ok`'s try), and skips the rest of this answer. */
-    PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
-    PyObject *result = PyObject_Vectorcall(PyTuple_GET_ITEM(waiter, 0), cargs, 3, NULL);
-    int failed = result == NULL;
-    int wants_end = result != Py_False;
-    Py_XDECREF(result);
+    PyObject *callback = PyTuple_GET_ITEM(waiter, 0);
+    int acked = -2;
+    if (ack_method != NULL && PyMethod_Check(callback) && PyMethod_GET_FUNCTION(callback) == ack_method) {
+        acked = fast_ack(PyMethod_GET_SELF(callback), PyTuple_GET_ITEM(waiter, 1));
+    }
+    int failed, wants_end;
+    if (acked == -2) {
+        PyObject *cargs[3] = {PyTuple_GET_ITEM(waiter, 1), Py_None, Py_None};
+        PyObject *result = PyObject_Vectorcall(callback, cargs, 3, NULL);
+        failed = result == NULL;
+        wants_end = result != Py_False;
+        Py_XDECREF(result);
+    } else {
+        failed = acked == -1;
+        wants_end = acked == 1;
+    }
     if (!failed && wants_end && PyDict_SetItem(batch_ends, PyTuple_GET_ITEM(waiter, 2), Py_None) < 0) {
         failed = 1;
     }
@@ -1744,6 +1933,8 @@ static PyMethodDef methods[] = {
      "Deliver the EOK AddResponses at data[pos:] to their writers' waiters; return where it stopped."},
     {"deliver_v2_add_oks", (PyCFunction)(void (*)(void))deliver_v2_add_oks, METH_FASTCALL,
      "Deliver the v2 EOK ADD answers at data[pos:] to their writers' waiters; return where it stopped."},
+    {"set_add_answer", (PyCFunction)(void (*)(void))set_add_answer, METH_FASTCALL,
+     "Register WriteHandle._on_add_answer and its types for the acks counted in C (or None: off)."},
     {"encode_add_oks", encode_add_oks, METH_O, "The EOK answers to a batch of FastAdds, joined (or None)."},
     {"add_records", add_records, METH_O, "(ADD record header, body) per entry body (or None)."},
     {"untrack_tuples", untrack_tuples, METH_O, "Untrack the list's tuples that hold nothing the GC tracks."},

@@ -27,7 +27,9 @@ Callers pick the compiled function when it is not None; each has its Python twin
   first other frame or waiter; returns where it stopped.
 * `deliver_v2_add_oks(data, single, conn, batch_ends, report, pos, op) -> pos` -- the same over v2: the EOK
   ADD answers (`v2.scan_add_ok`'s frames), each as `bookie_client._Connection._deliver_v2_add_ok` delivers it
-  to a writer's waiter filed under `(op, ledger_id, entry_id)`.
+  to a writer's waiter filed under `(op, ledger_id, entry_id)`. Both count a write handle's acks themselves
+  instead of calling `WriteHandle._on_add_answer`, in the states where that method only counts
+  (`install_add_answer`).
 * `encode_entry_crc32c(ledger_id, entry_id, lac, length, payload)` -- `entry.encode_entry_crc32c_py`, an entry
   body with a CRC32C digest (header, digest, payload), likewise with its Python twin for anything else.
 * `encode_add_head(ledger_id, entry_id, lac, length, payload, master_key, txn_id)` and
@@ -138,3 +140,14 @@ def install_encode_add_head_fallbacks(v3: Callable[..., bytes], v2: Callable[...
     """Give the compiled `encode_add_head` and `encode_add_head_v2` their Python twins."""
     if _module is not None:
         _module.set_encode_add_head_fallbacks(v3, v2)
+
+
+def install_add_answer(method: Callable[..., bool] | None, *types: type) -> None:
+    """Let the compiled deliveries count a writer's acks themselves (`_speedups.c`, `fast_ack`): `method` is
+    `WriteHandle._on_add_answer`, `types` the write handle's, its add tracker's and its pending add's classes,
+    whose slots the C code reads and writes. None turns it off (the Python method then counts every ack)."""
+    if _module is not None:
+        if method is None:
+            _module.set_add_answer(None)
+        else:
+            _module.set_add_answer(method, *types)
