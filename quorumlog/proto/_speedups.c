@@ -312,17 +312,20 @@ set_int_slot(PyObject *obj, Py_ssize_t off, long long v)
 static int
 fast_ack(PyObject *handle, PyObject *sent)
 {
+    /* Only exact ints, strs, tuples, dicts and sets are read, so no Python code runs here (no __eq__,
+     * __hash__ or __bool__ of a subclass) and nothing read can change or go away meanwhile. */
     if (Py_TYPE(handle) != ack_handle_type || SLOT(handle, off_abandoned) != Py_None) {
         return -2;
     }
-    PyObject *tracker = SLOT(handle, off_tracker);
-    if (tracker == NULL || Py_TYPE(tracker) != ack_tracker_type || !PyTuple_CheckExact(sent) ||
-        PyTuple_GET_SIZE(sent) != 4) {
+    PyObject *tracker = SLOT(handle, off_tracker), *due = SLOT(handle, off_drain_due);
+    if (tracker == NULL || Py_TYPE(tracker) != ack_tracker_type || (due != Py_True && due != Py_False) ||
+        !PyTuple_CheckExact(sent) || PyTuple_GET_SIZE(sent) != 4) {
         return -2;
     }
     PyObject *eid_obj = PyTuple_GET_ITEM(sent, 0), *bookie = PyTuple_GET_ITEM(sent, 2);
     PyObject *pending_adds = SLOT(tracker, off_pending);
-    if (pending_adds == NULL || !PyDict_CheckExact(pending_adds)) {
+    long long eid = small_int(eid_obj);
+    if (eid < 0 || !PyUnicode_CheckExact(bookie) || pending_adds == NULL || !PyDict_CheckExact(pending_adds)) {
         return -2;
     }
     PyObject *pending = PyDict_GetItemWithError(pending_adds, eid_obj); /* borrowed */
@@ -331,23 +334,22 @@ fast_ack(PyObject *handle, PyObject *sent)
     }
     PyObject *ensembles = SLOT(tracker, off_ensembles), *failed = SLOT(tracker, off_failed);
     PyObject *ensemble = SLOT(tracker, off_last_list), *write_sets = SLOT(tracker, off_write_sets);
-    long long eid = small_int(eid_obj), start = small_int(SLOT(tracker, off_last_start));
+    long long start = small_int(SLOT(tracker, off_last_start));
     long long size = small_int(SLOT(tracker, off_ensemble_size)), quorum = small_int(SLOT(tracker, off_ack_quorum));
     if (Py_TYPE(pending) != ack_pending_type || ensembles == NULL || SLOT(tracker, off_last_for) != ensembles ||
-        eid < 0 || start < 0 || eid < start || size <= 0 || quorum < 0 || ensemble == NULL ||
-        !PyTuple_CheckExact(ensemble) || failed == NULL || !PyAnySet_CheckExact(failed) ||
-        PySet_GET_SIZE(failed) != 0 || write_sets == NULL || !PyTuple_CheckExact(write_sets) ||
-        PyTuple_GET_SIZE(write_sets) != size) {
+        start < 0 || eid < start || size <= 0 || quorum < 0 || ensemble == NULL || !PyTuple_CheckExact(ensemble) ||
+        failed == NULL || !PyAnySet_CheckExact(failed) || PySet_GET_SIZE(failed) != 0 || write_sets == NULL ||
+        !PyTuple_CheckExact(write_sets) || PyTuple_GET_SIZE(write_sets) != size) {
         return -2;
     }
-    /* `ensemble.index(bookie)`: the first equal item, identity first (as list and tuple compare). */
+    /* `ensemble.index(bookie)`: the first equal item, identity first (as a tuple compares). */
     Py_ssize_t index = -1;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(ensemble) && index < 0; i++) {
-        int eq = PyObject_RichCompareBool(PyTuple_GET_ITEM(ensemble, i), bookie, Py_EQ);
-        if (eq < 0) {
-            return -1;
+        PyObject *item = PyTuple_GET_ITEM(ensemble, i);
+        if (!PyUnicode_CheckExact(item)) {
+            return -2;
         }
-        if (eq) {
+        if (item == bookie || PyUnicode_Compare(item, bookie) == 0) {
             index = i;
         }
     }
@@ -369,14 +371,12 @@ fast_ack(PyObject *handle, PyObject *sent)
         return -1;
     }
     if (__builtin_popcountll((unsigned long long)acked) >= quorum) {
-        PyObject *old = SLOT(handle, off_drain_due);
         Py_INCREF(Py_True);
         SLOT(handle, off_drain_due) = Py_True;
-        Py_XDECREF(old);
+        Py_DECREF(due);
         return 1;
     }
-    PyObject *due = SLOT(handle, off_drain_due);
-    return due == NULL ? -2 : PyObject_IsTrue(due);
+    return due == Py_True;
 }
 
 /* set_add_answer(method, handle_type, tracker_type, pending_type): register WriteHandle._on_add_answer and
