@@ -302,6 +302,15 @@ class JournalCorruptError(BookieIOError):
     retriable = False
 
 
+class IndexCorruptError(BookieIOError):
+    """The bookie's ledger index cannot be used: its file is truncated or damaged, or it holds no checkpoint
+    while the entry logs hold data the journal no longer covers (the index was emptied or replaced). The
+    bookie refuses to start: serving would answer "no such ledger" for entries it acknowledged, and a
+    recovery trusting that answer could truncate a ledger."""
+
+    retriable = False
+
+
 # --- metadata store security --------------------------------------------------------------------------------
 
 

@@ -16,6 +16,8 @@ same index code runs on a real disk and in the simulator (`Disk.open_kv` picks t
 from __future__ import annotations
 
 import bisect
+import os
+import struct
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -109,12 +111,57 @@ class _LmdbTxn(WriteTxn):
         return removed
 
 
+# LMDB's file layout (mdb.c): pages 0 and 1 are meta pages, each a 16-byte page header then `MDB_meta` in the
+# machine's byte order: magic, version, address, map size, two 48-byte `MDB_db`s (the first one's leading
+# u32 is the page size), the last page used, the transaction id.
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_META = struct.Struct("=II8x8xI44x48xQQ")  # at offset 16 of a meta page
+_LMDB_META_AT = 16
+
+
+def lmdb_file_problem(path: str) -> str | None:
+    """What makes the LMDB store in directory `path` unsafe to open, or None. LMDB maps its file and trusts
+    its meta page: a file shorter than the pages the last transaction uses kills the process with SIGBUS at
+    the first read past its end, with no message. An empty or missing file is fine here (LMDB makes a new
+    store); whether an empty store is right is the caller's to judge."""
+    name = os.path.join(path, "data.mdb")
+    try:
+        with open(name, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return None
+            first = f.read(_LMDB_META_AT + _LMDB_META.size)
+            if len(first) < _LMDB_META_AT + _LMDB_META.size:
+                return f"{name} is {size} bytes, too short for LMDB's meta pages (truncated?)"
+            metas = [_LMDB_META.unpack_from(first, _LMDB_META_AT)]
+            page = metas[0][2]
+            if metas[0][0] != _LMDB_MAGIC or page < 512 or page & (page - 1):
+                return f"{name} is not an LMDB file its version of LMDB can read (bad meta page)"
+            if size < 2 * page:
+                return f"{name} is {size} bytes, shorter than LMDB's two meta pages of {page} (truncated?)"
+            f.seek(page)
+            metas.append(_LMDB_META.unpack_from(f.read(_LMDB_META_AT + _LMDB_META.size), _LMDB_META_AT))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read {name}: {exc}"
+    # The meta page LMDB opens with: the newer of the two that are valid.
+    _, _, _, last_page, _ = max((m for m in metas if m[0] == _LMDB_MAGIC), key=lambda m: m[4])
+    needed = (last_page + 1) * page
+    if size < needed:
+        return f"{name} is {size} bytes, but its last transaction uses {needed}: the file was truncated"
+    return None
+
+
 class LmdbKV(KVStore):
     """LMDB, one named database per table; commits are synced (sync and metasync on)."""
 
     def __init__(self, path: str, tables: tuple[str, ...], *, map_size_bytes: int = 16 << 30) -> None:
         import lmdb
 
+        problem = lmdb_file_problem(path)
+        if problem is not None:
+            raise KVError(problem)
         self._lmdb_error = lmdb.Error
         try:
             self._env = lmdb.open(

@@ -54,7 +54,7 @@ from quorumlog.bookie.journal import (
 )
 from quorumlog.bookie.storage import LedgerStorage, flush_threshold
 from quorumlog.env import Env, cancel_and_wait, default_env
-from quorumlog.errors import CookieError
+from quorumlog.errors import CookieError, IndexCorruptError
 from quorumlog.proto import messages as m
 from quorumlog.proto import speedups
 from quorumlog.proto.server_codec import FastAdd
@@ -67,6 +67,12 @@ _I64 = struct.Struct(">q")
 _EOK = StatusCode.EOK
 _AddResponse = m.AddResponse
 _IDS = struct.Struct(">qq")
+# What an operator can do about an index the bookie cannot trust (`IndexCorruptError`).
+_INDEX_REFUSAL = (
+    "the bookie will not start on it (it would answer 'no such ledger' for entries it acknowledged). The entry "
+    "logs are untouched: restore the index directory from the copy that goes with them, or clear this bookie's "
+    "directories and let auto-recovery re-replicate its ledgers from the other bookies"
+)
 Reply = Callable[[Any], None]
 # The fields of a `FastAdd` the add path reads for every add, as C-level getters.
 _ids_of, _entry_of = itemgetter(0, 1), itemgetter(3)
@@ -174,7 +180,10 @@ class Bookie:
                 skip_corrupt=config.journal_skip_corrupt_records,
             )
             self.env.disk.makedirs(config.ledger_dir)
-            self.index = LedgerIndex.on_disk(self.env.disk, os.path.join(config.ledger_dir, "index"))
+            try:
+                self.index = LedgerIndex.on_disk(self.env.disk, os.path.join(config.ledger_dir, "index"))
+            except IndexError_ as exc:
+                raise IndexCorruptError(f"{exc}; {_INDEX_REFUSAL}") from exc
             self.storage = LedgerStorage(
                 EntryLogs(
                     self.env,
@@ -244,6 +253,7 @@ class Bookie:
         """Replay the journal from the last checkpoint, checkpoint the result, start the journal thread."""
         self._loop = asyncio.get_running_loop()
         checkpoint = self.index.checkpoint()
+        self._check_index_matches_journal(checkpoint)
         replayed = await self.env.run_blocking(self._replay, checkpoint)
         self.journal.start(self._loop)
         # Everything replayed is now in the write cache: make it durable in the ledger storage and let the
@@ -260,6 +270,31 @@ class Bookie:
         self._started = True
         log.info("bookie storage ready: replayed %d journal records since %s", replayed, checkpoint)
         self._periodic = self.env.spawn(self._checkpoint_every(), name="bookie-checkpoint-timer")
+
+    def _check_index_matches_journal(self, checkpoint: JournalPosition | None) -> None:
+        """Refuse to start on an index that lost what the journal no longer holds (`IndexCorruptError`).
+
+        The journal's files are released only once an index commit covers them, so the first one kept is file
+        1 until the first checkpoint, and never after the checkpoint's file. An index with no checkpoint
+        while entry logs hold data and file 1 is gone, or with a checkpoint in a file already released, was
+        emptied, replaced or restored from an older copy: the locations of entries this bookie acknowledged
+        are in neither, and it would answer "no such ledger" for them."""
+        first = self.journal.first_seq()
+        logs = self.storage.entry_logs
+        if checkpoint is None:
+            written = [i for i in logs.log_ids() if logs.size(i) > 0]
+            if written and first != 1:
+                raise IndexCorruptError(
+                    f"the ledger index in {self.config.ledger_dir} holds no checkpoint, but entry logs "
+                    f"{written[:5]}{'...' if len(written) > 5 else ''} hold data and the journal files before "
+                    f"{first} were released: the index was emptied or replaced; {_INDEX_REFUSAL}"
+                )
+        elif first is not None and first > checkpoint.seq:
+            raise IndexCorruptError(
+                f"the ledger index in {self.config.ledger_dir} was last committed at journal file "
+                f"{checkpoint.seq}, which is released (the first kept is {first}): the index is older than the "
+                f"journal (restored from an old copy?); {_INDEX_REFUSAL}"
+            )
 
     def _replay(self, checkpoint: JournalPosition | None) -> int:
         """Re-apply journal records to the write cache and ledger book (startup, off the loop: nothing else

@@ -321,6 +321,13 @@ class Journal:
     def _path(self, seq: int) -> str:
         return os.path.join(self.directory, _file_name(seq))
 
+    def first_seq(self) -> int | None:
+        """The smallest sequence number of the journal files on disk (None: there are none). 1 while no
+        checkpoint has released a file; never above the last checkpoint's file, which is kept until a later
+        checkpoint (`release_before`)."""
+        seqs = [_parse_file_name(name) for name in self.env.disk.listdir(self.directory)]
+        return min((seq for seq in seqs if seq is not None), default=None)
+
     def replay(self, start: JournalPosition | None) -> Iterator[ReplayedRecord]:
         """Yield every valid record from `start` to the end, then seal the tail so new writes start clean.
 
