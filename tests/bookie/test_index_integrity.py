@@ -46,6 +46,15 @@ def _index_file(data_dir: str) -> str:
     return os.path.join(data_dir, "ledgers", "index", "data.mdb")
 
 
+def _truncate_index(data_dir: str, size: int) -> None:
+    os.truncate(_index_file(data_dir), size)
+
+
+def _entry_log_bytes(data_dir: str) -> int:
+    logs = os.path.join(data_dir, "ledgers", "entrylogs")
+    return sum(os.path.getsize(os.path.join(logs, n)) for n in os.listdir(logs))
+
+
 def _refused(proc: BookieProcess) -> str:
     """Start `proc`, which must refuse: its exit status is 1 (an error it explains, not a signal) and its
     stderr says why."""
@@ -89,8 +98,7 @@ async def test_the_same_history_restarts_and_serves_everything(tmp_path: str) ->
 async def test_an_emptied_index_is_refused_once_the_journal_moved_on(tmp_path: str) -> None:
     port = free_port()
     proc, _ = await _history(str(tmp_path), port)
-    with open(_index_file(str(tmp_path)), "r+b") as f:
-        f.truncate(0)
+    _truncate_index(str(tmp_path), 0)
     log = _refused(proc)
     assert "will not start on it" in log and "holds no checkpoint" in log, log[-2000:]
 
@@ -98,8 +106,7 @@ async def test_an_emptied_index_is_refused_once_the_journal_moved_on(tmp_path: s
 async def test_a_truncated_index_is_refused_with_a_message_not_a_signal(tmp_path: str) -> None:
     port = free_port()
     proc, _ = await _history(str(tmp_path), port)
-    with open(_index_file(str(tmp_path)), "r+b") as f:
-        f.truncate(10_000)
+    _truncate_index(str(tmp_path), 10_000)
     log = _refused(proc)
     assert "will not start on it" in log and "truncated" in log, log[-2000:]
 
@@ -138,10 +145,8 @@ async def test_an_emptied_index_is_rebuilt_while_the_journal_holds_everything(tm
         bodies = await _add(port, 900, 600)  # 2.4 MB through a 1 MiB cache: checkpoints ran
     finally:
         proc.kill()
-    logs = os.path.join(data_dir, "ledgers", "entrylogs")
-    assert any(os.path.getsize(os.path.join(logs, n)) for n in os.listdir(logs))
-    with open(_index_file(data_dir), "r+b") as f:
-        f.truncate(0)
+    assert _entry_log_bytes(data_dir) > 0
+    _truncate_index(data_dir, 0)
     proc.start()
     try:
         await _read(port, 900, bodies)
