@@ -644,8 +644,11 @@ class BookieConnection(asyncio.Protocol):
 
     @property
     def idle(self) -> bool:
-        """Nothing in flight (a parked long poll is in flight) and nothing half-sent."""
-        return self._pending == 0 and self.codec.buffered_bytes == 0
+        """Nothing in flight (a parked long poll is in flight). Half a frame received counts as idle: the
+        reaper closes a connection idle *and* silent for the timeout, and a peer that stopped sending in the
+        middle of a frame would otherwise hold its connection slot and the frame's buffer (up to
+        `max_frame_bytes`) for ever."""
+        return self._pending == 0
 
 
 def _op_name(req: Any) -> str:

@@ -275,6 +275,55 @@ async def test_connections_per_address_and_idle_connections_are_bounded(start_bo
         await c.close()
 
 
+def _framed(c: RawClient, req: Any) -> tuple[bytes, asyncio.Future[Any]]:
+    """The bytes `c` would send for `req`, not sent, and the future of its answer."""
+    real, frames = c.transport, []
+
+    class _Collect:
+        def write(self, data: bytes) -> None:
+            frames.append(data)
+
+    c.transport = _Collect()  # type: ignore[assignment]
+    try:
+        fut = c.send(req)
+    finally:
+        c.transport = real
+    return b"".join(frames), fut
+
+
+async def test_a_peer_stalled_in_the_middle_of_a_frame_is_closed_as_idle(start_bookie: StartBookie) -> None:
+    """Half a frame, then silence: the connection's slot and the frame's buffer go back after the idle
+    timeout, as a silent connection's do. A peer still sending its frame is never cut."""
+    svc = await start_bookie(max_connections_per_address=3, idle_connection_timeout_s=1.0)
+    server = svc.server
+    assert server is not None
+    req = m.AddRequest(5, 0, KEY, entry(5, 0, b"y" * 300_000))
+    stalled = [await RawClient.connect(*svc.address) for _ in range(2)]
+    unanswered = []
+    for c in stalled:
+        frame, fut = _framed(c, req)
+        unanswered.append(fut)
+        c.write_raw(frame[: len(frame) // 2])  # the length prefix and half the body
+    await _until(lambda: sum(c.codec.buffered_bytes > 0 for c in server.connections) == 2, "both half-read")
+    for c in stalled:
+        await asyncio.wait_for(c.closed.wait(), 30)  # closed by the bookie
+    assert all(isinstance(f.exception(), ConnectionError) for f in unanswered)
+    assert server.idle_closed >= 2
+    # A slow sender that keeps sending is not idle, however long its frame takes: 2.5 idle timeouts here.
+    slow = await RawClient.connect(*svc.address)
+    frame, answer = _framed(slow, req)
+    loop = asyncio.get_running_loop()
+    deadline, sent = loop.time() + 2.5, 0
+    while loop.time() < deadline and sent < len(frame) - 1000:
+        slow.write_raw(frame[sent : sent + 1000])
+        sent += 1000
+        await asyncio.sleep(0.1)  # (the pace of a slow peer, not a wait for an event)
+    assert not slow.closed.is_set()
+    slow.write_raw(frame[sent:])
+    assert (await asyncio.wait_for(answer, 30)).status == StatusCode.EOK
+    await slow.close()
+
+
 async def test_unanswered_add_bytes_per_connection_pause_reading(start_bookie: StartBookie) -> None:
     """A peer that pipelines adds faster than they are synced stops being read once it has
     max_pending_bytes_per_connection unanswered; everything sent is still answered."""
