@@ -203,6 +203,15 @@ def check_fields(obj: Any, table: SettingsTable, source: str) -> None:
         check_value(s, getattr(obj, s.name), source)
 
 
+def check_listen_address(name: str, value: str) -> None:
+    """`ConfigError` unless `value` names an address to listen on. An empty string binds every interface (and
+    made a bookie's id `:port`): a server that listens beyond loopback must say so, as `0.0.0.0` or `::`."""
+    if not value or value != value.strip() or any(c.isspace() for c in value):
+        raise ConfigError(
+            f"{name}={value!r}: not an address to listen on (use 0.0.0.0 or :: to listen on every interface)"
+        )
+
+
 def read_toml(path: str) -> dict[str, Any]:
     """A TOML file's contents; unreadable or malformed files raise `ConfigError` naming the file."""
     try:
@@ -210,7 +219,7 @@ def read_toml(path: str) -> dict[str, Any]:
             return tomllib.load(f)
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:  # (TOML is UTF-8: other bytes are an error)
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quorumlog.config import Setting, check_fields, parse_text, setting, table_of
+from quorumlog.config import Setting, check_fields, check_listen_address, parse_text, setting, table_of
 from quorumlog.errors import ConfigError
 
 __all__ = ["SETTINGS", "TABLE", "BookieConfig", "Setting", "load_config", "parse_text", "setting_parsers"]
@@ -178,6 +178,8 @@ class BookieConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, TABLE, "value")
+        for name in ("host", "http_host"):
+            check_listen_address(name, getattr(self, name))
         if len(self.journal_dirs) > 1 or len(self.ledger_dirs) > 1:
             raise ConfigError("journal_dirs / ledger_dirs: one directory each is supported for now")
         if self.disk_usage_lwm > self.disk_usage_threshold:

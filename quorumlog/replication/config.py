@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from quorumlog.config import check_fields, setting, table_of
+from quorumlog.config import check_fields, check_listen_address, setting, table_of
 from quorumlog.meta.ledger_keys import RecoveryKey
 from quorumlog.replication.auditor import AuditorSettings
 from quorumlog.replication.service import AutoRecoverySettings
@@ -77,6 +77,7 @@ class AutoRecoveryConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, AUTORECOVERY, "value")
+        check_listen_address("metrics_host", self.metrics_host)
 
 
 AUTORECOVERY = table_of(

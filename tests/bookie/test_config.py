@@ -34,6 +34,10 @@ def test_file_env_and_flags_in_order_of_precedence(tmp_path: str) -> None:
         ("", {"QUORUMLOG_JOURNAL_MAX_WAIT_MS": "-3"}, "journal_max_wait_ms"),
         ("no_such_setting = 1\n", {}, "no_such_setting"),
         ("", {"QUORUMLOG_READ_ONLY_MODE": "perhaps"}, "read_only_mode"),
+        # An empty address would listen on every interface (and make the bookie's id ":port").
+        ('host = ""\n', {}, "host=''"),
+        ("", {"QUORUMLOG_HOST": ""}, "host=''"),
+        ('http_host = "  "\n', {}, "http_host"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: str, text: str, env: dict[str, str], message: str) -> None:

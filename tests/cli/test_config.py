@@ -98,6 +98,10 @@ def test_unreadable_and_malformed_files_name_the_file(tmp_path: Any) -> None:
     bad.write_text("this is = = not toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         CLIENT.load(str(bad), environ={})
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00port = 1\n")  # not UTF-8, which TOML is
+    with pytest.raises(ConfigError, match=f"{binary} is not valid TOML"):
+        CLIENT.load(str(binary), environ={})
 
 
 def test_text_parsing() -> None:
