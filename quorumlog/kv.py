@@ -136,7 +136,7 @@ def lmdb_file_problem(path: str) -> str | None:
             metas = [_LMDB_META.unpack_from(first, _LMDB_META_AT)]
             page = metas[0][2]
             if metas[0][0] != _LMDB_MAGIC or page < 512 or page & (page - 1):
-                return f"{name} is not an LMDB file its version of LMDB can read (bad meta page)"
+                return f"{name} has a damaged first meta page (not an LMDB file?)"
             if size < 2 * page:
                 return f"{name} is {size} bytes, shorter than LMDB's two meta pages of {page} (truncated?)"
             f.seek(page)

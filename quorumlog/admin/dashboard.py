@@ -55,6 +55,9 @@ from quorumlog.errors import (
 log = logging.getLogger(__name__)
 
 STATIC_DIR = os.path.join(os.path.dirname(__file__), "static")
+# The files the pages load, and only those: anything else under /static/ is a JSON 404 like any unknown path
+# (aiohttp's static route answered a missing file with an empty 404 of its own, past the error middleware).
+STATIC_FILES = {name: os.path.join(STATIC_DIR, name) for name in ("dashboard.css", "dashboard.js")}
 SAMPLE_INTERVAL_S = 2.0  # how often every bookie is scraped (the charts' resolution)
 HISTORY_POINTS = 180  # samples kept for the charts: 6 minutes at the default interval
 SCRAPE_TIMEOUT_S = 3.0  # one bookie's /metrics (or GET_BOOKIE_INFO) answer
@@ -338,7 +341,7 @@ class Dashboard:
         r.add_get("/api/logs", self.api_logs)
         r.add_get("/api/logs/{namespace}/{name}", self.api_log)
         r.add_get("/api/logs/{namespace}/{name}/records", self.api_log_records)
-        r.add_static("/static/", STATIC_DIR, follow_symlinks=False)
+        r.add_get("/static/{name}", self.static_file)
 
     @property
     def url(self) -> str:
@@ -830,6 +833,12 @@ class Dashboard:
     # --- pages ------------------------------------------------------------------------------------------
     # The key numbers are rendered here, into the HTML itself (a page that works without scripts, and whose
     # text says what the cluster is); dashboard.js then refreshes them and draws the charts.
+
+    async def static_file(self, request: web.Request) -> web.StreamResponse:
+        path = STATIC_FILES.get(request.match_info["name"])
+        if path is None:
+            raise ApiError(404, f"no such page: {request.path[:200]}")
+        return web.FileResponse(path)
 
     async def page_overview(self, request: web.Request) -> web.Response:
         snap = await self._latest()

@@ -60,6 +60,13 @@ def bookie(config_path: str | None, ready_fd: int | None, log_level: str, **flag
         config = load_config(config_path, overrides=overrides)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    if ready_fd is not None:
+        try:
+            os.fstat(ready_fd)  # checked now: found bad once serving, it stopped a bookie that had started
+        except OSError as exc:
+            raise click.BadParameter(
+                f"{ready_fd} is not an open file descriptor ({exc.strerror})", param_hint="--ready-fd"
+            ) from exc
 
     def ready(service: Any) -> None:
         host, port = service.address

@@ -20,6 +20,7 @@ import json
 import logging
 import logging.handlers
 import os
+import socket
 import sys
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, NoReturn, TypeVar
@@ -211,6 +212,14 @@ def explain(exc: BaseException) -> CliError:
             str(exc),
             "another process already listens on that port (often a bookie or standalone still running; "
             "`ss -ltnp` shows which): stop it, or choose a free port (--port)",
+        )
+    if isinstance(exc, socket.gaierror) or (isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL):
+        # A listen address that does not resolve, or is not one of this machine's: a bad setting.
+        return CliError(
+            f"cannot listen there: {exc}",
+            "check the host settings (--host, http_host): an address of this machine, a name it resolves, "
+            "or 0.0.0.0 for every interface",
+            EXIT_USAGE,
         )
     if isinstance(exc, OSError):
         return CliError(str(exc), "check the path and its permissions")

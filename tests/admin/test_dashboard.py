@@ -5,13 +5,14 @@ errors for bad input and a metadata outage."""
 from __future__ import annotations
 
 import asyncio
+import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from quorumlog.admin.dashboard import Dashboard, create_dashboard, parse_metrics, preview
+from quorumlog.admin.dashboard import STATIC_DIR, Dashboard, create_dashboard, parse_metrics, preview
 from quorumlog.client.client import Client
 from quorumlog.errors import ConfigError, MetadataNotFoundError, MetadataStoreError
 from quorumlog.meta import layout
@@ -295,6 +296,8 @@ async def test_under_replicated_ledgers_and_auto_recovery_settings(
         ("/api/logs/events/-bad", 400, "not valid"),
         ("/nope", 404, "no such page"),
         ("/static/../dashboard.py", 404, ""),
+        ("/static/nosuch.js", 404, "no such page"),
+        ("/static/%2E%2E%2Fdashboard.py", 404, "no such page"),
     ],
 )
 async def test_bad_input_gets_a_json_error(
@@ -306,6 +309,19 @@ async def test_bad_input_gets_a_json_error(
     assert got == status, body
     assert isinstance(body, dict) and says in body["error"]
     assert "Traceback" not in body["error"]
+
+
+def _static_bytes(name: str) -> bytes:
+    return pathlib.Path(STATIC_DIR, name).read_bytes()
+
+
+async def test_the_pages_scripts_and_styles_are_served(admin_bookie: StartAdminBookie, board: Any) -> None:
+    b = await admin_bookie()
+    ui = await board(b.uri)
+    for name, kind in (("dashboard.js", "javascript"), ("dashboard.css", "text/css")):
+        async with ui.session.get(ui.dash.url + "static/" + name) as r:
+            assert r.status == 200 and kind in r.headers["Content-Type"]
+            assert await r.read() == _static_bytes(name)
 
 
 async def test_read_only_server_refuses_changes(admin_bookie: StartAdminBookie, board: Any) -> None:

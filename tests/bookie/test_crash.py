@@ -10,6 +10,8 @@ import random
 import subprocess
 import sys
 
+import pytest
+
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 from tests.bookie.helpers import KEY, BookieProcess, RawClient, entry, free_port
@@ -126,3 +128,24 @@ def test_bad_setting_exits_2_naming_the_key(tmp_path: str) -> None:
     )
     assert proc.returncode == 2
     assert "journal_max_wait_ms=-1.0 is out of range: allowed 0 .. 1000" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        # Found bad only once serving, it stopped a bookie that had started, with exit 1.
+        (["--ready-fd", "99"], "--ready-fd: 99 is not an open file descriptor"),
+        # Blamed on "the path and its permissions" with exit 1; `.invalid` never resolves (RFC 2606).
+        (["--host", "nosuchhost.invalid"], "cannot listen there"),
+        (["--host", ""], "host='': not an address to listen on"),
+    ],
+)
+def test_a_bad_listen_setting_exits_2_saying_which(tmp_path: str, flags: list[str], says: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "quorumlog", "bookie", "--data-dir", str(tmp_path), "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr
