@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
+from quorumlog.kv import KVError, LmdbKV, lmdb_file_problem
 from quorumlog.proto import messages as m
 from quorumlog.proto.status import StatusCode
 from tests.bookie.helpers import KEY, BookieProcess, RawClient, entry, free_port
@@ -152,3 +155,40 @@ async def test_an_emptied_index_is_rebuilt_while_the_journal_holds_everything(tm
         await _read(port, 900, bodies)
     finally:
         proc.stop()
+
+
+def test_the_lmdb_file_check_names_each_damage(tmp_path: str) -> None:
+    """`lmdb_file_problem`, before LMDB maps the file: a truncated file, a damaged meta page, a file too short
+    for one; an empty or missing file is a new store (the bookie judges whether that is right)."""
+    path = os.path.join(tmp_path, "kv")
+    kv = LmdbKV(path, ("t",))
+    with kv.write() as txn:
+        txn.put_many("t", [(i.to_bytes(8, "big"), b"v" * 100) for i in range(5000)])
+    kv.close()
+    data = os.path.join(path, "data.mdb")
+    whole = _read_bytes(data)
+    assert lmdb_file_problem(path) is None
+    for damage, says in (
+        (whole[: len(whole) // 2], "its last transaction uses"),
+        (whole[:16] + b"\0" * 8 + whole[24:], "damaged first meta page"),
+        (whole[:100], "too short for LMDB's meta pages"),
+        (whole[:5000], "shorter than LMDB's two meta pages"),
+    ):
+        _write_bytes(data, damage)
+        assert says in (lmdb_file_problem(path) or ""), says
+        with pytest.raises(KVError, match=says):
+            LmdbKV(path, ("t",))
+    _write_bytes(data, b"")
+    assert lmdb_file_problem(path) is None
+    os.remove(data)
+    assert lmdb_file_problem(path) is None
+
+
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
