@@ -15,6 +15,8 @@ import sys
 import click
 
 from quorumlog.cli.common import log_level_option, open_cluster_store, run_async, usage
+from quorumlog.config import check_listen_address
+from quorumlog.errors import ConfigError
 
 
 @click.command("dashboard")
@@ -48,6 +50,10 @@ def dashboard(metadata: str | None, port: int, host: str, interval_s: float, log
     )
     if not metadata:
         usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")
+    try:
+        check_listen_address("host", host)
+    except ConfigError as exc:
+        usage(str(exc), "--host 127.0.0.1 (the default), or 0.0.0.0 to listen on every interface")
     run_async(_main(metadata, host, port, interval_s))
 
 

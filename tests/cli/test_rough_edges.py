@@ -47,6 +47,20 @@ def test_bookie_on_a_busy_port_names_the_port_not_a_path(tmp_path) -> None:  # t
     assert "--port" in r.stderr and "listens on that port" in r.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [("dashboard", "--host"), ("autorecovery", "--metrics-host"), ("bookie", "--http-host")],
+)
+def test_an_empty_listen_address_is_refused_not_every_interface(tmp_path, command: str, flag: str) -> None:  # type: ignore[no-untyped-def]
+    """An empty host bound every interface (and made a bookie's id ':port'); it is a usage error now."""
+    metadata = f"file://{tmp_path}/metadata"
+    assert ql("shell", "--metadata", metadata, "initnewcluster").returncode == 0
+    extra = ["--data-dir", str(tmp_path / "b"), "--port", "0"] if command == "bookie" else []
+    r = ql(command, "--metadata", metadata, flag, "", *extra)
+    assert_clean_error(r, 2)
+    assert "not an address to listen on" in r.stderr
+
+
 @pytest.mark.parametrize("command", ["bookie", "autorecovery"])
 def test_a_bad_log_level_is_a_usage_error_naming_the_levels(command: str) -> None:
     r = ql(command, "--log-level", "bogus")
