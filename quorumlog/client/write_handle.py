@@ -135,6 +135,7 @@ class WriteHandle(LedgerHandle):
         "_capacity",
         "_change_task",
         "_close_error",
+        "_close_retry",
         "_close_task",
         "_closing",
         "_drain_due",
@@ -219,6 +220,9 @@ class WriteHandle(LedgerHandle):
         # The one close of this handle: asked by `close()`, or started by an unrecoverable add error.
         self._close_task: asyncio.Task[None] | None = None
         self._close_error: QuorumLogError | None = None
+        # What a close whose metadata update failed with a retriable error (the store unreachable) updates the
+        # metadata with when `close()` is called again: (last entry, length, the writer's error).
+        self._close_retry: tuple[int, int, QuorumLogError | None] | None = None
         # A timeout verdict is waiting for one loop pass (`_check_timeouts`).
         self._timeout_check_queued = False
         self._add_answered = self._on_add_answer  # one bound method, not one per add sent
@@ -910,7 +914,9 @@ class WriteHandle(LedgerHandle):
         After an unrecoverable add error the handle closed the ledger itself; this waits for that close.
         A handle whose client was closed first raises `ClientClosedError`: the ledger was left open.
         If a recoverer fenced or closed the ledger meanwhile, the handle reconciles: a close at the same
-        last entry is accepted; anything else raises `LedgerFencedError`.
+        last entry is accepted; anything else raises `LedgerFencedError`. A close whose metadata update
+        failed with a retriable error (`MetadataStoreError`: the store unreachable) may be called again: it
+        makes the update again, at the same last entry (the handle takes no appends meanwhile).
         """
         if self._abandoned is not None:
             # The client went away (or the recovery that owned this handle ended) without closing the
@@ -926,11 +932,32 @@ class WriteHandle(LedgerHandle):
             raise self._close_error
 
     def _begin_close(self) -> asyncio.Task[None]:
-        if self._close_task is None:
+        task = self._close_task
+        if task is None:
             self._closing = True
-            self._close_task = self._loop.create_task(self._close_ledger())
-            self._client._track(self._close_task)
-        return self._close_task
+            task = self._close_task = self._loop.create_task(self._close_ledger())
+            self._client._track(task)
+        elif task.done() and self._close_retry is not None:
+            task = self._close_task = self._loop.create_task(self._retry_close_metadata(*self._close_retry))
+            self._client._track(task)
+        return task
+
+    async def _close_metadata_or_keep(self, last: int, length: int, error: QuorumLogError | None) -> None:
+        """`_close_metadata`; after a retriable failure, what to retry it with is kept for the next close."""
+        self._close_retry = None
+        try:
+            await self._close_metadata(last, length, error)
+        except QuorumLogError as e:
+            if e.retriable:
+                self._close_retry = (last, length, error)
+            raise
+
+    async def _retry_close_metadata(self, last: int, length: int, error: QuorumLogError | None) -> None:
+        try:
+            await self._close_metadata_or_keep(last, length, error)
+            self._close_error = None
+        except QuorumLogError as e:
+            self._close_error = e
 
     async def _close_ledger(self) -> None:
         try:
@@ -962,7 +989,7 @@ class WriteHandle(LedgerHandle):
                     error,
                 )
             last, length = self._tracker.close()
-            await self._close_metadata(last, length, error)
+            await self._close_metadata_or_keep(last, length, error)
         except QuorumLogError as e:
             # Kept for `close()` to raise; a handle closed after a failure may never be closed by its user.
             self._close_error = e

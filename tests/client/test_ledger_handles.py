@@ -21,8 +21,10 @@ from quorumlog.errors import (
     DigestMismatchError,
     IllegalOperationError,
     InvalidArgumentError,
+    LedgerClosedError,
     LedgerExistsError,
     LedgerFencedError,
+    MetadataStoreError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
     ReadBeyondLastAddConfirmedError,
@@ -130,6 +132,38 @@ async def test_writer_close_after_someone_closed_the_ledger_elsewhere_is_refused
     await client.ledger_manager.write(stored.value.closed(5, 99), version=stored.version)
     with pytest.raises(LedgerFencedError, match="closed by another client at entry 5"):
         await w.close()
+
+
+async def test_a_close_that_failed_on_the_metadata_store_is_retried_by_the_next_close(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata store down during close: `close()` raises the retriable error, the ledger is still OPEN,
+    and a later `close()` makes the update again (it raised the kept error without trying, and the ledger
+    stayed OPEN until someone recovered it)."""
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    for i in range(5):
+        await w.append(b"%d" % i)
+    manager = client.ledger_manager
+    real_write = manager.write
+    down = True
+
+    async def write(*args: object, **kwargs: object) -> object:
+        if down:
+            raise MetadataStoreError("the metadata store is unreachable (test)")
+        return await real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(manager, "write", write)
+    for _ in range(2):  # still down: each close tries again, and fails again
+        with pytest.raises(MetadataStoreError, match="unreachable"):
+            await w.close()
+    assert (await manager.read(w.ledger_id)).value.state == LedgerState.OPEN
+    with pytest.raises(LedgerClosedError):
+        await w.append(b"no more")  # the handle is closing: nothing new goes in meanwhile
+    down = False
+    await w.close()
+    stored = (await manager.read(w.ledger_id)).value
+    assert (stored.state, stored.last_entry_id) == (LedgerState.CLOSED, 4)
+    await w.close()  # closed: nothing more to do
 
 
 async def test_wrong_password_and_wrong_digest_are_refused(client: Client) -> None:
