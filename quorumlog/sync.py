@@ -65,7 +65,26 @@ class _LoopThread:
             raise RuntimeError(
                 "quorumlog.sync called from its own event loop thread; use the asyncio API there"
             )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            self.check_open()
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except (ClientClosedError, RuntimeError):  # (RuntimeError: the loop closed in between)
+            coro.close()
+            raise ClientClosedError("the client is closed") from None
+
+    def check_open(self) -> None:
+        """`ClientClosedError` once the client closed (its loop stopped), as the asyncio client raises: every
+        call of the facade after `close()`, handles' too."""
+        if self.loop.is_closed() or not self._thread.is_alive():
+            raise ClientClosedError("the client is closed")
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run `fn` on the loop thread without waiting (`ClientClosedError` once the client closed)."""
+        self.check_open()
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # the loop closed in between
+            raise ClientClosedError("the client is closed") from None
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         return self.submit(coro).result(timeout_s)
@@ -180,6 +199,7 @@ class WriteHandle(_Handle):
         """
         if isinstance(payload, bytes | bytearray | memoryview):
             self._h.check_payload_size(payload.nbytes if isinstance(payload, memoryview) else len(payload))
+        self._loop.check_open()  # (before a slot is taken: a refused append must not keep one)
         self._slots.acquire()
         result: concurrent.futures.Future[int] = concurrent.futures.Future()
         result.add_done_callback(lambda _: self._slots.release())
@@ -192,7 +212,11 @@ class WriteHandle(_Handle):
                 return
             fut.add_done_callback(lambda f: _copy_outcome(f, result))
 
-        self._loop.loop.call_soon_threadsafe(start)
+        try:
+            self._loop.call_soon(start)
+        except ClientClosedError as e:
+            result.set_exception(e)  # (and its slot goes back)
+            raise
         return result
 
     def force(self) -> int:

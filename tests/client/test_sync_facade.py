@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -115,3 +117,30 @@ def test_run_on_a_closed_client_is_a_typed_error(cluster_uri: str) -> None:
     client.close()
     with pytest.raises(ClientClosedError):
         client.run(asyncio.sleep(0))
+
+
+def test_every_call_after_close_is_a_typed_error_that_keeps_nothing(cluster_uri: str) -> None:
+    """As the asyncio client: `ClientClosedError`, not "Event loop is closed" with a coroutine never awaited,
+    from the client and from handles opened before the close; a refused append keeps no pipeline slot."""
+    client = Client.connect(cluster_uri, outstanding_adds_max=2)
+    w = client.create_ledger(3, 2, 2, password=b"pw")
+    assert w.append(b"before").result(timeout=30) == 0
+    r = client.open_ledger(w.ledger_id, password=b"pw", recovery=False)
+    client.close()
+    calls = {
+        "append": lambda: w.append(b"after"),
+        "close": w.close,
+        "last_add_confirmed": lambda: w.last_add_confirmed,
+        "read": lambda: r.read(0, 0),
+        "create_ledger": lambda: client.create_ledger(3, 2, 2, password=b"pw"),
+        "open_ledger": lambda: client.open_ledger(w.ledger_id, password=b"pw"),
+        "list_ledgers": lambda: list(client.list_ledgers()),
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ("coroutine ... was never awaited" is a RuntimeWarning)
+        for call in calls.values():
+            for _ in range(3):  # more than the pipeline's two slots: a slot kept per refusal would block
+                with pytest.raises(ClientClosedError):
+                    call()
+                gc.collect()
+    assert w._slots._value == 2  # type: ignore[attr-defined]
