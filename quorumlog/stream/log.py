@@ -23,7 +23,7 @@ from typing import Any
 from quorumlog.errors import LogNotFoundError, MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
 from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
-from quorumlog.stream.position import Position
+from quorumlog.stream.position import Position, check_count, check_position
 from quorumlog.stream.reader import LogReader
 from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter
 
@@ -110,6 +110,9 @@ class Log:
         """A reader from `start` (inclusive), or from the first record at or after `start_timestamp_ms`;
         with `end`, it stops before that position instead of tailing forever. `Position.TAIL`: the records
         written after this returns."""
+        check_position("start", start)
+        check_position("end", end, optional=True)
+        check_count("start_timestamp_ms", start_timestamp_ms)
         reader = LogReader(self, start, start_timestamp_ms, end)
         await reader._pin_start()
         return reader
@@ -127,9 +130,12 @@ class Log:
         segment it falls inside is truncated partially, its records before `before` hidden but kept until
         the whole segment goes. The open segment is never truncated, partially or not (DistributedLog never
         truncates an in-progress segment), and truncation never moves back."""
+        check_position("before", before)
         return await self._truncate(lambda seg, _segs: seg.seq < before.segment, before)
 
     async def set_retention(self, *, max_age_s: float | None = None, max_bytes: int | None = None) -> None:
+        check_count("max_age_s", max_age_s, kind=float)
+        check_count("max_bytes", max_bytes)
         await self._update(
             lambda md: replace(
                 md,
@@ -216,6 +222,7 @@ class Subscription:
         self.name = name
 
     async def commit(self, position: Position) -> None:
+        check_position("position", position)  # (stored as text: anything else would break every reader)
         await self.log.log_store.commit_subscription(self.log.namespace, self.log.name, self.name, position)
 
     async def position(self) -> Position | None:

@@ -51,6 +51,10 @@ class Position:
     @classmethod
     def parse(cls, text: str) -> Position:
         """Inverse of `str()`: "HEAD", "TAIL" or "segment:entry:slot"."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(
+                f"not a position: {text!r} (expected a str: HEAD, TAIL or segment:entry:slot)"
+            )
         text = text.strip()
         if text == "HEAD":
             return cls.HEAD
@@ -69,3 +73,26 @@ class Position:
 
 Position.HEAD = Position(0, 0, 0)
 Position.TAIL = Position(_MAX, _MAX, _MAX)
+
+
+def check_position(name: str, value: object, *, optional: bool = False) -> Position | None:
+    """`value` if it is a `Position` (or None, when `optional`), else `InvalidArgumentError` naming `name`: a
+    str such as "1:0:0" is refused here rather than failing at the first comparison, or, committed to a
+    subscription, breaking every later reader of it (`Position.parse` turns text into a position)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, Position):
+        raise InvalidArgumentError(
+            f"{name} must be a Position{' or None' if optional else ''}, not {type(value).__name__} "
+            f"{value!r:.60} (Position.parse turns text into one)"
+        )
+    return value
+
+
+def check_count(name: str, value: object, *, kind: type = int) -> None:
+    """`InvalidArgumentError` unless `value` is None or a number of `kind` (int; float takes ints too), >= 0."""
+    if value is None:
+        return
+    ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    if not ok or isinstance(value, bool) or value < 0:  # type: ignore[operator]
+        raise InvalidArgumentError(f"{name} must be None or a {kind.__name__} >= 0, not {value!r:.60}")

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from quorumlog.errors import (
     ClientClosedError,
     EndOfStreamError,
+    InvalidArgumentError,
     LedgerFencedError,
     MetadataExistsError,
     MetadataVersionError,
@@ -398,7 +399,7 @@ class LogWriter:
         total = 0
         for payload in payloads:
             if not isinstance(payload, bytes | bytearray | memoryview):
-                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+                raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
             size = RECORD_OVERHEAD_BYTES + len(payload)
             if HEADER_BYTES + size > settings.batch_max_bytes:
                 raise TooManyRequestsError(

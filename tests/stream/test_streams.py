@@ -10,6 +10,7 @@ import pytest
 from quorumlog import Client, Position
 from quorumlog.errors import (
     EndOfStreamError,
+    InvalidArgumentError,
     LogExistsError,
     LogNotFoundError,
     LogTruncatedError,
@@ -200,3 +201,43 @@ async def test_deleting_a_log_that_does_not_exist_succeeds(client: Client) -> No
     await ns.delete_log("twice")
     await ns.delete_log("never-created")
     assert await ns.list_logs() == []
+
+
+async def test_bad_arguments_are_invalid_argument_errors_that_change_nothing(client: Client) -> None:
+    """Each refused at the call with `InvalidArgumentError` (a `ValueError`): a str position was accepted by
+    `open_reader` and failed at the first read with a TypeError, and committed to a subscription it broke
+    every later `position()` of it."""
+    log = await client.namespace("args").create_log("l", **SMALL)
+    async with await log.open_writer() as writer:
+        first = await writer.write(b"a")
+        for bad_payload in ("str", None, [b"a", "b"]):
+            with pytest.raises(InvalidArgumentError, match="payload must be bytes"):
+                if isinstance(bad_payload, list):
+                    await writer.write_many(bad_payload)  # type: ignore[arg-type]
+                else:
+                    await writer.write(bad_payload)  # type: ignore[arg-type]
+        assert await writer.write(b"b") > first
+    sub = log.subscription("s")
+    await sub.commit(first)
+    for bad in (None, "1:0:0", 5, (1, 0, 0)):
+        with pytest.raises(InvalidArgumentError, match="must be a Position"):
+            await sub.commit(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="must be a Position"):
+            await log.open_reader(bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="must be a Position"):
+            await log.truncate(bad)  # type: ignore[arg-type]
+    assert await sub.position() == first  # nothing bad was stored
+    with pytest.raises(InvalidArgumentError, match="end must be a Position or None"):
+        await log.open_reader(Position.HEAD, end="2:0:0")  # type: ignore[arg-type]
+    for kwargs in ({"start_timestamp_ms": "x"}, {"start_timestamp_ms": -1}, {"start_timestamp_ms": True}):
+        with pytest.raises(InvalidArgumentError, match="start_timestamp_ms"):
+            await log.open_reader(**kwargs)  # type: ignore[arg-type]
+    for kwargs in ({"max_bytes": "x"}, {"max_bytes": 1.5}, {"max_age_s": "1"}, {"max_age_s": -1.0}):
+        with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
+            await log.set_retention(**kwargs)  # type: ignore[arg-type]
+    for text in (None, 5):
+        with pytest.raises(InvalidArgumentError, match="not a position"):
+            Position.parse(text)  # type: ignore[arg-type]
+    reader = await log.open_reader(Position.HEAD)
+    assert [r.payload for r in await read_n(reader, 2)] == [b"a", b"b"]
+    await reader.close()
