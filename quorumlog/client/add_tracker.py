@@ -374,8 +374,9 @@ class AddTracker:
         and the pending adds together reach `outstanding_adds_max` (holding back is bounded too).
         """
         nxt = self.last_add_pushed + 1
-        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or entry_id < 0:
-            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int >= 0")
+        if not isinstance(entry_id, int) or isinstance(entry_id, bool) or not 0 <= entry_id < 2**63:
+            # (2^63 and up cannot be sent: entry ids are int64 on the wire, so it would be held for ever)
+            raise InvalidArgumentError(f"entry_id={entry_id!r}: must be an int in [0, 2^63-1]")
         if entry_id < nxt or entry_id in held:
             raise InvalidArgumentError(f"entry {entry_id} was already appended (next expected {nxt})")
         if entry_id == nxt:

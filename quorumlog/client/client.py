@@ -355,13 +355,19 @@ class Client:
                 f"digest={digest!r}: must be a DigestType (CRC32, MAC, CRC32C, DUMMY)"
             ) from None
         pw = _check_password(password)
+        if custom_metadata is not None and not isinstance(custom_metadata, Mapping):
+            raise InvalidArgumentError(
+                f"custom_metadata must map str -> bytes, not {type(custom_metadata).__name__}"
+            )
         custom = dict(custom_metadata or {})
         for k, v in custom.items():
             if not isinstance(k, str) or not isinstance(v, bytes | bytearray):
                 raise InvalidArgumentError(
                     f"custom_metadata must map str -> bytes; got {k!r}: {type(v).__name__}"
                 )
-        if ledger_id is not None and (not isinstance(ledger_id, int) or not 0 <= ledger_id < 2**63):
+        if ledger_id is not None and (
+            not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or not 0 <= ledger_id < 2**63
+        ):
             raise InvalidArgumentError(f"ledger_id={ledger_id!r}: must be an int in [0, 2^63-1]")
         if recovery_key is not None and (store_password or not isinstance(recovery_key, RecoveryKey)):
             raise InvalidArgumentError("recovery_key: a RecoveryKey, and only with store_password=False")
@@ -444,10 +450,17 @@ class Client:
         # without the password learns nothing about the ledger.
         if meta.has_password and meta.password != pw:
             raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
-        if digest is not None and DigestType(digest) != meta.digest:
-            raise DigestMismatchError(
-                f"ledger {ledger_id} uses digest {meta.digest.name}, not {DigestType(digest).name}"
-            )
+        if digest is not None:
+            try:
+                digest = DigestType(digest)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"digest={digest!r}: must be a DigestType (CRC32, MAC, CRC32C, DUMMY) or None"
+                ) from None
+            if digest != meta.digest:
+                raise DigestMismatchError(
+                    f"ledger {ledger_id} uses digest {meta.digest.name}, not {digest.name}"
+                )
         if recovery and not meta.is_closed:
             md = await recover_ledger(self, ledger_id, pw)
             return ReadHandle(self, md, pw)

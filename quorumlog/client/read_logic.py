@@ -318,6 +318,8 @@ def check_read_range(
 ) -> None:
     """Refuse a read of [first, last] that is malformed, or past the LAC (unless unconfirmed reads were asked
     for), or past a closed ledger's last entry."""
+    if not all(isinstance(e, int) and not isinstance(e, bool) for e in (first, last)):
+        raise InvalidArgumentError(f"read({first!r:.40}, {last!r:.40}): entry ids are ints")
     if first < 0 or last < first:
         raise InvalidArgumentError(f"read({first}, {last}): need 0 <= first <= last")
     if last - first + 1 > READ_RANGE_ENTRIES_MAX:

@@ -166,6 +166,25 @@ async def test_a_close_that_failed_on_the_metadata_store_is_retried_by_the_next_
     await w.close()  # closed: nothing more to do
 
 
+async def test_arguments_of_the_wrong_type_are_invalid_argument_errors(client: Client) -> None:
+    """Each was a bare ValueError or TypeError, or (a bool ledger id) accepted."""
+    w = await client.create_ledger(3, 2, 2, password=PW)
+    await w.append(b"a")
+    for digest in ("bogus", 99):
+        with pytest.raises(InvalidArgumentError, match="digest"):
+            await client.open_ledger(w.ledger_id, password=PW, digest=digest)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="custom_metadata"):
+        await client.create_ledger(3, 2, 2, password=PW, custom_metadata=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="ledger_id=True"):
+        await client.create_ledger(3, 2, 2, password=PW, ledger_id=True)
+    r = await client.open_ledger(w.ledger_id, password=PW, recovery=False)
+    for first, last in (("a", "b"), (0, 1.0), (True, 0)):
+        with pytest.raises(InvalidArgumentError, match="entry ids are ints"):
+            await r.read(first, last)  # type: ignore[arg-type]
+    assert [e.payload for e in await r.read(0, 0)] == [b"a"]
+    await w.close()
+
+
 async def test_wrong_password_and_wrong_digest_are_refused(client: Client) -> None:
     w = await client.create_ledger(3, 2, 2, password=PW, digest=DigestType.MAC)
     await w.append(b"a")
