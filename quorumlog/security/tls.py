@@ -96,9 +96,25 @@ def _load_chain(ctx: ssl.SSLContext, cert_path: str, key_path: str) -> None:
     _check_readable("tls_certificate_path", cert_path)
     _check_readable("tls_key_path", key_path)
     _check_validity("tls_certificate_path", cert_path, time.time())
+    encrypted = False
+
+    def no_passphrase() -> str:
+        # Asked only for an encrypted key. Without this callback OpenSSL prompts on the terminal (a server
+        # would wait there) and then fails with a bare EINVAL; the key must be unencrypted (docs/CONFIG.md).
+        nonlocal encrypted
+        encrypted = True
+        return ""
+
     try:
-        ctx.load_cert_chain(cert_path, key_path)
-    except ssl.SSLError as e:
+        ctx.load_cert_chain(cert_path, key_path, password=no_passphrase)
+    except (ssl.SSLError, OSError) as e:
+        if encrypted:
+            raise TLSError(
+                f"the private key in {key_path} (tls_key_path) is encrypted with a passphrase: quorumlog needs it "
+                f"unencrypted (e.g. `openssl pkey -in {key_path} -out plain.pem`), readable only by its user"
+            ) from e
+        if not isinstance(e, ssl.SSLError):
+            raise
         reason = getattr(e, "reason", None) or str(e)
         if reason == "KEY_VALUES_MISMATCH":
             raise TLSError(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from quorumlog.bookie.service import BookieService
 from quorumlog.client.bookie_client import BookieClient, static_resolver
@@ -331,6 +332,21 @@ async def test_expired_bookie_certificate_is_a_clear_client_error(tmp_path: Any,
         await svc.stop()
 
 
+def _encrypted_copy(key_path: str, out: str) -> str:
+    """`key_path`'s key written to `out` encrypted with a passphrase."""
+    with open(key_path, "rb") as f:
+        key = serialization.load_pem_private_key(f.read(), password=None)
+    with open(out, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.BestAvailableEncryption(b"secret"),
+            )
+        )
+    return out
+
+
 async def test_broken_files_are_typed_errors_naming_the_file(tmp_path: Any, pki: dict[str, Any]) -> None:
     ca: CertificateAuthority = pki["ca"]
     good, other = ca.issue("good"), ca.issue("other")
@@ -360,6 +376,16 @@ async def test_broken_files_are_typed_errors_naming_the_file(tmp_path: Any, pki:
         TLSContextSource(
             server_side=False, certificate_path=good.cert, key_path=other.key, trust_store_path=ca.ca
         )
+    # A passphrase-protected key: OpenSSL prompted on the terminal, then failed with a bare EINVAL.
+    encrypted = _encrypted_copy(good.key, str(tmp_path / "encrypted.pem"))
+    for server_side in (True, False):
+        with pytest.raises(TLSError, match=f"private key in {encrypted} .* is encrypted with a passphrase"):
+            TLSContextSource(
+                server_side=server_side,
+                certificate_path=good.cert,
+                key_path=str(encrypted),
+                trust_store_path=ca.ca,
+            )
 
 
 async def test_bookie_and_client_refuse_to_start_with_bad_files(tmp_path: Any, pki: dict[str, Any]) -> None:
