@@ -401,7 +401,11 @@ class AdminServer:
     async def bookie_info(self, request: web.Request) -> web.Response:
         service = self.service
         usage = service.env.disk.usage(service.config.ledger_dir)
-        return _json({"freeSpace": usage.free_bytes, "totalSpace": usage.total_bytes})
+        # BookKeeper's two fields, and which bookie this is: a tool given an admin URL checks it is the bookie
+        # it means before changing anything there (`shell decommission --http`).
+        return _json(
+            {"freeSpace": usage.free_bytes, "totalSpace": usage.total_bytes, "bookieId": service.bookie_id}
+        )
 
     async def bookie_state(self, request: web.Request) -> web.Response:
         service = self.service

@@ -41,6 +41,7 @@ async def test_heartbeat_config_info_state_and_bind_address(admin_bookie: StartA
 
     status, info = await b.get("/api/v1/bookie/info")
     assert status == 200 and info["totalSpace"] >= info["freeSpace"] > 0
+    assert info["bookieId"] == b.service.bookie_id
 
     status, state = await b.get("/api/v1/bookie/state")
     assert status == 200

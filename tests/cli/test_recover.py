@@ -168,6 +168,28 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                 assert leaving in (await client.get_ledger_metadata(w.ledger_id)).bookies()  # nothing moved
 
                 url = f"http://127.0.0.1:{http_port}"
+                # Another bookie's admin API: it was made read-only and left so, and the command then waited
+                # for the named bookie in vain. Now it is refused before anything changes.
+                wrong = await asyncio.to_thread(
+                    sh,
+                    cluster,
+                    "decommission",
+                    others[0],
+                    "--force",
+                    "--http",
+                    url,
+                    "--http-token-file",
+                    str(token_file),
+                )
+                assert_clean_error(wrong, 2)
+                assert f"is bookie {leaving}'s, not {others[0]}'s: nothing was changed" in wrong.stderr, (
+                    wrong.stderr
+                )
+                assert (
+                    leaving in client.registry.writable_bookies()
+                    and others[0] in client.registry.writable_bookies()
+                )
+
                 no_token = await asyncio.to_thread(
                     sh, cluster, "decommission", leaving, "--force", "--http", url
                 )

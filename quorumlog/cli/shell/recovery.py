@@ -201,8 +201,10 @@ def recover(
 HTTP_TIMEOUT_S = 10.0
 
 
-def _read_only_via_http(url: str, token_file: str | None) -> Any:
-    """What turns the bookie read-only: a PUT to its admin API (`state/readonly`), off the event loop."""
+def _read_only_via_http(bookie: str, url: str, token_file: str | None) -> Any:
+    """What turns `bookie` read-only: a PUT to its admin API (`state/readonly`), off the event loop, once the
+    API has said it is that bookie's (`bookie/info`): a URL of another bookie made that one read-only and
+    left it so, and the command then waited for `bookie` in vain."""
     import asyncio
     import json
     import urllib.error
@@ -213,7 +215,26 @@ def _read_only_via_http(url: str, token_file: str | None) -> Any:
         with open(token_file) as f:
             token = f.read().strip()
 
+    def check_whose() -> None:
+        try:
+            with urllib.request.urlopen(
+                url.rstrip("/") + "/api/v1/bookie/info", timeout=HTTP_TIMEOUT_S
+            ) as answer:
+                found = json.loads(answer.read()).get("bookieId")
+        except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+            fail(
+                f"cannot ask the admin API at {url} which bookie it serves: {getattr(e, 'reason', e)}",
+                "give the bookie's --http-port (the admin API), e.g. --http http://127.0.0.1:8000",
+            )
+        if found != bookie:
+            fail(
+                f"the admin API at {url} is bookie {found}'s, not {bookie}'s: nothing was changed",
+                f"give {bookie}'s own admin API (its --http-port)",
+                EXIT_USAGE,
+            )
+
     def put() -> None:
+        check_whose()
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -284,7 +305,7 @@ def decommission(
         decommission=True,
         password=password,
         recovery_key_files=recovery_key_files,
-        make_read_only=_read_only_via_http(http_url, http_token_file) if http_url else None,
+        make_read_only=_read_only_via_http(bookie, http_url, http_token_file) if http_url else None,
     )
     _show_report(report, as_json, "decommission")
     if report["failed"]:
