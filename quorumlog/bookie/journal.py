@@ -44,6 +44,7 @@ Rules it keeps (DESIGN.md §3, docs/BOOKIE.md "Durability rules"):
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import struct
@@ -595,7 +596,19 @@ class Journal:
         # The first file is smaller: a bookie that starts and stops (tests, a standalone cluster) zeroes
         # 16 MiB, not a full file plus its successor; busy bookies roll into full-size files soon enough.
         first_size = min(self.file_size_bytes, max(FIRST_FILE_BYTES, 2 * self.batch_cap_bytes + HEADER_SIZE))
-        self._file_seq, self._file = self._prepare_file(self._reserve_seq(), first_size)
+        seq = self._reserve_seq()
+        try:
+            self._file_seq, self._file = self._prepare_file(seq, first_size)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # A full disk: the bookie still starts (it serves reads, and its disk check registers it read-only
+            # -- OPERATIONS.md, "Disk full"), with a journal file of its header alone: nothing is zeroed, and
+            # an add, should one come, grows the file or fails as adds do on a full disk. (It could not start at
+            # all, and its replicas could not be read.)
+            log.warning("journal %s: the disk is full; the first file is not preallocated", self.directory)
+            first_size = HEADER_SIZE
+            self._file_seq, self._file = self._prepare_file(seq, first_size)
         self._file_limit = first_size
         self._offset = HEADER_SIZE
         if not self.sync:
@@ -629,18 +642,23 @@ class Journal:
             f = disk.open(path)
         else:
             f = disk.open(path, create=True)
-            f.truncate(0)
-            off = HEADER_SIZE
-            while off < size:
-                n = min(len(_ZEROS), size - off)
-                f.pwrite(memoryview(_ZEROS)[:n], off)
-                off += n
-                if paced and not self._hurry.is_set():
-                    f.fdatasync()
-                    self._hurry.wait(PREALLOC_PAUSE_S)
-        f.pwrite(_header_bytes(seq), 0)
-        f.fdatasync()
-        disk.sync_dir(self.directory)
+        try:
+            if spare is None:
+                f.truncate(0)
+                off = HEADER_SIZE
+                while off < size:
+                    n = min(len(_ZEROS), size - off)
+                    f.pwrite(memoryview(_ZEROS)[:n], off)
+                    off += n
+                    if paced and not self._hurry.is_set():
+                        f.fdatasync()
+                        self._hurry.wait(PREALLOC_PAUSE_S)
+            f.pwrite(_header_bytes(seq), 0)
+            f.fdatasync()
+            disk.sync_dir(self.directory)
+        except BaseException:
+            f.close()  # (the caller may try again: a full disk at start, `start`)
+            raise
         return seq, f
 
     @property
