@@ -213,12 +213,20 @@ def explain(exc: BaseException) -> CliError:
             "another process already listens on that port (often a bookie or standalone still running; "
             "`ss -ltnp` shows which): stop it, or choose a free port (--port)",
         )
-    if isinstance(exc, socket.gaierror) or (isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL):
-        # A listen address that does not resolve, or is not one of this machine's: a bad setting.
+    if isinstance(exc, socket.gaierror):
+        # A host name that does not resolve: a bad setting or argument, not a file.
+        return CliError(
+            f"cannot resolve the host name: {exc}",
+            "check the host settings and addresses given (--host, http_host, URIs): a name this machine "
+            "resolves, or an IP address",
+            EXIT_USAGE,
+        )
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
+        # A listen address that is not one of this machine's.
         return CliError(
             f"cannot listen there: {exc}",
-            "check the host settings (--host, http_host): an address of this machine, a name it resolves, "
-            "or 0.0.0.0 for every interface",
+            "check the host settings (--host, http_host): an address of this machine, or 0.0.0.0 for every "
+            "interface",
             EXIT_USAGE,
         )
     if isinstance(exc, OSError):

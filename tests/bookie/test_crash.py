@@ -136,7 +136,7 @@ def test_bad_setting_exits_2_naming_the_key(tmp_path: str) -> None:
         # Found bad only once serving, it stopped a bookie that had started, with exit 1.
         (["--ready-fd", "99"], "--ready-fd: 99 is not an open file descriptor"),
         # Blamed on "the path and its permissions" with exit 1; `.invalid` never resolves (RFC 2606).
-        (["--host", "nosuchhost.invalid"], "cannot listen there"),
+        (["--host", "nosuchhost.invalid"], "cannot resolve the host name"),
         (["--host", ""], "host='': not an address to listen on"),
     ],
 )
