@@ -112,7 +112,7 @@ class Log:
         written after this returns."""
         check_position("start", start)
         check_position("end", end, optional=True)
-        check_count("start_timestamp_ms", start_timestamp_ms)
+        check_count("start_timestamp_ms", start_timestamp_ms, kind=float)  # (time.time() * 1000 is a float)
         reader = LogReader(self, start, start_timestamp_ms, end)
         await reader._pin_start()
         return reader

@@ -4,6 +4,7 @@ truncation (DESIGN.md §2 "Streams", API.md "Python: streams")."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -232,6 +233,7 @@ async def test_bad_arguments_are_invalid_argument_errors_that_change_nothing(cli
     for kwargs in ({"start_timestamp_ms": "x"}, {"start_timestamp_ms": -1}, {"start_timestamp_ms": True}):
         with pytest.raises(InvalidArgumentError, match="start_timestamp_ms"):
             await log.open_reader(**kwargs)  # type: ignore[arg-type]
+    await (await log.open_reader(start_timestamp_ms=time.time() * 1000)).close()  # a float is a time too
     for kwargs in ({"max_bytes": "x"}, {"max_bytes": 1.5}, {"max_age_s": "1"}, {"max_age_s": -1.0}):
         with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
             await log.set_retention(**kwargs)  # type: ignore[arg-type]
