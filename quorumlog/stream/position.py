@@ -11,6 +11,7 @@ Two sentinels: `Position.HEAD` sorts before every record (start of the log, even
 
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -90,9 +91,10 @@ def check_position(name: str, value: object, *, optional: bool = False) -> Posit
 
 
 def check_count(name: str, value: object, *, kind: type = int) -> None:
-    """`InvalidArgumentError` unless `value` is None or a number of `kind` (int; float takes ints too), >= 0."""
+    """`InvalidArgumentError` unless `value` is None or a number of `kind` (int; float takes ints too), >= 0.
+    By the numeric ABCs, so numpy's numbers pass as they did before this check."""
     if value is None:
         return
-    ok = isinstance(value, int | float) if kind is float else isinstance(value, int)
+    ok = isinstance(value, numbers.Real if kind is float else numbers.Integral)
     if not ok or isinstance(value, bool) or value < 0:  # type: ignore[operator]
         raise InvalidArgumentError(f"{name} must be None or a {kind.__name__} >= 0, not {value!r:.60}")

@@ -11,6 +11,7 @@ import asyncio
 import gc
 from collections.abc import AsyncIterator
 
+import numpy
 import pytest
 
 from quorumlog import Client, DigestType
@@ -182,6 +183,8 @@ async def test_arguments_of_the_wrong_type_are_invalid_argument_errors(client: C
         with pytest.raises(InvalidArgumentError, match="entry ids are ints"):
             await r.read(first, last)  # type: ignore[arg-type]
     assert [e.payload for e in await r.read(0, 0)] == [b"a"]
+    # numpy's integers are integers (numbers.Integral), as they were before the type check.
+    assert [e.payload for e in await r.read(numpy.int64(0), numpy.int64(0))] == [b"a"]  # type: ignore[arg-type]
     await w.close()
 
 

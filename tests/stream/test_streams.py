@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy
 import pytest
 
 from quorumlog import Client, Position
@@ -234,6 +235,9 @@ async def test_bad_arguments_are_invalid_argument_errors_that_change_nothing(cli
         with pytest.raises(InvalidArgumentError, match="start_timestamp_ms"):
             await log.open_reader(**kwargs)  # type: ignore[arg-type]
     await (await log.open_reader(start_timestamp_ms=time.time() * 1000)).close()  # a float is a time too
+    await (
+        await log.open_reader(start_timestamp_ms=numpy.int64(0))
+    ).close()  # and numpy's numbers are numbers
     for kwargs in ({"max_bytes": "x"}, {"max_bytes": 1.5}, {"max_age_s": "1"}, {"max_age_s": -1.0}):
         with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
             await log.set_retention(**kwargs)  # type: ignore[arg-type]
