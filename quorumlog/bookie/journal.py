@@ -89,6 +89,11 @@ _ZEROS = bytes(1 << 20)
 # Background preallocation: a pause after each synced megabyte of zeros (64 MiB then take about 0.5 s, while a
 # file fills in seconds at the fastest), so the journal's own syncs get the disk in between.
 PREALLOC_PAUSE_S = 0.005
+# After a background preparation fails (a full disk, say), the next one waits this long, doubled after each
+# further failure up to the maximum: retried at every batch, a full disk cost a thread, a file and a logged
+# traceback per batch, hundreds a second.
+PREPARE_RETRY_S = 1.0
+PREPARE_RETRY_MAX_S = 60.0
 MAX_BATCH_BYTES = 256 << 20
 FIRST_FILE_BYTES = 16 << 20  # a longer batch length read back from disk is garbage
 
@@ -287,6 +292,8 @@ class Journal:
         self._offset = 0
         self._ready: list[tuple[int, File]] = []  # prepared next files (guarded by _cond)
         self._preparing = False
+        self._prepare_failures = 0  # background preparations failed in a row (guarded by _cond)
+        self._prepare_retry_s = 0.0  # no background preparation starts from a batch before this (`_timer`)
         # Set when the zeroing of the next file must finish at full speed: the journal closes, or a roll waits.
         self._hurry = threading.Event()
         self._thread: threading.Thread | None = None
@@ -937,7 +944,12 @@ class Journal:
         data = size > BATCH_HEADER_SIZE
         if data and self._offset + size + _ROLL_BYTES > self._file_limit and self._offset > HEADER_SIZE:
             self._roll()
-        elif self._offset > self._file_limit // 2 and not self._ready and not self._preparing:
+        elif (
+            self._offset > self._file_limit // 2
+            and not self._ready
+            and not self._preparing
+            and self._timer() >= self._prepare_retry_s
+        ):
             self._start_preparing()  # half full: zero the next file in the background, off the sync path
         f = self._file
         assert f is not None
@@ -1002,16 +1014,50 @@ class Journal:
 
     def _prepare_next(self) -> None:
         ready = None
+        seq = self._reserve_seq()
         try:
-            ready = self._prepare_file(self._reserve_seq(), paced=True)
-        except BaseException:
-            log.exception("journal: preparing the next file failed (the next roll will retry)")
+            ready = self._prepare_file(seq, paced=True)
+        except BaseException as exc:
+            self._prepare_failed(seq, exc)
         finally:
             with self._cond:
                 if ready is not None:
                     self._ready.append(ready)
+                    self._prepare_failures = 0
+                    self._prepare_retry_s = 0.0
                 self._preparing = False
                 self._cond.notify_all()
+
+    def _prepare_failed(self, seq: int, exc: BaseException) -> None:
+        """A background preparation failed: remove its file and put the next attempt off (`PREPARE_RETRY_S`).
+
+        The file holds no valid header (that is written last), only the zeros that fitted, so nothing refers
+        to it; left in place, every attempt on a full disk added one. The roll that needs a file prepares one
+        itself if none is ready, and fails the journal if that fails too."""
+        try:
+            path = self._path(seq)
+            if self.env.disk.exists(path):
+                self.env.disk.remove(path)
+        except OSError as rm_exc:
+            log.warning("journal: could not remove the unprepared file %s: %s", self._path(seq), rm_exc)
+        with self._cond:
+            self._prepare_failures += 1
+            failures = self._prepare_failures
+            wait_s = min(PREPARE_RETRY_S * 2 ** (failures - 1), PREPARE_RETRY_MAX_S)
+            self._prepare_retry_s = self._timer() + wait_s
+        if failures == 1:
+            log.error(
+                "journal: preparing the next file failed (retried in %.0f s, or by the roll that needs it)",
+                wait_s,
+                exc_info=exc,
+            )
+        else:
+            log.error(
+                "journal: preparing the next file failed again (%d times in a row, retried in %.0f s): %s",
+                failures,
+                wait_s,
+                exc,
+            )
 
     def _complete(
         self, callbacks: list[Callback | None], pos: JournalPosition, marks: list[MarkCallback]

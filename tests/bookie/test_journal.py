@@ -4,6 +4,7 @@ recycled files, and refusal of damage that is not a tail."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import os
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from quorumlog.bookie import journal as journal_module
 from quorumlog.bookie.journal import (
     HEADER_SIZE,
     Journal,
@@ -20,7 +22,7 @@ from quorumlog.bookie.journal import (
     JournalPosition,
     RecordType,
 )
-from quorumlog.env import OsDisk, OsEnv
+from quorumlog.env import File, OsDisk, OsEnv
 from quorumlog.sim.disk import SimDisk
 from tests.bookie.disks import DiskEnv, WrappedDisk
 from tests.bookie.helpers import end_of_batches
@@ -498,3 +500,66 @@ async def test_the_next_file_is_zeroed_in_synced_steps_in_the_background_and_at_
     f.close()
     assert [e[0] for e in disk.events if e[1] == path].count("sync") == 1
     await asyncio.to_thread(j.close)
+
+
+class _NoRoomForNewFiles(WrappedDisk):
+    """A disk on which the files already open keep their room, and while `full` a new file takes none: its
+    first write fails with ENOSPC (a full disk, as the journal meets it when preparing its next file)."""
+
+    def __init__(self) -> None:
+        super().__init__(OsDisk())
+        self.full = False
+        self.created: list[str] = []
+
+    def open(self, path: str, *, create: bool = False, exclusive: bool = False) -> File:
+        f = super().open(path, create=create, exclusive=exclusive)
+        if create and self.full:
+            self.created.append(path)
+
+            def no_room(data: bytes | bytearray | memoryview, offset: int) -> int:
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            f.pwrite = no_room  # type: ignore[method-assign]
+        return f
+
+
+async def test_a_failed_preparation_of_the_next_file_leaves_no_file_and_waits_before_the_next_try(
+    tmp_path: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found with a disk that filled while a bookie ran: once the journal's current file was half full, every
+    batch started another background preparation of the next file, each failing at once on the full disk --
+    a thread, an orphan file and a logged traceback per batch, about 55 in 0.2 s. Now a failed preparation
+    removes its file and the next one waits (`PREPARE_RETRY_S`, doubling); the roll still prepares its file
+    itself once there is room."""
+    monkeypatch.setattr(journal_module, "PREPARE_RETRY_S", 3600.0)  # no retry within this test's batches
+    caplog.set_level(logging.ERROR, logger=journal_module.__name__)
+    disk = _NoRoomForNewFiles()
+    d = os.path.join(tmp_path, "j")
+    j = journal(DiskEnv(disk), d)
+    assert replayed(j) == []
+    j.start(asyncio.get_running_loop())
+    first = sorted(os.listdir(d))
+    disk.full = True
+    data: list[bytes] = []
+    for i in range(1000):  # one batch each, into the second half of the file, short of a roll
+        if j._offset > FILE * 3 // 4:
+            break
+        data.append(payload(i))
+        assert await append_all(j, [data[-1]]) == [None]
+    assert j._offset > FILE * 3 // 4 and j._file_seq == 1
+
+    def attempt_over() -> bool:  # the one attempt may still be on its way to failing
+        with j._cond:
+            return j._cond.wait_for(lambda: not j._preparing, timeout=30)
+
+    assert await asyncio.to_thread(attempt_over)
+    assert len(disk.created) == 1, disk.created  # one attempt, not one per batch past the half
+    assert sorted(os.listdir(d)) == first  # its file is gone
+    failures = [r for r in caplog.records if "preparing the next file failed" in r.getMessage()]
+    assert len(failures) == 1
+    disk.full = False
+    more = [payload(i) for i in range(len(data), len(data) + 300)]  # rolls: the roll prepares its own file
+    assert await append_all(j, more) == [None] * len(more)
+    assert j._file_seq > 1
+    await asyncio.to_thread(j.close)
+    assert replayed(journal(OsEnv(), d)) == data + more
