@@ -106,9 +106,17 @@ class BookieConfig:
     max_pending_bytes_per_connection: int = setting(
         64 << 20, "bytes of unanswered adds per connection before reading from it pauses", 1 << 20, 1 << 40
     )
+    max_partial_frames_bytes: int = setting(
+        256 << 20,
+        "bytes all connections together may hold of frames received in part; past it, the connections "
+        "silent longest while holding one are closed (at least max_frame_bytes + 4)",
+        1 << 20,
+        1 << 40,
+    )
     idle_connection_timeout_s: float = setting(
         600.0,
-        "a connection with nothing in flight that sends nothing this long is closed (0 = never)",
+        "a connection with nothing in flight that sends nothing this long, or whose frame has been arriving "
+        "this long, is closed (0 = never)",
         0,
         1e7,
     )
@@ -194,6 +202,11 @@ class BookieConfig:
             raise ConfigError(
                 f"minor_compaction_threshold={self.minor_compaction_threshold} must not exceed "
                 f"major_compaction_threshold={self.major_compaction_threshold}"
+            )
+        if self.max_partial_frames_bytes < self.max_frame_bytes + 4:
+            raise ConfigError(
+                f"max_partial_frames_bytes={self.max_partial_frames_bytes} must hold one whole frame "
+                f"(>= max_frame_bytes + 4 = {self.max_frame_bytes + 4})"
             )
         if self.journal_file_size_bytes < 4096 + 2 * self.journal_max_batch_bytes:
             raise ConfigError(

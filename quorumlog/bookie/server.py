@@ -14,7 +14,12 @@ Rules it keeps:
     reading from that socket pauses until half is answered. Adds are also refused with ETOOMANYREQUESTS
     while the journal has more than its `max_pending_bytes` queued. When the peer does not read its
     responses (`pause_writing`), reading from it pauses too;
-  - a connection with nothing in flight that sends nothing for `idle_connection_timeout_s` is closed;
+  - frames received in part hold at most `max_partial_frames_bytes` in all: past it, the connections that
+    have been silent longest while holding one are closed (a peer that stops in the middle of a frame, on
+    many connections, cannot make the bookie hold `max_connections` x `max_frame_bytes`);
+  - a connection with nothing in flight that sends nothing for `idle_connection_timeout_s` is closed, and so
+    is one whose frame has been arriving for that long (a peer sending a byte now and then never falls
+    silent, and would otherwise keep its connection and its frame's buffer for ever);
   - long polls parked by a connection are released when it goes (the bookie caps their number and wait).
 - Authentication (security/auth.py): with an `auth` plugin set, a connection serves nothing but AUTH and
   START_TLS until the plugin declares it authenticated; everything else is answered EUA, as BookKeeper's
@@ -111,6 +116,10 @@ class BookieConnection(asyncio.Protocol):
         self._max_pending_bytes = server.max_pending_bytes_per_connection
         self._add_bytes: dict[tuple[int, int, int], int] = {}
         self.last_active_s = self._loop.time()
+        # Bytes of a frame received in part, as counted in the server's `partial_bytes`, and since when that
+        # frame has been arriving (None: the last byte received ended a frame).
+        self.partial_held = 0
+        self.frame_since_s: float | None = None
         self.peer_host = ""
         # Authentication: nothing to pass without a plugin (BookKeeper's null provider authenticates at once).
         self.authenticated = server.auth is None
@@ -145,6 +154,7 @@ class BookieConnection(asyncio.Protocol):
             return  # a failed TLS upgrade reports it itself, asyncio may too
         self._lost = True
         self.server.forget(self)
+        self.server.hold_partial(self, 0)
         self.bookie.release_polls(self)  # parked long polls die with their connection
         self.transport = None
         self._out.clear()
@@ -171,7 +181,7 @@ class BookieConnection(asyncio.Protocol):
         return self._writing_paused or self._out_bytes >= OUTPUT_BYTES_MAX
 
     def data_received(self, data: bytes) -> None:
-        self.last_active_s = self._loop.time()
+        self.last_active_s = now = self._loop.time()
         if self._upgrading:
             self._early.append(data)
             return
@@ -188,6 +198,18 @@ class BookieConnection(asyncio.Protocol):
                 self._flush()
                 self.transport.close()
             return
+        codec = self.codec
+        if codec.in_frame:
+            if requests or self.frame_since_s is None:  # (every whole frame is a request)
+                self.frame_since_s = now  # a frame began in this chunk
+            held = codec.buffered_bytes
+        else:
+            self.frame_since_s = None
+            held = 0
+        if held != self.partial_held:
+            self.server.hold_partial(self, held)
+            if self.transport is None:
+                return  # closed for the budget: it was the connection silent longest
         if self._backlog:
             self._backlog.extend(requests)  # behind what is already waiting, in order
         else:
@@ -642,6 +664,13 @@ class BookieConnection(asyncio.Protocol):
             self._reading_paused = False
             t.resume_reading()
 
+    def abort(self) -> None:
+        """Close at once, without flushing: a peer the bookie gives up on may not be reading either (a close
+        that waits to flush would keep its connection, and its slot, for as long as it does not read)."""
+        if self.transport is not None:
+            self.transport.abort()
+            self.transport = None
+
     @property
     def idle(self) -> bool:
         """Nothing in flight (a parked long poll is in flight). Half a frame received counts as idle: the
@@ -693,6 +722,7 @@ class BookieServer:
         max_pending_requests: int = 10_000,
         max_pending_bytes_per_connection: int = 64 << 20,
         max_frame_bytes: int = 5 << 20,
+        max_partial_frames_bytes: int = 256 << 20,
         idle_connection_timeout_s: float = 600.0,
         auth: ServerAuth | None = None,
         tls: TLSContextSource | None = None,
@@ -717,6 +747,9 @@ class BookieServer:
         self.max_pending_requests = max_pending_requests
         self.max_pending_bytes_per_connection = max_pending_bytes_per_connection
         self.max_frame_bytes = max_frame_bytes
+        self.max_partial_frames_bytes = max_partial_frames_bytes
+        self.partial_bytes = 0  # held by all connections together in frames received in part
+        self.partial_closed = 0  # connections closed to keep `partial_bytes` within its bound (observability)
         self.idle_connection_timeout_s = idle_connection_timeout_s
         self.connections: set[BookieConnection] = set()
         self._per_address: dict[str, int] = {}
@@ -739,6 +772,34 @@ class BookieServer:
         self.connections.add(conn)
         self._per_address[host] = self._per_address.get(host, 0) + 1
         return None
+
+    def hold_partial(self, conn: BookieConnection, held: int) -> None:
+        """`conn` now holds `held` bytes of a frame received in part. Past `max_partial_frames_bytes` in all,
+        the connections that have been silent longest while holding one are closed (aborted: what they sent
+        is a part of a request, nothing answered is lost), until the rest fits. A legitimate peer's partial
+        frame is the end of its latest read, so it is the one kept."""
+        self.partial_bytes += held - conn.partial_held
+        conn.partial_held = held
+        if self.partial_bytes <= self.max_partial_frames_bytes:
+            return
+        holders = sorted((c for c in self.connections if c.partial_held), key=lambda c: c.last_active_s)
+        now = asyncio.get_running_loop().time()
+        for victim in holders:
+            if self.partial_bytes <= self.max_partial_frames_bytes:
+                break
+            log.warning(
+                "closing connection from %s: frames received in part hold %d bytes in all "
+                "(max_partial_frames_bytes=%d), and its own %d bytes have had nothing added for %.1f s",
+                victim.peer_host,
+                self.partial_bytes,
+                self.max_partial_frames_bytes,
+                victim.partial_held,
+                now - victim.last_active_s,
+            )
+            self.partial_closed += 1
+            self.partial_bytes -= victim.partial_held
+            victim.partial_held = 0
+            victim.abort()
 
     def forget(self, conn: BookieConnection) -> None:
         if conn in self.connections:
@@ -764,13 +825,25 @@ class BookieServer:
 
     def _reap_idle(self) -> None:
         now = asyncio.get_running_loop().time()
+        timeout_s = self.idle_connection_timeout_s
         for conn in list(self.connections):
-            if conn.idle and now - conn.last_active_s >= self.idle_connection_timeout_s and conn.transport:
+            if conn.transport is None:
+                continue
+            if conn.idle and now - conn.last_active_s >= timeout_s:
                 log.info(
                     "closing connection from %s: idle for %.0f s", conn.peer_host, now - conn.last_active_s
                 )
-                self.idle_closed += 1
-                conn.transport.close()
+            elif conn.frame_since_s is not None and now - conn.frame_since_s >= timeout_s:
+                log.warning(
+                    "closing connection from %s: its frame has been arriving for %.0f s (%d bytes so far)",
+                    conn.peer_host,
+                    now - conn.frame_since_s,
+                    conn.partial_held,
+                )
+            else:
+                continue
+            self.idle_closed += 1
+            conn.abort()
         self._arm_reaper()
 
     def stop_accepting(self) -> None:

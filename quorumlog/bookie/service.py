@@ -94,6 +94,7 @@ class BookieService:
                 max_pending_requests=cfg.max_pending_requests,
                 max_pending_bytes_per_connection=cfg.max_pending_bytes_per_connection,
                 max_frame_bytes=cfg.max_frame_bytes,
+                max_partial_frames_bytes=cfg.max_partial_frames_bytes,
                 idle_connection_timeout_s=cfg.idle_connection_timeout_s,
                 auth=ServerAuth(cfg.auth_plugin, cfg.auth_token_file) if cfg.auth_plugin else None,
                 tls=server_tls(cfg),

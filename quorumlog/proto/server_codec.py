@@ -375,6 +375,12 @@ class BookieCodec:
         self._frames = FrameDecoder(max_frame_bytes, skip_oversized=True)
         self.version: ProtocolVersion | None = None
 
+    @property
+    def in_frame(self) -> bool:
+        """The last byte received was not the end of a frame: a frame (or an oversized one being skipped)
+        has begun and not ended."""
+        return self._frames.bytes_wanted() != 0
+
     def receive(
         self, data: bytes | bytearray | memoryview, fast_adds: bool = True
     ) -> list[Request | FastAdd | FastRead]:

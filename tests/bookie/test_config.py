@@ -50,3 +50,7 @@ def test_cross_field_rules() -> None:
         BookieConfig(disk_usage_threshold=0.8, disk_usage_lwm=0.9)
     with pytest.raises(ConfigError, match="journal_file_size_bytes"):
         BookieConfig(journal_file_size_bytes=1 << 20, journal_max_batch_bytes=1 << 20)
+    # The bookie-wide bound on partial frames must hold one whole frame, or a legitimate one closes itself.
+    with pytest.raises(ConfigError, match="max_partial_frames_bytes"):
+        BookieConfig(max_frame_bytes=8 << 20, max_partial_frames_bytes=4 << 20)
+    BookieConfig(max_frame_bytes=8 << 20, max_partial_frames_bytes=(8 << 20) + 4)

@@ -293,7 +293,7 @@ def _framed(c: RawClient, req: Any) -> tuple[bytes, asyncio.Future[Any]]:
 
 async def test_a_peer_stalled_in_the_middle_of_a_frame_is_closed_as_idle(start_bookie: StartBookie) -> None:
     """Half a frame, then silence: the connection's slot and the frame's buffer go back after the idle
-    timeout, as a silent connection's do. A peer still sending its frame is never cut."""
+    timeout, as a silent connection's do."""
     svc = await start_bookie(max_connections_per_address=3, idle_connection_timeout_s=1.0)
     server = svc.server
     assert server is not None
@@ -309,19 +309,80 @@ async def test_a_peer_stalled_in_the_middle_of_a_frame_is_closed_as_idle(start_b
         await asyncio.wait_for(c.closed.wait(), 30)  # closed by the bookie
     assert all(isinstance(f.exception(), ConnectionError) for f in unanswered)
     assert server.idle_closed >= 2
-    # A slow sender that keeps sending is not idle, however long its frame takes: 2.5 idle timeouts here.
-    slow = await RawClient.connect(*svc.address)
-    frame, answer = _framed(slow, req)
+    await _until(lambda: server.partial_bytes == 0, "their partial frames released")
+
+
+async def test_a_frame_sent_a_trickle_at_a_time_is_cut_after_the_idle_timeout(
+    start_bookie: StartBookie,
+) -> None:
+    """Slowloris: a peer that sends a little of its frame now and then is never silent, so the idle rule
+    alone let it keep its slot and its frame's buffer for ever. A frame that has been arriving for the idle
+    timeout is cut. A stream of frames that keeps arriving is not, however long it lasts, though nearly
+    every read ends in the middle of a frame."""
+    svc = await start_bookie(idle_connection_timeout_s=1.0)
+    server = svc.server
+    assert server is not None
     loop = asyncio.get_running_loop()
-    deadline, sent = loop.time() + 2.5, 0
-    while loop.time() < deadline and sent < len(frame) - 1000:
-        slow.write_raw(frame[sent : sent + 1000])
+    trickle = await RawClient.connect(*svc.address)
+    frame, answer = _framed(trickle, m.AddRequest(5, 0, KEY, entry(5, 0, b"y" * 300_000)))
+    began, sent = loop.time(), 0
+    while not trickle.closed.is_set() and loop.time() - began < 30 and sent < len(frame) - 1000:
+        trickle.write_raw(frame[sent : sent + 1000])
         sent += 1000
-        await asyncio.sleep(0.1)  # (the pace of a slow peer, not a wait for an event)
-    assert not slow.closed.is_set()
-    slow.write_raw(frame[sent:])
-    assert (await asyncio.wait_for(answer, 30)).status == StatusCode.EOK
-    await slow.close()
+        await asyncio.sleep(0.1)  # (the pace of the slow peer: 300 s for its frame, not a wait for an event)
+    assert trickle.closed.is_set(), "a frame arriving 1000 bytes at a time was never cut"
+    assert loop.time() - began >= 1.0  # not before the timeout
+    assert isinstance(answer.exception(), ConnectionError)
+    assert server.idle_closed == 1
+    # Frames back to back for 2.5 idle timeouts, in chunks that end inside a frame, each whole within 0.1 s.
+    steady = await RawClient.connect(*svc.address)
+    frames, answers = [], []
+    for e in range(100):
+        f, a = _framed(steady, m.AddRequest(6, e, KEY, entry(6, e, b"z" * 1000)))
+        frames.append(f)
+        answers.append(a)
+    stream = b"".join(frames)
+    chunk = len(stream) // 125 + 1  # ~1 KiB, never a whole number of frames
+    for at in range(0, len(stream), chunk):
+        steady.write_raw(stream[at : at + chunk])
+        await asyncio.sleep(0.02)  # (the sender's pace: 125 chunks over 2.5 s)
+    assert not steady.closed.is_set()
+    assert all(a.status == StatusCode.EOK for a in await asyncio.wait_for(asyncio.gather(*answers), 30))
+    assert server.idle_closed == 1
+    await steady.close()
+
+
+async def test_frames_received_in_part_are_bounded_for_the_whole_bookie(start_bookie: StartBookie) -> None:
+    """Many peers each holding most of a frame: `max_connections` x `max_frame_bytes` is far more than a
+    bookie can hold. Past `max_partial_frames_bytes` in all, the connection silent longest while holding one
+    is closed; the others, and new peers' requests, are served."""
+    svc = await start_bookie(max_frame_bytes=400_000, max_partial_frames_bytes=1 << 20)
+    server = svc.server
+    assert server is not None
+    req = m.AddRequest(7, 0, KEY, entry(7, 0, b"w" * 390_000))
+    holders, frames, answers = [], [], []
+    for i in range(4):  # 300,000 bytes each: the fourth takes the total past 1 MiB
+        c = await RawClient.connect(*svc.address)
+        frame, fut = _framed(c, req)
+        c.write_raw(frame[:300_000])
+        holders.append(c)
+        frames.append(frame)
+        answers.append(fut)
+        if i < 3:
+            await _until(lambda n=i + 1: server.partial_bytes == n * 300_000, f"{i + 1} partial frames held")
+    await asyncio.wait_for(holders[0].closed.wait(), 30)  # the one silent longest
+    assert server.partial_closed == 1
+    assert server.partial_bytes <= 1 << 20
+    assert not any(c.closed.is_set() for c in holders[1:])
+    # The survivors' frames complete and are answered; a new peer is served.
+    for c, frame, fut in zip(holders[1:], frames[1:], answers[1:], strict=True):
+        c.write_raw(frame[300_000:])
+        assert (await asyncio.wait_for(fut, 30)).status == StatusCode.EOK
+    await _until(lambda: server.partial_bytes == 0, "no partial frame held")
+    fresh = await RawClient.connect(*svc.address)
+    assert (await fresh.call(m.ReadRequest(7, 0))).status == StatusCode.EOK
+    for c in [*holders[1:], fresh]:
+        await c.close()
 
 
 async def test_unanswered_add_bytes_per_connection_pause_reading(start_bookie: StartBookie) -> None:
