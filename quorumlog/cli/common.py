@@ -45,6 +45,7 @@ from quorumlog.errors import (
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
 )
+from quorumlog.log_limits import RepeatLimiter
 
 T = TypeVar("T")
 
@@ -105,7 +106,8 @@ def setup_logging(
     (flags > `QUORUMLOG_LOG_*` > the `[logging]` table of `config_path` > defaults); returns the settings.
 
     Records go to `log_file` through a `RotatingFileHandler` (rotated by size, `log_backup_count` files
-    kept) or to stderr, as text or JSON lines. A bad value is a usage error naming the key (exit 2).
+    kept) or to stderr, as text or JSON lines, at most `log_limits.BURST` alike per `log_limits.WINDOW_S`
+    (`RepeatLimiter`). A bad value is a usage error naming the key (exit 2).
     """
     from quorumlog.config import LOGGING, read_toml
 
@@ -140,6 +142,7 @@ def setup_logging(
     handler.setFormatter(
         JsonLinesFormatter() if values["log_format"] == "json" else logging.Formatter(LOG_TEXT_FORMAT)
     )
+    handler.addFilter(RepeatLimiter())  # a peer must not be able to fill the log at its own rate
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

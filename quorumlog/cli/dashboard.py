@@ -17,6 +17,7 @@ import click
 from quorumlog.cli.common import log_level_option, open_cluster_store, run_async, usage
 from quorumlog.config import check_listen_address
 from quorumlog.errors import ConfigError
+from quorumlog.log_limits import RepeatLimiter
 
 
 @click.command("dashboard")
@@ -48,6 +49,8 @@ def dashboard(metadata: str | None, port: int, host: str, interval_s: float, log
     logging.basicConfig(
         level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RepeatLimiter())  # (as `setup_logging` does for the other long-running commands)
     if not metadata:
         usage("no metadata store given", "pass --metadata URI or set QUORUMLOG_METADATA")
     try:

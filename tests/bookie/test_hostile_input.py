@@ -6,6 +6,7 @@ where a counter inside the bookie is the thing to check."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import struct
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from quorumlog.log_limits import BURST, WINDOW_S
 from quorumlog.proto import messages as m
 from quorumlog.proto.entry import DigestManager, DigestType
 from quorumlog.proto.generated import bookkeeper_pb2 as pb
@@ -158,6 +160,36 @@ async def test_a_v3_request_missing_a_required_field_or_with_another_header_vers
 
     assert (await c.call(m.ReadLacRequest(0))).status == StatusCode.EOK  # the connection still serves
     await c.close()
+
+
+async def test_a_stream_of_bad_requests_does_not_flood_the_log(bookie_process: Any) -> None:
+    """Each bad request logged a warning: a peer sending them as fast as it can made the bookie spend its
+    CPU writing its log, and pushed everything else out of the rotated files. Alike lines are now bounded
+    per window (quorumlog/log_limits.py); every request is still answered."""
+    proc = bookie_process()
+    c = await RawClient.connect("127.0.0.1", proc.port)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    futs = []
+    for txn in range(2000, 2500):
+        bad = pb.Request()
+        bad.header.version = pb.VERSION_THREE
+        bad.header.operation = pb.READ_LAC
+        bad.header.txnId = txn
+        bad.readLacRequest.SetInParent()  # ledgerId (required) left out
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        c._waiting.setdefault(txn, []).append(fut)
+        body = bad.SerializePartialToString()
+        c.write_raw(struct.pack(">I", len(body)) + body)
+        futs.append(fut)
+    answers = await asyncio.wait_for(asyncio.gather(*futs), 30)
+    assert all(a.status == StatusCode.EBADREQ for a in answers)
+    windows = 1 + math.ceil((loop.time() - began) / WINDOW_S)  # (one, unless the machine crawls)
+    await c.close()
+    assert proc.stop() == 0
+    lines = [line for line in proc.log().splitlines() if "bad request answered EBADREQ" in line]
+    assert 1 <= len(lines) <= BURST * windows, len(lines)
+    assert any("more are counted, not logged" in line for line in lines)
 
 
 # --- defect 6: the explicit LAC comes from the digest-protected body ------------------------------------------

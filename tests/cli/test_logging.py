@@ -68,9 +68,8 @@ def test_json_lines_carry_ts_level_logger_msg_and_the_exception(tmp_path: Any) -
 def test_the_file_rotates_by_size_and_keeps_a_bounded_number_of_backups(tmp_path: Any) -> None:
     path = str(tmp_path / "r.log")
     setup_logging("INFO", _flags(log_file=path, log_max_bytes=2000, log_backup_count=2))
-    log = logging.getLogger("quorumlog.test")
-    for i in range(200):
-        log.info("record %03d %s", i, "x" * 50)
+    for i in range(200):  # (a logger each: alike records of one logger are bounded, test_log_limits.py)
+        logging.getLogger(f"quorumlog.test.r{i}").info("record %03d %s", i, "x" * 50)
     names = sorted(os.listdir(tmp_path))
     assert names == ["r.log", "r.log.1", "r.log.2"]
     for name in names:
