@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias, assert_never
 
 from quorumlog.client.add_tracker import (
@@ -403,9 +403,11 @@ class WriteHandle(LedgerHandle):
         self._timeouts.add(self, self._loop)  # (`_schedule_timeouts`, inlined: every entry)
         return eid
 
-    def _body(self, entry_id: int) -> bytes | None:
-        """The body of pending entry `entry_id` (None once it completed or failed)."""
+    def _body(self, entry_id: int, completing: Mapping[int, _PendingAdd] | None = None) -> bytes | None:
+        """The body of pending entry `entry_id`, or of one in `completing` (None once it completed or failed)."""
         kept: _PendingAdd | None = self._tracker.kept(entry_id)
+        if kept is None and completing:
+            kept = completing.get(entry_id)
         if kept is None:
             return None
         head, payload, _ = kept
@@ -437,16 +439,19 @@ class WriteHandle(LedgerHandle):
         self._schedule_timeouts()
         return fut
 
-    def _send_adds(self, actions: Sequence[SendAdd]) -> None:
+    def _send_adds(
+        self, actions: Sequence[SendAdd], completing: Mapping[int, _PendingAdd] | None = None
+    ) -> None:
         """Send these adds (resends, after an ensemble change or a connection drop): each entry's replicas
-        together, as `_send_entry` does."""
+        together, as `_send_entry` does. `completing`: what is kept of entries completing with these resends
+        (no longer pending in the tracker)."""
         i, n = 0, len(actions)
         while i < n:
             first = actions[i]
             j = i + 1
             while j < n and actions[j].entry_id == first.entry_id and actions[j].recovery == first.recovery:
                 j += 1
-            body = self._body(first.entry_id)
+            body = self._body(first.entry_id, completing)
             if body is not None:  # (else completed or failed meanwhile)
                 sends = tuple((a.index, a.bookie_id) for a in actions[i:j])
                 self._send_entry(first.entry_id, body, sends, first.recovery)
@@ -464,7 +469,7 @@ class WriteHandle(LedgerHandle):
             if self._write_flags  # (v2 cannot carry them: the general path says so)
             else encode_add_v2(self._master_key, body, recovery)
         )
-        self._send_frame(entry_id, txn, frame, b"", sends, recovery)
+        self._send_frame(entry_id, txn, frame, b"", sends, recovery, body)
 
     def _send_frame(
         self,
@@ -474,10 +479,12 @@ class WriteHandle(LedgerHandle):
         payload: bytes,
         sends: Sequence[tuple[int, str]],
         recovery: bool,
+        body: bytes | None = None,
     ) -> None:
         """Send the ADD frame `frame + payload` of entry `entry_id` (v3: with txn id `txn`; v2: none), encoded
         once and handed as is to each bookie's connection in `sends` (`send_add_frame`); an empty `frame`, or
-        a connection that cannot take it, gets an `AddRequest` instead."""
+        a connection that cannot take it, gets an `AddRequest` instead. `body`: the entry's body when the
+        caller has it (a resend: the entry may be completing, no longer pending in the tracker)."""
         bookies = self._client._bookies
         req: AddRequest | None = None
         for index, bookie_id in sends:
@@ -508,7 +515,8 @@ class WriteHandle(LedgerHandle):
                     # once (bookie_client._FrameCache).
                     if req is None:
                         # (Kept from before the first send; removed only with the return below.)
-                        body = self._body(entry_id)
+                        if body is None:
+                            body = self._body(entry_id)
                         assert body is not None
                         req = AddRequest(
                             self.ledger_id, entry_id, self._master_key, body, recovery, self._write_flags
@@ -517,8 +525,9 @@ class WriteHandle(LedgerHandle):
                         req, self._add_answered, context, timeout_s=0, batch_end=self._add_batch_end
                     )
             except QuorumLogError as e:
+                pending = self._tracker.kept(entry_id) is not None
                 self._apply(self._tracker.on_error(entry_id, bookie_id, e, self._now()))
-                if self._tracker.kept(entry_id) is None:
+                if self._tracker.error is not None or (pending and self._tracker.kept(entry_id) is None):
                     return  # the error failed the entry (or the writer): its other replicas are not sent
 
     def _on_add_answer(self, sent: _SentAdd, response: Response | None, exc: QuorumLogError | None) -> bool:
@@ -610,6 +619,15 @@ class WriteHandle(LedgerHandle):
         resends = self._resends
         for action in actions:
             if isinstance(action, AddCompleted):  # nearly every action: no match statement for it
+                if sends:
+                    # Resends go out before the completions that follow them. An ensemble change re-sends the
+                    # entries still pending to the replacements and may complete some of them at once (the
+                    # survivors' acks came while it was in flight): the tracker has let go of those, so their
+                    # bodies come from these completions. Dropped, a replacement would hold two copies of
+                    # three, and be blamed for the answer it was never asked for (add_timeout_s).
+                    completing = {a.entry_id: a.kept for a in actions if type(a) is AddCompleted and a.kept}
+                    self._send_adds(sends, completing)
+                    sends = []
                 done.append(action)
                 continue
             if done:  # futures resolve in the order of the actions
