@@ -9,15 +9,23 @@ replace and whether to change at all are decided by the writer's `AddTracker` an
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from quorumlog.client.add_tracker import EnsembleChangeNeeded
 from quorumlog.client.distribution import Quorum
 from quorumlog.client.driver_common import METADATA_CAS_ATTEMPTS_MAX
 from quorumlog.client.ensemble_change import AlreadyApplied, Retry, merge_on_conflict, plan_ensemble_change
-from quorumlog.errors import MetadataVersionError, NotEnoughBookiesError
+from quorumlog.errors import (
+    MetadataNotFoundError,
+    MetadataStoreError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+)
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.store import Versioned
+
+log = logging.getLogger("quorumlog.client")
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -78,21 +86,39 @@ async def commit_ensemble_change(
         # first, and its "no such entry" (enough when W == A) would close the ledger below acknowledged
         # entries.
         return plan.first_entry_id, plan.new_ensemble, Versioned(candidate, base.version)
+    # A write that fails on the store's connection (ZooKeeper's ConnectionLoss) may or may not have landed;
+    # the store leaves the answer to the caller (METADATA.md). Here it is found by reading what is stored,
+    # as after a lost race, for as long as one metadata operation may take: a writer whose store blinks
+    # during its change goes on, as BookKeeper's does (its ZooKeeper client retries connection loss).
+    ambiguous_until = client.env.clock.monotonic_s() + client.store.options.op_timeout_s
     for _ in range(METADATA_CAS_ATTEMPTS_MAX):
         try:
             written = await client.ledger_manager.write(candidate, version=base.version)
         except MetadataVersionError:
             stored = await client.ledger_manager.read(ledger_id)
-            decision = merge_on_conflict(
-                plan, base.value.ensembles, stored.value.state, stored.value.ensembles
+        except MetadataStoreError as exc:
+            if (
+                isinstance(exc, MetadataNotFoundError)
+                or not exc.retriable
+                or client.env.clock.monotonic_s() >= ambiguous_until
+            ):
+                raise
+            log.warning(
+                "ledger %d: the ensemble change's metadata write may not have landed (%s); reading it back",
+                ledger_id,
+                exc,
             )
-            if isinstance(decision, AlreadyApplied):
-                return plan.first_entry_id, plan.new_ensemble, stored
-            assert isinstance(decision, Retry)
-            base = stored
-            candidate = stored.value.replace(ensembles=decision.ensembles, ctoken=0)
-            continue
-        return plan.first_entry_id, plan.new_ensemble, written
+            stored = await client.ledger_manager.read(ledger_id)  # (retried by the store while it is away)
+            if stored.version == base.version:
+                continue  # it did not land: write it again
+        else:
+            return plan.first_entry_id, plan.new_ensemble, written
+        decision = merge_on_conflict(plan, base.value.ensembles, stored.value.state, stored.value.ensembles)
+        if isinstance(decision, AlreadyApplied):
+            return plan.first_entry_id, plan.new_ensemble, stored
+        assert isinstance(decision, Retry)
+        base = stored
+        candidate = stored.value.replace(ensembles=decision.ensembles, ctoken=0)
     raise MetadataVersionError(
         f"ledger {ledger_id}: ensemble change lost {METADATA_CAS_ATTEMPTS_MAX} CAS races"
     )

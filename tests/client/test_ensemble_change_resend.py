@@ -11,6 +11,7 @@ kept two copies of three."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -34,11 +35,36 @@ async def test_entries_pending_at_an_ensemble_change_reach_the_replacement_and_t
                 await w.append(b"before-%d" % i)
             (ensemble,) = w.metadata.ensembles.values()
             victim = next(n for n in cluster.bookies if n.bookie_id == ensemble[0])
+            # The change's metadata write is held until the test lets it go, so that adds are pending while
+            # the change is in flight and the survivors' acks for them arrive meanwhile, as they did on the
+            # real cluster (there, the store took its time).
+            manager = client.ledger_manager
+            real_write = manager.write
+            writing, release = asyncio.Event(), asyncio.Event()
+
+            async def held_write(md: Any, *, version: Any) -> Any:
+                writing.set()
+                await release.wait()
+                return await real_write(md, version=version)
+
+            manager.write = held_write  # type: ignore[method-assign]
             await victim.kill()
-            # A pipeline across the failure: the first adds fail on the dead bookie and start the change,
-            # and the survivors' acks for them arrive while it is in flight.
-            futs = [w.append(b"after-%d" % i) for i in range(50)]
+            first = w.append(b"after-0")  # fails on the dead bookie (at once, or once its connection goes)
+            await asyncio.wait_for(writing.wait(), 30)
+            futs = [first] + [w.append(b"after-%d" % i) for i in range(1, 50)]
+            # Each of them acknowledged by both survivors, none completed: the change is in flight. (The first
+            # may have completed before it: written while its connection to the dead bookie still looked
+            # alive, it was acked by the two others, and the failure was noticed after.)
+            tracker = w._tracker
+            async with asyncio.timeout(30):
+                while not (  # noqa: ASYNC110 (acks have no event)
+                    tracker.pending_count == sum(not f.done() for f in futs) >= 49
+                    and all(p.acked.bit_count() == 2 for p in tracker._pending.values())
+                ):
+                    await asyncio.sleep(0.005)
+            release.set()
             await asyncio.wait_for(asyncio.gather(*futs), 30)
+            manager.write = real_write  # type: ignore[method-assign]
             assert len(w.metadata.ensembles) == 2
             change_point = max(w.metadata.ensembles)
             (replacement,) = set(w.metadata.ensembles[change_point]) - set(ensemble)
