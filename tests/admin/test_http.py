@@ -4,8 +4,11 @@ changes, and clear JSON 4xx answers to hostile input."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import os
+import socket
 import urllib.request
 from typing import Any
 
@@ -20,6 +23,7 @@ from quorumlog.errors import ConfigError
 from quorumlog.meta.registration import BookieRegistration, BookieServiceInfo
 from quorumlog.meta.store import open_store
 from quorumlog.meta.underreplication import UnderReplicationManager
+from quorumlog.testing.cluster import LocalCluster
 from quorumlog.testing.servers import free_port
 from tests.admin.conftest import StartAdminBookie
 from tests.bookie.helpers import BookieProcess
@@ -477,3 +481,147 @@ async def test_idle_connections_to_the_admin_port_are_closed(
         assert await asyncio.wait_for(reader.read(100), 5) == b""  # closed by the bookie, nothing sent
     finally:
         writer.close()
+
+
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def _stalled_get(port: int, path: str) -> tuple[socket.socket, bytes]:
+    """A GET whose client reads the status line and headers of the answer, then nothing more."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1024)
+        assert chunk, head
+        head += chunk
+    return s, head
+
+
+def test_ledger_reads_stalled_clients_do_not_make_a_bookie_process_hold_their_answers(tmp_path: str) -> None:
+    """A real bookie, a ledger of 9 MiB, six clients that ask for it and never read the answer: the bookie
+    answers each one page (about 2 MiB of JSON, which the kernel's buffers take) instead of building and
+    holding a 16 MiB answer for each (+190 MB before the bound)."""
+    cluster = LocalCluster(bookies=0, base_dir=os.path.join(tmp_path, "cluster"))
+    asyncio.run(cluster.start())
+    http_port = free_port()
+    proc = BookieProcess(
+        os.path.join(tmp_path, "p"), free_port(), "--metadata", cluster.uri, "--http-port", str(http_port)
+    )
+    proc.start()
+    sockets: list[socket.socket] = []
+    try:
+
+        async def write() -> int:
+            client = await Client.connect(cluster.uri)
+            try:
+                handle = await client.create_ledger(1, 1, 1, password=b"pw")
+                for _ in range(23):
+                    await asyncio.gather(*(handle.append_wait(os.urandom(8192)) for _ in range(50)))
+                await handle.close()
+                return handle.ledger_id
+            finally:
+                await client.close()
+
+        lid = asyncio.run(write())
+        path = f"/api/v1/ledger/read?ledger_id={lid}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}{path}", timeout=30) as r:
+            body = r.read()
+            going_on = r.headers["X-Quorumlog-Truncated"]
+        page = json.loads(body)
+        assert len(body) < 3 << 20 and 0 < len(page) < 1000
+        assert going_on.endswith(f"from entry {len(page)}")  # where the next page starts
+        assert proc.proc is not None
+        before = _rss_bytes(proc.proc.pid)
+        for _ in range(6):
+            s, head = _stalled_get(http_port, path)
+            sockets.append(s)
+            assert head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 503")), head[:100]
+        grown = _rss_bytes(proc.proc.pid) - before
+        assert grown < 48 << 20, f"the bookie grew by {grown >> 20} MiB holding unread answers"
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/heartbeat", timeout=10) as r:
+            assert r.read() == b"OK\n"
+    finally:
+        for s in sockets:
+            s.close()
+        assert proc.stop() == 0
+        asyncio.run(cluster.close())
+
+
+async def test_ledger_reads_in_flight_are_bounded_beyond_which_503(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = await admin_bookie()
+    assert b.service.http is not None
+    release, all_reading = asyncio.Event(), asyncio.Event()
+    reading = 0
+
+    async def slow_read(ledger_id: int, start: int, end: int) -> tuple[list[tuple[int, bytes]], int, bool]:
+        nonlocal reading
+        reading += 1
+        if reading == admin_http.LEDGER_READS_MAX:
+            all_reading.set()
+        await release.wait()
+        return [(0, b"zero")], 1, False
+
+    monkeypatch.setattr(b.service.http, "_read_entries", slow_read)
+    path = "/api/v1/ledger/read?ledger_id=1"
+    held = [asyncio.create_task(b.get(path)) for _ in range(admin_http.LEDGER_READS_MAX)]
+    await asyncio.wait_for(all_reading.wait(), 10)
+    async with b.session.get(b.base + path) as r:
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert "at most" in (await r.json())["error"]
+    release.set()
+    assert await asyncio.gather(*held) == [(200, {"0": "zero"})] * admin_http.LEDGER_READS_MAX
+    assert await b.get(path) == (200, {"0": "zero"})  # the slots are free again
+
+
+async def test_a_client_that_does_not_read_its_ledger_read_answer_is_dropped(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b = await admin_bookie()
+    assert b.service.http is not None
+    server = b.service.http
+    monkeypatch.setattr(admin_http, "LEDGER_READ_SEND_TIMEOUT_S", 0.5)
+    big = b"\xff" * (4 << 20)  # 8 MiB of hex each: more than the kernel's socket buffers take
+
+    async def big_read(ledger_id: int, start: int, end: int) -> tuple[list[tuple[int, bytes]], int, bool]:
+        return [(0, big), (1, big), (2, big)], 3, False
+
+    monkeypatch.setattr(server, "_read_entries", big_read)
+    sent_or_dropped = asyncio.Event()
+    send_streamed = admin_http.send_streamed
+
+    async def watched(*args: Any) -> aiohttp.web.StreamResponse:
+        try:
+            return await send_streamed(*args)
+        finally:
+            sent_or_dropped.set()
+
+    monkeypatch.setattr(admin_http, "send_streamed", watched)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(s, ("127.0.0.1", server.port))
+    try:
+        await loop.sock_sendall(s, b"GET /api/v1/ledger/read?ledger_id=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.wait_for(sent_or_dropped.wait(), 10)  # the bookie gives up on us
+        assert server._ledger_reads == 0
+        received = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := await asyncio.wait_for(loop.sock_recv(s, 1 << 20), 10):
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 200")
+        assert len(received) < 3 * len(big) and not received.endswith(b"0\r\n\r\n")  # cut off, not ended
+    finally:
+        s.close()
+    assert await b.get("/heartbeat") == (200, "OK\n")
