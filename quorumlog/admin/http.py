@@ -78,6 +78,11 @@ LEDGER_READ_SEND_TIMEOUT_S = 30.0
 ANSWER_PIECE_BYTES = 64 << 10  # streamed answers are encoded and written this much at a time
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
+# list_bookie_info: requests that arrive while the bookies are being asked wait for that round, and an answer
+# serves every request for this long after it: however many requests come, this admin API asks each bookie
+# at most once at a time (one connection), never once per request (which filled other bookies'
+# max_connections_per_address and got real clients refused).
+BOOKIE_INFO_CACHE_S = 2.0
 RECOVERY_JOBS_RUNNING_MAX = 4  # recoveries and decommissions this admin API runs at once
 RECOVERY_JOBS_KEPT_MAX = 32  # finished ones it remembers (GET shows them), oldest dropped first
 BOOKIE_ID_CHARS_MAX = 1024
@@ -336,6 +341,8 @@ class AdminServer:
         self._force_gc: asyncio.Task[None] | None = None
         self._client: Any = None  # a quorumlog Client for ledger reads and recoveries, made on first use
         self._client_lock = asyncio.Lock()
+        self._bookie_info_task: asyncio.Task[dict[str, Any]] | None = None  # list_bookie_info's latest round
+        self._bookie_info_at = 0.0  # when it ended (loop time)
         self._ledger_reads = 0  # /api/v1/ledger/read answers being read or sent (at most LEDGER_READS_MAX)
         self._jobs: dict[tuple[str, str], _RecoveryJob] = {}  # (kind, bookie id) -> the latest such job
         self.app = web.Application(
@@ -394,6 +401,8 @@ class AdminServer:
 
     async def stop(self) -> None:
         await cancel_and_wait(*(job.task for job in self._jobs.values()))
+        if self._bookie_info_task is not None:
+            await cancel_and_wait(self._bookie_info_task)
         if self._force_gc is not None:
             await cancel_and_wait(self._force_gc)
             self._force_gc = None
@@ -536,6 +545,30 @@ class AdminServer:
         return _json({n: (n.rsplit(":", 1)[0] if hostnames else None) for n in names})
 
     async def list_bookie_info(self, request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        task = self._bookie_info_task
+        fresh = task is not None and (
+            not task.done()
+            or (
+                not task.cancelled()
+                and task.exception() is None
+                and loop.time() - self._bookie_info_at <= BOOKIE_INFO_CACHE_S
+            )
+        )
+        if task is None or not fresh:
+            task = asyncio.create_task(self._gather_bookie_info(), name="admin-list-bookie-info")
+
+            def answered(done: asyncio.Task[dict[str, Any]]) -> None:
+                self._bookie_info_at = loop.time()
+                if not done.cancelled():
+                    done.exception()  # retrieved: its waiters, if any are left, got it already
+
+            task.add_done_callback(answered)
+            self._bookie_info_task = task
+        # Shielded: a client that goes away does not cancel the round others wait for.
+        return _json(await asyncio.shield(task))
+
+    async def _gather_bookie_info(self) -> dict[str, Any]:
         from quorumlog.meta import layout
         from quorumlog.meta.registration import BookieRegistry
 
@@ -562,7 +595,7 @@ class AdminServer:
             "total_free": sum(i["free"] for i in answered),
             "total": sum(i["total"] for i in answered),
         }
-        return _json(out)
+        return out
 
     async def _ask_bookie_info(self, bookie_id: str, resolve: Any) -> dict[str, Any]:
         """Another bookie's disk, by GET_BOOKIE_INFO (an error entry if it does not answer in time)."""

@@ -343,7 +343,10 @@ def test_bookie_process_serves_the_admin_api_on_its_http_port(tmp_path: str) -> 
         assert proc.stop() == 0
 
 
-async def test_list_bookie_info_asks_every_registered_bookie(admin_bookie: StartAdminBookie) -> None:
+async def test_list_bookie_info_asks_every_registered_bookie(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admin_http, "BOOKIE_INFO_CACHE_S", 0.0)  # each GET below sees the registrations anew
     a, other = await admin_bookie("a"), await admin_bookie("other")
     status, info = await a.get("/api/v1/bookie/list_bookie_info")
     assert status == 200
@@ -625,3 +628,29 @@ async def test_a_client_that_does_not_read_its_ledger_read_answer_is_dropped(
     finally:
         s.close()
     assert await b.get("/heartbeat") == (200, "OK\n")
+
+
+async def test_list_bookie_info_asks_each_bookie_once_however_many_requests_come(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 concurrent GETs opened 300 connections to every other bookie (filling its
+    max_connections_per_address); now requests share one round of questions, and its answer for a moment."""
+    a, other = await admin_bookie("a"), await admin_bookie("other")
+    assert a.service.http is not None
+    asked: list[str] = []
+    ask = a.service.http._ask_bookie_info
+
+    async def counted(bookie_id: str, resolve: Any) -> dict[str, Any]:
+        asked.append(bookie_id)
+        return await ask(bookie_id, resolve)
+
+    monkeypatch.setattr(a.service.http, "_ask_bookie_info", counted)
+    answers = await asyncio.gather(*(a.get("/api/v1/bookie/list_bookie_info") for _ in range(50)))
+    assert {status for status, _ in answers} == {200}
+    assert all(body == answers[0][1] for _, body in answers)
+    assert other.service.bookie_id in answers[0][1]
+    assert asked == [other.service.bookie_id]
+    # Once the answer is older than BOOKIE_INFO_CACHE_S, the next request asks again.
+    monkeypatch.setattr(admin_http, "BOOKIE_INFO_CACHE_S", 0.0)
+    assert (await a.get("/api/v1/bookie/list_bookie_info"))[0] == 200
+    assert asked == [other.service.bookie_id] * 2
