@@ -524,8 +524,8 @@ class Dashboard:
         try:
             async with self._session.get(b.http_url + "api/v1/bookie/info") as r:
                 info = json.loads(await _read_bounded(r, INFO_BYTES_MAX)) if r.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            return
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, RecursionError):
+            return  # (RecursionError: JSON nested deeper than the decoder goes)
         if isinstance(info, dict):
             free, total = info.get("freeSpace"), info.get("totalSpace")
             if type(free) is int and type(total) is int:

@@ -458,6 +458,10 @@ class AdminServer:
             body = json.loads(raw) if raw.strip() else {}
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body is not JSON: {e}") from None
+        except RecursionError:
+            # json's decoder recurses once per nesting level: a 64 KiB body of {"a":{"a":... goes deeper
+            # than the interpreter allows. A bad body like any other, not a bug of the bookie's.
+            raise ApiError(400, "the body is not JSON this API takes: nested too deeply") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         return body

@@ -221,7 +221,7 @@ def _read_only_via_http(bookie: str, url: str, token_file: str | None) -> Any:
                 url.rstrip("/") + "/api/v1/bookie/info", timeout=HTTP_TIMEOUT_S
             ) as answer:
                 found = json.loads(answer.read()).get("bookieId")
-        except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+        except (urllib.error.URLError, OSError, ValueError, AttributeError, RecursionError) as e:
             fail(
                 f"cannot ask the admin API at {url} which bookie it serves: {getattr(e, 'reason', e)}",
                 "give the bookie's --http-port (the admin API), e.g. --http http://127.0.0.1:8000",
