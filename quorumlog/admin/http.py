@@ -42,6 +42,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from quorumlog.admin.tokens import read_token
 from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
@@ -263,19 +264,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def read_token(path: str) -> str:
-    """The admin token: the first non-empty line of `path` (a ConfigError if unreadable or empty)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.strip() for line in f]
-    except OSError as e:
-        raise ConfigError(f"http_token_file {path}: {e.strerror or e}") from None
-    token = next((line for line in lines if line), "")
-    if not token:
-        raise ConfigError(f"http_token_file {path} holds no token")
-    return token
 
 
 def _bool_param(request: web.Request, name: str) -> bool:

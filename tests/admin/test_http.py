@@ -673,3 +673,26 @@ async def test_list_bookie_info_asks_each_bookie_once_however_many_requests_come
     monkeypatch.setattr(admin_http, "BOOKIE_INFO_CACHE_S", 0.0)
     assert (await a.get("/api/v1/bookie/list_bookie_info"))[0] == 200
     assert asked == [other.service.bookie_id] * 2
+
+
+def test_the_token_file_rule_bookie_and_shell_share(tmp_path: str) -> None:
+    """`read_token` is the one rule: the first non-empty line, stripped; anything else a ConfigError."""
+    from quorumlog.admin.tokens import read_token
+
+    path = os.path.join(tmp_path, "t")
+    _write(path, "\n   \n  s3cret token  \nsecond\n")
+    assert read_token(path) == "s3cret token"
+    for content, why in (
+        ("\n \n", "holds no token"),
+        ("tok\x00en\n", "printable ASCII"),
+        ("jeton-é\n", "ASCII"),
+    ):
+        _write(path, content)
+        with pytest.raises(ConfigError, match=why):
+            read_token(path, "--http-token-file")
+    with open(path, "wb") as f:
+        f.write(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not a text file"):
+        read_token(path)
+    with pytest.raises(ConfigError, match="No such file"):
+        read_token(os.path.join(tmp_path, "missing"))
