@@ -515,10 +515,45 @@ class AdminServer:
         if not isinstance(want, bool):
             raise ApiError(400, 'the body must be {"readOnly": true} or {"readOnly": false}')
         self._bookie()
+        if not want:
+            await self._refuse_writable_if_decommissioned()
         read_only = await self.service.set_operator_read_only(want)
         if read_only != want:
             raise ApiError(409, "the bookie stays read-only: its disk is full or its storage failed")
         return _json({"readOnly": read_only})
+
+    async def _refuse_writable_if_decommissioned(self) -> None:
+        """A bookie being drained, or drained (its ledgers moved off, its cookie deleted), must not take new
+        ledgers again: clients would place them on a bookie that is about to stop and cannot restart on its
+        data. It stays read-only until it is restarted (and without a cookie it will not start)."""
+        from quorumlog.meta.cookie import read_cookie
+
+        me = self.service.bookie_id
+        job = self._jobs.get(("decommission", me))
+        state = job.as_dict()["state"] if job is not None else None
+        if state == "running":
+            raise ApiError(
+                409,
+                f"bookie {me} is being decommissioned (GET /api/v1/autorecovery/decommission shows it): "
+                "it stays read-only",
+            )
+        if state == "done":
+            raise ApiError(
+                409,
+                f"bookie {me} was decommissioned (its ledgers moved off, its cookie deleted): it stays "
+                "read-only until it is stopped",
+            )
+        # Decommissioned by someone else (`shell decommission`, another bookie's admin API): its cookie is gone.
+        store = self.service.store
+        if store is not None:
+            try:
+                await read_cookie(store, me)
+            except MetadataNotFoundError:
+                raise ApiError(
+                    409,
+                    f"bookie {me} has no cookie in metadata (it was decommissioned, or the metadata "
+                    "formatted): it stays read-only until it is stopped",
+                ) from None
 
     async def list_bookies(self, request: web.Request) -> web.Response:
         from quorumlog.meta import layout
@@ -945,6 +980,11 @@ class AdminServer:
 
             async def make_read_only() -> None:
                 await self.service.set_operator_read_only(True)
+
+        elif bookie_id == self.service.bookie_id and self.service.bookie is not None:
+            # Read-only already (a full disk, say): made so by the operator too, so that the disk check does
+            # not make it writable again when room comes back while, or after, it is drained.
+            await self.service.set_operator_read_only(True)
 
         async def work() -> dict[str, Any]:
             report = await admin.decommission(client, bookie_id, make_read_only=make_read_only)
