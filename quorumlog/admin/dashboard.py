@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorumlog.admin.http import ApiError, json_errors, metadata_json, serve_app
+from quorumlog.admin.http import ApiError, check_readable_with_metadata, json_errors, metadata_json, serve_app
 from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
@@ -612,6 +612,7 @@ class Dashboard:
     async def _read_tail(self, ledger_id: int, count: int) -> tuple[int, list[tuple[int, bytes]]]:
         """(LAC, the last `count` entries up to it), read as a client would: the ledger is not recovered."""
         md = await self._ledger_metadata(ledger_id)
+        check_readable_with_metadata(ledger_id, md)
         client = await self._tail_client()
         try:
             async with asyncio.timeout(TAIL_TIMEOUT_S):

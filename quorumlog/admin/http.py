@@ -296,6 +296,23 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
         raise ApiError(400, f"{name} must be an integer, not {raw[:40]!r}") from None
 
 
+def check_readable_with_metadata(ledger_id: int, md: Any) -> None:
+    """Refuse (409) a read that needs the password when the ledger's metadata keeps none.
+
+    The admin API and the dashboard read entries with the password in the metadata, as BookKeeper's admin
+    reads do. A MAC ledger made with `store_password=False` has none there: every entry, healthy or not,
+    would fail its digest check under the empty password, and the answer would call healthy replicas
+    corrupt (and log an error for each). CRC and DUMMY digests do not depend on the password."""
+    from quorumlog.proto.entry import DigestType
+
+    if md.digest == DigestType.MAC and not md.has_password:
+        raise ApiError(
+            409,
+            f"ledger {ledger_id}'s metadata keeps no password (store_password=False): the admin API cannot "
+            "verify its MAC entries; read it with a client that holds its password",
+        )
+
+
 def metadata_json(md: Any) -> dict[str, Any]:
     """Ledger metadata in the shape BookKeeper's HTTP API serialises it (camelCase; never the password)."""
     return {
@@ -843,6 +860,7 @@ class AdminServer:
         try:
             client = await self._admin_client()
             md = await client.get_ledger_metadata(ledger_id)
+            check_readable_with_metadata(ledger_id, md)
             handle = await client.open_ledger(ledger_id, password=md.password, recovery=False)
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
@@ -1091,4 +1109,11 @@ async def _delete_cookie(store: Any, bookie_id: str) -> bool:
     return True
 
 
-__all__ = ["AdminServer", "ApiError", "is_loopback", "metadata_json", "read_token"]
+__all__ = [
+    "AdminServer",
+    "ApiError",
+    "check_readable_with_metadata",
+    "is_loopback",
+    "metadata_json",
+    "read_token",
+]
