@@ -750,7 +750,7 @@ class AdminServer:
     async def gc_details(self, request: web.Request) -> web.Response:
         gc = self.service.gc
         if gc is None:
-            return _json([])
+            return _json([])  # a bookie without a metadata store runs no garbage collection
         compactor = gc.compactor
         schedule, stats = compactor.schedule, compactor.stats
         clock = self.service.env.clock

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import socket
+import time
 import urllib.request
 from typing import Any
 
@@ -152,6 +153,7 @@ async def test_ledger_list_and_metadata_in_bookkeeper_shape(admin_bookie: StartA
 
 
 async def test_last_log_mark_and_gc(admin_bookie: StartAdminBookie) -> None:
+    started_ms = time.time() * 1000
     b = await admin_bookie()
     status, mark = await b.get("/api/v1/bookie/last_log_mark")
     assert status == 200
@@ -160,7 +162,13 @@ async def test_last_log_mark_and_gc(admin_bookie: StartAdminBookie) -> None:
     )
 
     assert await b.get("/api/v1/bookie/gc") == (200, {"is_in_force_gc": "false"})
-    assert await b.get("/api/v1/bookie/gc_details") == (200, [])  # gc_interval_s=0: none has run
+    # Before any GC ran (gc_interval_s=0), BookKeeper's shape: one object, the times the bookie's start.
+    status, details = await b.get("/api/v1/bookie/gc_details")
+    assert status == 200 and len(details) == 1, details
+    assert details[0]["majorCompactionCounter"] == details[0]["minorCompactionCounter"] == 0
+    assert details[0]["forceCompacting"] is False
+    assert started_ms - 1000 <= details[0]["lastMajorCompactionTime"] <= time.time() * 1000 + 1000
+    assert details[0]["lastMinorCompactionTime"] == details[0]["lastMajorCompactionTime"]
     status, text = await b.put("/api/v1/bookie/gc")
     assert (
         status == 200
