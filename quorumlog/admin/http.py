@@ -97,11 +97,21 @@ class _OneLineProtocolErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
-            record.msg = "admin API: bad HTTP request refused: %s"
-            record.args = (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,)
+            # aiohttp's parse errors print as "400, message:" on a first line and the reason on the next ones
+            # (with the offending bytes): the reason is their `message`, put on one line.
+            message = getattr(exc, "message", None)
+            reason = " ".join((message if isinstance(message, str) and message.strip() else str(exc)).split())
+            status = getattr(exc, "code", None)
+            prefix = f"{status} " if isinstance(status, int) else ""
+            # aiohttp passes the peer's address as the only argument of "Error handling request from %s".
+            args = record.args if isinstance(record.args, tuple) else ()
+            peer = f" from {args[0]}" if len(args) == 1 and isinstance(args[0], str) else ""
+            record.msg = "admin API: bad HTTP request%s refused: %s%s: %s"
+            record.args = (peer, prefix, type(exc).__name__, reason[:200] or "(no reason given)")
             record.exc_info = None
             record.exc_text = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            if record.levelno > logging.WARNING:  # (aiohttp's DEBUG records of TLS probes stay DEBUG)
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 
