@@ -6,7 +6,7 @@ endpoints; docs/SECURITY.md the admin port's row).
 Rules it keeps:
 - Binds `http_host` (127.0.0.1 unless configured): anyone who reaches the port reads metrics, configuration
   and ledger metadata (never passwords).
-- Mutating calls (PUT) need `Authorization: Bearer <token>` matching `http_token_file` when one is set.
+- Mutating calls (PUT, DELETE) need `Authorization: Bearer <token>` matching `http_token_file` when one is set.
   Without a token file they are served only when the server is bound to a loopback address: a port opened
   to the network with no token is read-only.
 - Hostile input gets a 4xx with a JSON body `{"error": ...}`: unknown paths 404, wrong methods 405, bad JSON
