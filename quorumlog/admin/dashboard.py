@@ -38,7 +38,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from quorumlog.admin.http import ApiError, json_errors, metadata_json, serve_app
+from quorumlog.admin.http import ApiError, check_readable_with_metadata, json_errors, metadata_json, serve_app
 from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
@@ -524,8 +524,8 @@ class Dashboard:
         try:
             async with self._session.get(b.http_url + "api/v1/bookie/info") as r:
                 info = json.loads(await _read_bounded(r, INFO_BYTES_MAX)) if r.status == 200 else None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
-            return
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, RecursionError):
+            return  # (RecursionError: JSON nested deeper than the decoder goes)
         if isinstance(info, dict):
             free, total = info.get("freeSpace"), info.get("totalSpace")
             if type(free) is int and type(total) is int:
@@ -612,6 +612,7 @@ class Dashboard:
     async def _read_tail(self, ledger_id: int, count: int) -> tuple[int, list[tuple[int, bytes]]]:
         """(LAC, the last `count` entries up to it), read as a client would: the ledger is not recovered."""
         md = await self._ledger_metadata(ledger_id)
+        check_readable_with_metadata(ledger_id, md)
         client = await self._tail_client()
         try:
             async with asyncio.timeout(TAIL_TIMEOUT_S):

@@ -6,7 +6,7 @@ endpoints; docs/SECURITY.md the admin port's row).
 Rules it keeps:
 - Binds `http_host` (127.0.0.1 unless configured): anyone who reaches the port reads metrics, configuration
   and ledger metadata (never passwords).
-- Mutating calls (PUT) need `Authorization: Bearer <token>` matching `http_token_file` when one is set.
+- Mutating calls (PUT, DELETE) need `Authorization: Bearer <token>` matching `http_token_file` when one is set.
   Without a token file they are served only when the server is bound to a loopback address: a port opened
   to the network with no token is read-only.
 - Hostile input gets a 4xx with a JSON body `{"error": ...}`: unknown paths 404, wrong methods 405, bad JSON
@@ -14,6 +14,10 @@ Rules it keeps:
   with a JSON body and the traceback goes to the log, never to the client.
 - Reads of the metadata store are bounded by the store's own operation timeouts; a listing stops at
   `LEDGER_LIST_MAX` ledgers.
+- What it holds for answers is bounded: a ledger read answers one page (`LEDGER_READ_ENTRIES_MAX` entries,
+  about `LEDGER_READ_BYTES_MAX` bytes), at most `LEDGER_READS_MAX` at once (more: 503), streamed a piece at a
+  time (a big answer does not stall the bookie's loop), and a client that does not take it within
+  `LEDGER_READ_SEND_TIMEOUT_S` is dropped.
 - Recoveries and decommissions (`autorecovery/bookie`, `autorecovery/decommission`) are checked before they
   start (an unknown bookie id, a writable bookie that cannot be made read-only: an error, nothing started),
   then run in the bookie's process, at most `RECOVERY_JOBS_RUNNING_MAX` at once; stopping the bookie
@@ -31,13 +35,14 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from quorumlog.admin.tokens import read_token
 from quorumlog.env import cancel_and_wait
 from quorumlog.errors import (
     ConfigError,
@@ -60,10 +65,25 @@ KEEPALIVE_TIMEOUT_S = 15.0
 SHUTDOWN_TIMEOUT_S = 1.0  # requests still running when the bookie stops get this long to finish
 LEDGER_LIST_MAX = 100_000  # ledgers one /api/v1/ledger/list answer holds at most
 LEDGER_READ_ENTRIES_MAX = 1000  # entries one /api/v1/ledger/read answer holds at most
-LEDGER_READ_BYTES_MAX = 8 << 20  # and entry bytes (the answer stops after the entry that passes it)
-LEDGER_READ_CHUNK = 100  # entries read from the bookies at a time
+# And entry bytes: the answer stops after the entry that passes it, and says where to go on from. Binary
+# payloads double as hex, so an answer is about 2 MiB of JSON at most (plus one entry, at most the bookie's
+# max_frame_bytes): a size a client pages through quickly, and that the bookie encodes in a few milliseconds.
+LEDGER_READ_BYTES_MAX = 1 << 20
+LEDGER_READ_CHUNK = 100  # entries read from the bookies at a time, at most (fewer when they are large)
+# /api/v1/ledger/read answers being read or sent at once; more are refused (503 and Retry-After) rather than
+# queued, so what the admin API holds for them stays about LEDGER_READS_MAX * LEDGER_READ_BYTES_MAX.
+LEDGER_READS_MAX = 4
+# An answer must be taken by the client within this long once sending starts; a client that does not read
+# is dropped (its connection aborted), so it cannot hold the answer and its slot above for ever.
+LEDGER_READ_SEND_TIMEOUT_S = 30.0
+ANSWER_PIECE_BYTES = 64 << 10  # streamed answers are encoded and written this much at a time
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
+# list_bookie_info: requests that arrive while the bookies are being asked wait for that round, and an answer
+# serves every request for this long after it: however many requests come, this admin API asks each bookie
+# at most once at a time (one connection), never once per request (which filled other bookies'
+# max_connections_per_address and got real clients refused).
+BOOKIE_INFO_CACHE_S = 2.0
 RECOVERY_JOBS_RUNNING_MAX = 4  # recoveries and decommissions this admin API runs at once
 RECOVERY_JOBS_KEPT_MAX = 32  # finished ones it remembers (GET shows them), oldest dropped first
 BOOKIE_ID_CHARS_MAX = 1024
@@ -77,11 +97,21 @@ class _OneLineProtocolErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if exc is not None:
-            record.msg = "admin API: bad HTTP request refused: %s"
-            record.args = (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,)
+            # aiohttp's parse errors print as "400, message:" on a first line and the reason on the next ones
+            # (with the offending bytes): the reason is their `message`, put on one line.
+            message = getattr(exc, "message", None)
+            reason = " ".join((message if isinstance(message, str) and message.strip() else str(exc)).split())
+            status = getattr(exc, "code", None)
+            prefix = f"{status} " if isinstance(status, int) else ""
+            # aiohttp passes the peer's address as the only argument of "Error handling request from %s".
+            args = record.args if isinstance(record.args, tuple) else ()
+            peer = f" from {args[0]}" if len(args) == 1 and isinstance(args[0], str) else ""
+            record.msg = "admin API: bad HTTP request%s refused: %s%s: %s"
+            record.args = (peer, prefix, type(exc).__name__, reason[:200] or "(no reason given)")
             record.exc_info = None
             record.exc_text = None
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            if record.levelno > logging.WARNING:  # (aiohttp's DEBUG records of TLS probes stay DEBUG)
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
 
@@ -93,14 +123,89 @@ _PROTOCOL_LOG.addFilter(_OneLineProtocolErrors())
 class ApiError(Exception):
     """An answer other than 200, with its reason (becomes `{"error": reason}`)."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.headers = dict(headers or {})
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
     return web.json_response(value, status=status, dumps=lambda v: json.dumps(v, indent=2))
+
+
+async def send_streamed(
+    request: web.Request,
+    pieces: Iterable[bytes],
+    headers: Mapping[str, str],
+    timeout_s: float,
+    what: str,
+) -> web.StreamResponse:
+    """Send `pieces` (a JSON answer's bytes, encoded as they are asked for) ANSWER_PIECE_BYTES at a time,
+    giving the event loop back between writes: a large answer then neither stalls the bookie's own work while
+    it is encoded nor sits whole in the transport's buffer (each write waits until the client took the
+    previous ones). A client that has not taken the whole answer within `timeout_s` is dropped: its connection
+    is aborted, which frees what it held."""
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "application/json"
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.prepare(request)
+            buffer = bytearray()
+            for piece in pieces:
+                buffer += piece
+                if len(buffer) >= ANSWER_PIECE_BYTES:
+                    await response.write(
+                        bytes(buffer)
+                    )  # waits while the transport is over its high-water mark
+                    buffer.clear()
+                    await asyncio.sleep(0)  # the bookie's own work runs between two pieces
+            await response.write_eof(bytes(buffer))
+    except TimeoutError:
+        peer = request.remote or "?"
+        log.info("admin API: %s did not take its %s answer within %.0f s: dropped", peer, what, timeout_s)
+        if request.transport is not None:
+            request.transport.abort()
+    except ConnectionError:
+        pass  # the client went away: nothing left to send it
+    return response
+
+
+def _json_string_pieces(text: str) -> Iterator[bytes]:
+    """`json.dumps(text)` in pieces of about ANSWER_PIECE_BYTES (escaping is per character, so slices of the
+    string escape to slices of its encoding)."""
+    yield b'"'
+    step = ANSWER_PIECE_BYTES // 12  # one character escapes to 12 bytes at most (a surrogate pair)
+    for i in range(0, len(text), step):
+        yield json.dumps(text[i : i + step])[1:-1].encode("ascii")
+    yield b'"'
+
+
+def _payload_pieces(payload: bytes) -> Iterator[bytes]:
+    """A payload as UTF-8 text when it is printable text, else "0x" + hex; JSON-encoded, in pieces."""
+    try:
+        text = payload.decode("utf-8")
+        if text.isprintable():
+            yield from _json_string_pieces(text)
+            return
+    except UnicodeDecodeError:
+        pass
+    yield b'"0x'
+    step = ANSWER_PIECE_BYTES // 2
+    for i in range(0, len(payload), step):
+        yield payload[i : i + step].hex().encode("ascii")
+    yield b'"'
+
+
+def _entries_json(entries: Sequence[tuple[int, bytes]]) -> Iterator[bytes]:
+    """`{"<entry id>": "<payload>", ...}` laid out as `_json` lays out a dict (indent 2), in pieces."""
+    if not entries:
+        yield b"{}"
+        return
+    for i, (entry_id, payload) in enumerate(entries):
+        yield b'%s"%d": ' % (b"{\n  " if i == 0 else b",\n  ", entry_id)
+        yield from _payload_pieces(payload)
+    yield b"\n}"
 
 
 ErrorRule = tuple[type[Exception] | tuple[type[Exception], ...], int, str]  # (types, status, message prefix)
@@ -122,7 +227,9 @@ def json_errors(
         try:
             return await handler(request)
         except ApiError as e:
-            return _json({"error": e.reason}, e.status)
+            response = _json({"error": e.reason}, e.status)
+            response.headers.update(e.headers)
+            return response
         except web.HTTPException as e:
             if e.status < 400:
                 raise
@@ -169,19 +276,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_token(path: str) -> str:
-    """The admin token: the first non-empty line of `path` (a ConfigError if unreadable or empty)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [line.strip() for line in f]
-    except OSError as e:
-        raise ConfigError(f"http_token_file {path}: {e.strerror or e}") from None
-    token = next((line for line in lines if line), "")
-    if not token:
-        raise ConfigError(f"http_token_file {path} holds no token")
-    return token
-
-
 def _bool_param(request: web.Request, name: str) -> bool:
     value = request.query.get(name, "false").lower()
     if value not in ("true", "false", "1", "0", "yes", "no"):
@@ -212,14 +306,21 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
         raise ApiError(400, f"{name} must be an integer, not {raw[:40]!r}") from None
 
 
-def _payload_text(payload: bytes) -> str:
-    try:
-        text = payload.decode("utf-8")
-        if text.isprintable():
-            return text
-    except UnicodeDecodeError:
-        pass
-    return "0x" + payload.hex()
+def check_readable_with_metadata(ledger_id: int, md: Any) -> None:
+    """Refuse (409) a read that needs the password when the ledger's metadata keeps none.
+
+    The admin API and the dashboard read entries with the password in the metadata, as BookKeeper's admin
+    reads do. A MAC ledger made with `store_password=False` has none there: every entry, healthy or not,
+    would fail its digest check under the empty password, and the answer would call healthy replicas
+    corrupt (and log an error for each). CRC and DUMMY digests do not depend on the password."""
+    from quorumlog.proto.entry import DigestType
+
+    if md.digest == DigestType.MAC and not md.has_password:
+        raise ApiError(
+            409,
+            f"ledger {ledger_id}'s metadata keeps no password (store_password=False): the admin API cannot "
+            "verify its MAC entries; read it with a client that holds its password",
+        )
 
 
 def metadata_json(md: Any) -> dict[str, Any]:
@@ -255,6 +356,9 @@ class AdminServer:
         self._force_gc: asyncio.Task[None] | None = None
         self._client: Any = None  # a quorumlog Client for ledger reads and recoveries, made on first use
         self._client_lock = asyncio.Lock()
+        self._bookie_info_task: asyncio.Task[dict[str, Any]] | None = None  # list_bookie_info's latest round
+        self._bookie_info_at = 0.0  # when it ended (loop time)
+        self._ledger_reads = 0  # /api/v1/ledger/read answers being read or sent (at most LEDGER_READS_MAX)
         self._jobs: dict[tuple[str, str], _RecoveryJob] = {}  # (kind, bookie id) -> the latest such job
         self.app = web.Application(
             middlewares=[
@@ -312,6 +416,8 @@ class AdminServer:
 
     async def stop(self) -> None:
         await cancel_and_wait(*(job.task for job in self._jobs.values()))
+        if self._bookie_info_task is not None:
+            await cancel_and_wait(self._bookie_info_task)
         if self._force_gc is not None:
             await cancel_and_wait(self._force_gc)
             self._force_gc = None
@@ -367,6 +473,10 @@ class AdminServer:
             body = json.loads(raw) if raw.strip() else {}
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body is not JSON: {e}") from None
+        except RecursionError:
+            # json's decoder recurses once per nesting level: a 64 KiB body of {"a":{"a":... goes deeper
+            # than the interpreter allows. A bad body like any other, not a bug of the bookie's.
+            raise ApiError(400, "the body is not JSON this API takes: nested too deeply") from None
         if not isinstance(body, dict):
             raise ApiError(400, "the body must be a JSON object")
         return body
@@ -432,10 +542,45 @@ class AdminServer:
         if not isinstance(want, bool):
             raise ApiError(400, 'the body must be {"readOnly": true} or {"readOnly": false}')
         self._bookie()
+        if not want:
+            await self._refuse_writable_if_decommissioned()
         read_only = await self.service.set_operator_read_only(want)
         if read_only != want:
             raise ApiError(409, "the bookie stays read-only: its disk is full or its storage failed")
         return _json({"readOnly": read_only})
+
+    async def _refuse_writable_if_decommissioned(self) -> None:
+        """A bookie being drained, or drained (its ledgers moved off, its cookie deleted), must not take new
+        ledgers again: clients would place them on a bookie that is about to stop and cannot restart on its
+        data. It stays read-only until it is restarted (and without a cookie it will not start)."""
+        from quorumlog.meta.cookie import read_cookie
+
+        me = self.service.bookie_id
+        job = self._jobs.get(("decommission", me))
+        state = job.as_dict()["state"] if job is not None else None
+        if state == "running":
+            raise ApiError(
+                409,
+                f"bookie {me} is being decommissioned (GET /api/v1/autorecovery/decommission shows it): "
+                "it stays read-only",
+            )
+        if state == "done":
+            raise ApiError(
+                409,
+                f"bookie {me} was decommissioned (its ledgers moved off, its cookie deleted): it stays "
+                "read-only until it is stopped",
+            )
+        # Decommissioned by someone else (`shell decommission`, another bookie's admin API): its cookie is gone.
+        store = self.service.store
+        if store is not None:
+            try:
+                await read_cookie(store, me)
+            except MetadataNotFoundError:
+                raise ApiError(
+                    409,
+                    f"bookie {me} has no cookie in metadata (it was decommissioned, or the metadata "
+                    "formatted): it stays read-only until it is stopped",
+                ) from None
 
     async def list_bookies(self, request: web.Request) -> web.Response:
         from quorumlog.meta import layout
@@ -454,6 +599,30 @@ class AdminServer:
         return _json({n: (n.rsplit(":", 1)[0] if hostnames else None) for n in names})
 
     async def list_bookie_info(self, request: web.Request) -> web.Response:
+        loop = asyncio.get_running_loop()
+        task = self._bookie_info_task
+        fresh = task is not None and (
+            not task.done()
+            or (
+                not task.cancelled()
+                and task.exception() is None
+                and loop.time() - self._bookie_info_at <= BOOKIE_INFO_CACHE_S
+            )
+        )
+        if task is None or not fresh:
+            task = asyncio.create_task(self._gather_bookie_info(), name="admin-list-bookie-info")
+
+            def answered(done: asyncio.Task[dict[str, Any]]) -> None:
+                self._bookie_info_at = loop.time()
+                if not done.cancelled():
+                    done.exception()  # retrieved: its waiters, if any are left, got it already
+
+            task.add_done_callback(answered)
+            self._bookie_info_task = task
+        # Shielded: a client that goes away does not cancel the round others wait for.
+        return _json(await asyncio.shield(task))
+
+    async def _gather_bookie_info(self) -> dict[str, Any]:
         from quorumlog.meta import layout
         from quorumlog.meta.registration import BookieRegistry
 
@@ -480,7 +649,7 @@ class AdminServer:
             "total_free": sum(i["free"] for i in answered),
             "total": sum(i["total"] for i in answered),
         }
-        return _json(out)
+        return out
 
     async def _ask_bookie_info(self, bookie_id: str, resolve: Any) -> dict[str, Any]:
         """Another bookie's disk, by GET_BOOKIE_INFO (an error entry if it does not answer in time)."""
@@ -591,7 +760,7 @@ class AdminServer:
     async def gc_details(self, request: web.Request) -> web.Response:
         gc = self.service.gc
         if gc is None:
-            return _json([])
+            return _json([])  # a bookie without a metadata store runs no garbage collection
         compactor = gc.compactor
         schedule, stats = compactor.schedule, compactor.stats
         clock = self.service.env.clock
@@ -659,12 +828,11 @@ class AdminServer:
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
         return _json(f"Deleted ledger {ledger_id}")
 
-    async def ledger_read(self, request: web.Request) -> web.Response:
+    async def ledger_read(self, request: web.Request) -> web.StreamResponse:
         """Entries of a ledger, read as any client would (up to its LAC, without recovering it), with the
         password from its metadata, as BookKeeper's admin reads do. Payloads are UTF-8 text, or "0x" + hex
-        when they are not."""
-        from quorumlog.errors import QuorumLogError
-
+        when they are not. At most LEDGER_READ_ENTRIES_MAX entries and about LEDGER_READ_BYTES_MAX bytes per
+        answer (X-Quorumlog-Truncated says where to go on from), at most LEDGER_READS_MAX answers at once."""
         ledger_id = _ledger_id_param(request)
         start = _int_param(request, "start_entry_id", 0)
         end = _int_param(request, "end_entry_id", -1)
@@ -672,9 +840,37 @@ class AdminServer:
             raise ApiError(400, f"bad range {start}..{end}: need 0 <= start_entry_id <= end_entry_id")
         if end >= 0 and end - start + 1 > LEDGER_READ_ENTRIES_MAX:
             raise ApiError(400, f"at most {LEDGER_READ_ENTRIES_MAX} entries per call")
+        # Refused, not queued: a queue would hold the waiting clients' connections and handlers as well.
+        if self._ledger_reads >= LEDGER_READS_MAX:
+            raise ApiError(
+                503,
+                f"{self._ledger_reads} ledger reads are being answered (at most {LEDGER_READS_MAX} at once); "
+                "retry shortly",
+                {"Retry-After": "1"},
+            )
+        self._ledger_reads += 1
+        try:
+            entries, next_id, more = await self._read_entries(ledger_id, start, end)
+            headers = {}
+            if more:
+                headers["X-Quorumlog-Truncated"] = f"more entries follow: ask again from entry {next_id}"
+            return await send_streamed(
+                request, _entries_json(entries), headers, LEDGER_READ_SEND_TIMEOUT_S, "ledger read"
+            )
+        finally:
+            self._ledger_reads -= 1
+
+    async def _read_entries(
+        self, ledger_id: int, start: int, end: int
+    ) -> tuple[list[tuple[int, bytes]], int, bool]:
+        """(entries from `start` up to `end` or the LAC, within the bounds; the next entry id; whether
+        entries within the range asked for remain)."""
+        from quorumlog.errors import QuorumLogError
+
         try:
             client = await self._admin_client()
             md = await client.get_ledger_metadata(ledger_id)
+            check_readable_with_metadata(ledger_id, md)
             handle = await client.open_ledger(ledger_id, password=md.password, recovery=False)
         except (MetadataNotFoundError, NoSuchLedgerError):
             raise ApiError(404, f"ledger {ledger_id} does not exist") from None
@@ -682,28 +878,32 @@ class AdminServer:
         stop = last if end < 0 else min(end, last)
         truncated = end < 0 and stop - start + 1 > LEDGER_READ_ENTRIES_MAX
         stop = min(stop, start + LEDGER_READ_ENTRIES_MAX - 1)
-        out: dict[str, str] = {}
+        entries: list[tuple[int, bytes]] = []
         size = 0
+        largest = 0
         next_id = start
+        # How many entries to ask for next: one at first, then as many as the byte bound leaves room for at
+        # the largest size seen, so a read of large entries does not fetch far past the bound.
+        count = 1
         try:
             while next_id <= stop and size <= LEDGER_READ_BYTES_MAX:
-                entries = await handle.read(next_id, min(stop, next_id + LEDGER_READ_CHUNK - 1))
-                if not entries:
+                batch = await handle.read(next_id, min(stop, next_id + count - 1))
+                if not batch:
                     break  # (never for a range under the LAC; kept so the loop always ends)
-                for e in entries:
-                    out[str(e.entry_id)] = _payload_text(e.payload)
+                for e in batch:
+                    entries.append((e.entry_id, e.payload))
                     size += len(e.payload)
+                    largest = max(largest, len(e.payload))
                     next_id = e.entry_id + 1
                     if size > LEDGER_READ_BYTES_MAX:
                         break
+                room = max(0, LEDGER_READ_BYTES_MAX - size)
+                count = max(1, min(LEDGER_READ_CHUNK, room // max(largest, 1) + 1))
         except QuorumLogError as e:
             raise ApiError(502, f"reading ledger {ledger_id}: {type(e).__name__}: {e}") from None
         finally:
             await handle.close()
-        response = _json(out)
-        if truncated or next_id <= stop:
-            response.headers["X-Quorumlog-Truncated"] = f"more entries follow: ask again from entry {next_id}"
-        return response
+        return entries, next_id, truncated or next_id <= stop
 
     def _store_uri(self) -> str:
         self._store()
@@ -808,6 +1008,11 @@ class AdminServer:
 
             async def make_read_only() -> None:
                 await self.service.set_operator_read_only(True)
+
+        elif bookie_id == self.service.bookie_id and self.service.bookie is not None:
+            # Read-only already (a full disk, say): made so by the operator too, so that the disk check does
+            # not make it writable again when room comes back while, or after, it is drained.
+            await self.service.set_operator_read_only(True)
 
         async def work() -> dict[str, Any]:
             report = await admin.decommission(client, bookie_id, make_read_only=make_read_only)
@@ -914,4 +1119,11 @@ async def _delete_cookie(store: Any, bookie_id: str) -> bool:
     return True
 
 
-__all__ = ["AdminServer", "ApiError", "is_loopback", "metadata_json", "read_token"]
+__all__ = [
+    "AdminServer",
+    "ApiError",
+    "check_readable_with_metadata",
+    "is_loopback",
+    "metadata_json",
+    "read_token",
+]

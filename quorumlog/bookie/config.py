@@ -180,8 +180,8 @@ class BookieConfig:
     )
     http_token_file: str = setting(
         "",
-        "file whose first line is the bearer token the admin API's changes (PUT) need; empty: changes are "
-        "served on a loopback http_host only",
+        "file whose first non-empty line (printable ASCII, spaces around it ignored) is the bearer token the "
+        "admin API's changes (PUT) need; empty: changes are served on a loopback http_host only",
     )
 
     def __post_init__(self) -> None:

@@ -111,6 +111,10 @@ class BookieService:
                 )
             if self.store is not None:
                 await self._register()
+                # Made now even when it never runs by itself (gc_interval_s = 0): its compaction schedule starts
+                # with the bookie, which /api/v1/bookie/gc_details reports before any GC ran, as BookKeeper's
+                # GC thread (made with the ledger storage) does.
+                self.garbage_collector()
                 if cfg.gc_interval_s > 0:
                     self._gc_task = asyncio.create_task(self._start_gc(), name="bookie-gc")
             self._disk_checker = asyncio.create_task(self._check_disk_every(), name="bookie-disk-checker")

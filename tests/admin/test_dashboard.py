@@ -5,6 +5,7 @@ errors for bad input and a metadata outage."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
@@ -602,3 +603,44 @@ def test_process_rows_survive_odd_status_nodes() -> None:
     odd = _process_row({"owner": "x", "worker": {"in_progress": "nope", "failures": "2"}, "auditor": []})
     assert odd["owner"] == "x" and odd["failures"] == 0 and odd["in_progress"] == [] and odd["worker"]
     assert _process_row(["not", "a", "dict"])["owner"] == "?"
+
+
+async def test_mac_ledgers_without_a_stored_password_are_a_clear_409_not_corrupt(
+    admin_bookie: StartAdminBookie, board: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A healthy MAC ledger made with store_password=False: the admin API and the dashboard read with the
+    password in the metadata, which holds none. They answered 502 "corrupt" (DigestMismatchError) and logged
+    an ERROR per GET; now 409 saying why, and nothing logged. CRC ledgers without a password read as usual."""
+    from quorumlog.proto.entry import DigestType
+
+    bookies = [await admin_bookie(f"b{i}") for i in range(2)]
+    uri = bookies[0].uri
+    ids = {}
+    async with await Client.connect(uri) as client:
+        for digest in (DigestType.MAC, DigestType.CRC32C):
+            w = await client.create_ledger(2, 2, 2, digest=digest, password=b"pw", store_password=False)
+            for i in range(3):
+                await w.append(b"e%d" % i)
+            await w.close()
+            ids[digest] = w.ledger_id
+        r = await client.open_ledger(ids[DigestType.MAC], password=b"pw")
+        assert [e.payload for e in await r.read(0, 2)] == [b"e0", b"e1", b"e2"]  # healthy
+        await r.close()
+    ui = await board(uri)
+    caplog.set_level(logging.INFO)
+    mac, crc = ids[DigestType.MAC], ids[DigestType.CRC32C]
+    status, body = await bookies[0].get(f"/api/v1/ledger/read?ledger_id={mac}")
+    assert status == 409 and "keeps no password" in body["error"] and "MAC" in body["error"], body
+    status, body = await ui.get(f"/api/ledgers/{mac}/entries")
+    assert status == 409 and "keeps no password" in body["error"], body
+    status, page = await ui.get(f"/ledger/{mac}")
+    assert status == 200 and "keeps no password" in page
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [
+        r.getMessage() for r in caplog.records
+    ]
+    assert await bookies[0].get(f"/api/v1/ledger/read?ledger_id={crc}") == (
+        200,
+        {"0": "e0", "1": "e1", "2": "e2"},
+    )
+    status, tail = await ui.get(f"/api/ledgers/{crc}/entries")
+    assert status == 200 and [e["payload"] for e in tail["entries"]] == ["e0", "e1", "e2"]

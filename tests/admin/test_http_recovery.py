@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from quorumlog.client.client import Client
 from quorumlog.errors import MetadataNotFoundError
-from quorumlog.meta.cookie import read_cookie
+from quorumlog.meta.cookie import delete_cookie, read_cookie
 from quorumlog.meta.registration import BookieRegistry
 from quorumlog.meta.store import open_store
 from tests.admin.conftest import AdminBookie, StartAdminBookie
@@ -173,4 +175,53 @@ async def test_decommission_of_itself_goes_read_only_first_then_drains(
         assert (await a.get(url))[1][me]["state"] == "done"
     finally:
         await registry.close()
+        await store.close()
+
+
+async def test_a_bookie_being_or_once_decommissioned_cannot_be_made_writable_again(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PUT readOnly=false made a drained bookie (its cookie deleted) writable again, and new ledgers landed
+    on it. Now it is 409 while its decommission runs, once it is done, and once its cookie is gone."""
+    from quorumlog.replication import admin
+
+    a = await admin_bookie("a")
+    b = await admin_bookie("b")
+    await admin_bookie("c")
+    me = a.service.bookie_id
+    ids = await write_ledgers(a.uri, 4, naming=me)
+    draining, drain = asyncio.Event(), asyncio.Event()
+    decommission = admin.decommission
+
+    async def held(*args: Any, **kw: Any) -> Any:
+        draining.set()
+        await drain.wait()
+        return await decommission(*args, **kw)
+
+    monkeypatch.setattr(admin, "decommission", held)
+    readonly = "/api/v1/bookie/state/readonly"
+    assert (await a.put("/api/v1/autorecovery/decommission", json={"bookie_src": me}))[0] == 200
+    await asyncio.wait_for(draining.wait(), JOB_WAIT_S)
+    status, body = await a.put(readonly, json={"readOnly": False})
+    assert status == 409 and "is being decommissioned" in body["error"], body
+    drain.set()
+    outcome = await job_outcome(a, "decommission", me)
+    assert outcome["state"] == "done" and outcome["report"]["cookie_deleted"], outcome
+    status, body = await a.put(readonly, json={"readOnly": False})
+    assert status == 409 and "was decommissioned" in body["error"], body
+    assert await a.get(readonly) == (200, {"readOnly": True})
+    status, writable = await a.get("/api/v1/bookie/list_bookies?type=rw")
+    assert status == 200 and me not in writable and b.service.bookie_id in writable
+    assert await ledgers_naming(a.uri, ids, me) == []
+
+    # Decommissioned elsewhere (`shell decommission`): the bookie knows by its cookie being gone.
+    store = await open_store(b.uri)
+    try:
+        cookie = await read_cookie(store, b.service.bookie_id)
+        assert (await b.put(readonly, json={"readOnly": True}))[0] == 200
+        await delete_cookie(store, b.service.bookie_id, version=cookie.version)
+        status, body = await b.put(readonly, json={"readOnly": False})
+        assert status == 409 and "no cookie" in body["error"], body
+        assert await b.get(readonly) == (200, {"readOnly": True})
+    finally:
         await store.close()

@@ -139,7 +139,11 @@ def test_recover_dry_run_changes_nothing_and_ledger_limits_the_work(cluster: Run
 def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: Running, tmp_path) -> None:  # type: ignore[no-untyped-def]
     http_port = free_port()
     token_file = tmp_path / "token"
-    token_file.write_text("s3cret\n")
+    # The bookie takes the first non-empty line, spaces around it ignored; the shell reads it the same way
+    # (it sent the whole file: "unexpected ValueError: Invalid header value").
+    token_file.write_text("\n  s3cret  \nnot the token\n")
+    empty_file = tmp_path / "empty-token"
+    empty_file.write_text("\n \n")
     extra = BookieProcess(
         os.path.join(str(tmp_path), "extra"),
         free_port(),
@@ -189,6 +193,22 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                     leaving in client.registry.writable_bookies()
                     and others[0] in client.registry.writable_bookies()
                 )
+
+                # A file with no token is a clean error, before anything is asked or changed.
+                bad_file = await asyncio.to_thread(
+                    sh,
+                    cluster,
+                    "decommission",
+                    leaving,
+                    "--force",
+                    "--http",
+                    url,
+                    "--http-token-file",
+                    str(empty_file),
+                )
+                assert_clean_error(bad_file, 2)
+                assert f"--http-token-file {empty_file} holds no token" in bad_file.stderr, bad_file.stderr
+                assert leaving in client.registry.writable_bookies()
 
                 no_token = await asyncio.to_thread(
                     sh, cluster, "decommission", leaving, "--force", "--http", url

@@ -210,10 +210,17 @@ def _read_only_via_http(bookie: str, url: str, token_file: str | None) -> Any:
     import urllib.error
     import urllib.request
 
+    from quorumlog.admin.tokens import read_token
+    from quorumlog.errors import ConfigError
+
     token = None
     if token_file is not None:
-        with open(token_file) as f:
-            token = f.read().strip()
+        try:
+            token = read_token(
+                token_file, "--http-token-file"
+            )  # the bookie's own rule: its first non-empty line
+        except ConfigError as e:
+            fail(str(e), "give the file the bookie's http_token_file names (or a copy of it)", EXIT_USAGE)
 
     def check_whose() -> None:
         try:
@@ -221,7 +228,7 @@ def _read_only_via_http(bookie: str, url: str, token_file: str | None) -> Any:
                 url.rstrip("/") + "/api/v1/bookie/info", timeout=HTTP_TIMEOUT_S
             ) as answer:
                 found = json.loads(answer.read()).get("bookieId")
-        except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+        except (urllib.error.URLError, OSError, ValueError, AttributeError, RecursionError) as e:
             fail(
                 f"cannot ask the admin API at {url} which bookie it serves: {getattr(e, 'reason', e)}",
                 "give the bookie's --http-port (the admin API), e.g. --http http://127.0.0.1:8000",
@@ -295,6 +302,8 @@ def decommission(
     A live writable bookie is made read-only first through its admin API (--http), so no new ledger lands on
     it while it is drained; a read-only, stopped or dead bookie is drained at once.
     """
+    # The token file is read first: a bad one is an error before anything is asked or changed.
+    make_read_only = _read_only_via_http(bookie, http_url, http_token_file) if http_url else None
     _confirm_or_force(
         force,
         f"Move every ledger fragment off {bookie} and delete its cookie (it cannot restart on its data)?",
@@ -305,7 +314,7 @@ def decommission(
         decommission=True,
         password=password,
         recovery_key_files=recovery_key_files,
-        make_read_only=_read_only_via_http(bookie, http_url, http_token_file) if http_url else None,
+        make_read_only=make_read_only,
     )
     _show_report(report, as_json, "decommission")
     if report["failed"]:
