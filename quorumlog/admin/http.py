@@ -35,7 +35,17 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -76,6 +86,9 @@ LEDGER_READS_MAX = 4
 # An answer must be taken by the client within this long once sending starts; a client that does not read
 # is dropped (its connection aborted), so it cannot hold the answer and its slot above for ever.
 LEDGER_READ_SEND_TIMEOUT_S = 30.0
+# /api/v1/ledger/list?print_metadata=true answers being made at once (each streamed, a read of the store per
+# ledger); more are refused (503 and Retry-After).
+LEDGER_METADATA_LISTS_MAX = 2
 ANSWER_PIECE_BYTES = 64 << 10  # streamed answers are encoded and written this much at a time
 BOOKIE_INFO_TIMEOUT_S = 5.0  # list_bookie_info: how long one bookie has to answer
 BOOKIE_INFO_CONCURRENCY = 16  # list_bookie_info: bookies asked at once
@@ -136,34 +149,50 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 async def send_streamed(
     request: web.Request,
-    pieces: Iterable[bytes],
+    pieces: Iterable[bytes] | AsyncIterable[bytes],
     headers: Mapping[str, str],
-    timeout_s: float,
+    timeout_s: float | None,
     what: str,
+    *,
+    stall_timeout_s: float | None = None,
 ) -> web.StreamResponse:
-    """Send `pieces` (a JSON answer's bytes, encoded as they are asked for) ANSWER_PIECE_BYTES at a time,
+    """Send `pieces` (a JSON answer's bytes, made as they are asked for) ANSWER_PIECE_BYTES at a time,
     giving the event loop back between writes: a large answer then neither stalls the bookie's own work while
     it is encoded nor sits whole in the transport's buffer (each write waits until the client took the
-    previous ones). A client that has not taken the whole answer within `timeout_s` is dropped: its connection
-    is aborted, which frees what it held."""
+    previous ones). A client that has not taken the whole answer within `timeout_s`, or that leaves one
+    write untaken for `stall_timeout_s`, is dropped: its connection is aborted, which frees what it held."""
     response = web.StreamResponse(headers=headers)
     response.content_type = "application/json"
-    try:
-        async with asyncio.timeout(timeout_s):
-            await response.prepare(request)
-            buffer = bytearray()
+
+    async def write(data: bytes) -> None:
+        async with asyncio.timeout(stall_timeout_s):
+            await response.write(data)  # waits while the transport is over its high-water mark
+
+    async def send() -> None:
+        await response.prepare(request)
+        buffer = bytearray()
+        if isinstance(pieces, AsyncIterable):
+            async for piece in pieces:
+                buffer += piece
+                if len(buffer) >= ANSWER_PIECE_BYTES:
+                    await write(bytes(buffer))
+                    buffer.clear()
+        else:
             for piece in pieces:
                 buffer += piece
                 if len(buffer) >= ANSWER_PIECE_BYTES:
-                    await response.write(
-                        bytes(buffer)
-                    )  # waits while the transport is over its high-water mark
+                    await write(bytes(buffer))
                     buffer.clear()
                     await asyncio.sleep(0)  # the bookie's own work runs between two pieces
-            await response.write_eof(bytes(buffer))
+        await write(bytes(buffer))
+        await response.write_eof()
+
+    try:
+        async with asyncio.timeout(timeout_s):
+            await send()
     except TimeoutError:
         peer = request.remote or "?"
-        log.info("admin API: %s did not take its %s answer within %.0f s: dropped", peer, what, timeout_s)
+        log.info("admin API: %s did not take its %s answer in time: dropped", peer, what)
         if request.transport is not None:
             request.transport.abort()
     except ConnectionError:
@@ -195,6 +224,21 @@ def _payload_pieces(payload: bytes) -> Iterator[bytes]:
     for i in range(0, len(payload), step):
         yield payload[i : i + step].hex().encode("ascii")
     yield b'"'
+
+
+async def _metadata_listing(manager: Any, ids: Sequence[int]) -> AsyncIterator[bytes]:
+    """`{"<ledger id>": <metadata_json>, ...}` laid out as `_json` lays out a dict (indent 2), a ledger at a
+    time; a ledger deleted while it is listed is left out."""
+    first = True
+    for ledger_id in ids:
+        try:
+            value = metadata_json((await manager.read(ledger_id)).value)
+        except (MetadataNotFoundError, NoSuchLedgerError):
+            continue  # deleted while we listed
+        text = json.dumps({str(ledger_id): value}, indent=2)  # "{\n  "<id>": ...\n}"
+        yield (b"{\n" if first else b",\n") + text[2:-2].encode()
+        first = False
+    yield b"{}" if first else b"\n}"
 
 
 def _entries_json(entries: Sequence[tuple[int, bytes]]) -> Iterator[bytes]:
@@ -359,6 +403,7 @@ class AdminServer:
         self._bookie_info_task: asyncio.Task[dict[str, Any]] | None = None  # list_bookie_info's latest round
         self._bookie_info_at = 0.0  # when it ended (loop time)
         self._ledger_reads = 0  # /api/v1/ledger/read answers being read or sent (at most LEDGER_READS_MAX)
+        self._metadata_lists = 0  # ledger listings with metadata being answered (LEDGER_METADATA_LISTS_MAX)
         self._jobs: dict[tuple[str, str], _RecoveryJob] = {}  # (kind, bookie id) -> the latest such job
         self.app = web.Application(
             middlewares=[
@@ -784,28 +829,44 @@ class AdminServer:
             ]
         )
 
-    async def ledger_list(self, request: web.Request) -> web.Response:
+    async def ledger_list(self, request: web.Request) -> web.StreamResponse:
+        """Every ledger id (at most LEDGER_LIST_MAX), with its metadata when `print_metadata`. With metadata
+        the answer can be tens of megabytes (a read of the store per ledger): it is streamed as the metadata
+        is read, at most LEDGER_METADATA_LISTS_MAX at once (more: 503), never held whole."""
         from quorumlog.meta.ledger_manager import LedgerManager
 
         with_metadata = _bool_param(request, "print_metadata")
         manager = LedgerManager(self._store())
-        out: dict[str, Any] = {}
-        truncated = False
+        ids: list[int] = []
+        headers: dict[str, str] = {}
         async for ledger_id in manager.list_ledgers():
-            if len(out) >= LEDGER_LIST_MAX:
-                truncated = True
+            if len(ids) >= LEDGER_LIST_MAX:
+                headers["X-Quorumlog-Truncated"] = f"first {LEDGER_LIST_MAX} ledgers only"
                 break
-            value = None
-            if with_metadata:
-                try:
-                    value = metadata_json((await manager.read(ledger_id)).value)
-                except (MetadataNotFoundError, NoSuchLedgerError):
-                    continue  # deleted while we listed
-            out[str(ledger_id)] = value
-        response = _json(out)
-        if truncated:
-            response.headers["X-Quorumlog-Truncated"] = f"first {LEDGER_LIST_MAX} ledgers only"
-        return response
+            ids.append(ledger_id)
+        if not with_metadata:
+            response = _json({str(ledger_id): None for ledger_id in ids})
+            response.headers.update(headers)
+            return response
+        if self._metadata_lists >= LEDGER_METADATA_LISTS_MAX:
+            raise ApiError(
+                503,
+                f"{self._metadata_lists} ledger listings with metadata are being answered (at most "
+                f"{LEDGER_METADATA_LISTS_MAX} at once); retry shortly",
+                {"Retry-After": "1"},
+            )
+        self._metadata_lists += 1
+        try:
+            return await send_streamed(
+                request,
+                _metadata_listing(manager, ids),
+                headers,
+                None,  # (as long as the store takes: each read is bounded by its op_timeout_s)
+                "ledger listing",
+                stall_timeout_s=LEDGER_READ_SEND_TIMEOUT_S,
+            )
+        finally:
+            self._metadata_lists -= 1
 
     async def ledger_metadata(self, request: web.Request) -> web.Response:
         from quorumlog.meta.ledger_manager import LedgerManager

@@ -152,6 +152,32 @@ async def test_ledger_list_and_metadata_in_bookkeeper_shape(admin_bookie: StartA
     assert await b.get(f"/api/v1/ledger/metadata?ledger_id={lid}") == (200, {str(lid): md})
 
 
+async def test_a_ledger_listing_with_metadata_is_streamed_and_bounded(
+    admin_bookie: StartAdminBookie, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`ledger/list?print_metadata=true` reads the store once per ledger, up to 100,000 ledgers: the answer
+    (tens of megabytes) is streamed as it is read, the same JSON as before, and at most
+    LEDGER_METADATA_LISTS_MAX are made at once (more: 503); a ledger that vanishes meanwhile is left out."""
+    monkeypatch.setattr(admin_http, "ANSWER_PIECE_BYTES", 512)  # several pieces for a few ledgers
+    b = await admin_bookie()
+    client = await Client.connect(b.uri)
+    try:
+        ids = [(await client.create_ledger(1, 1, 1, password=b"p")).ledger_id for _ in range(12)]
+        await client.delete_ledger(ids[5])
+    finally:
+        await client.close()
+    status, listed = await b.get("/api/v1/ledger/list?print_metadata=true")
+    assert status == 200
+    assert sorted(int(k) for k in listed) == sorted(set(ids) - {ids[5]})
+    for lid in listed:
+        assert await b.get(f"/api/v1/ledger/metadata?ledger_id={lid}") == (200, {lid: listed[lid]})
+    monkeypatch.setattr(admin_http, "LEDGER_METADATA_LISTS_MAX", 0)
+    async with b.session.get(b.base + "/api/v1/ledger/list?print_metadata=true") as r:
+        assert r.status == 503 and r.headers["Retry-After"] == "1"
+        assert "at most 0 at once" in (await r.json())["error"]
+    assert (await b.get("/api/v1/ledger/list"))[0] == 200  # ids only: not bounded that way
+
+
 async def test_last_log_mark_and_gc(admin_bookie: StartAdminBookie) -> None:
     started_ms = time.time() * 1000
     b = await admin_bookie()
