@@ -292,7 +292,12 @@ def deleteledger(ledger: int, force: bool, as_json: bool) -> None:
 
     unreadable = run_async(body())
     if as_json:
-        print_json({"deleted": ledger, "metadata_unreadable": unreadable})
+        # The key only when it applies: `{deleted}` is the documented answer scripts already parse.
+        print_json(
+            {"deleted": ledger}
+            if unreadable is None
+            else {"deleted": ledger, "metadata_unreadable": unreadable}
+        )
     elif unreadable is not None:
         click.echo(f"deleted ledger {ledger} (its metadata was unreadable: {unreadable})")
     else:
