@@ -41,6 +41,7 @@ from quorumlog.errors import (
     NoSuchLedgerError,
     NotEnoughBookiesError,
     OperationTimeoutError,
+    ProtocolError,
     QuorumLogError,
     ReadBeyondLastAddConfirmedError,
     UnauthorizedError,
@@ -191,6 +192,11 @@ _HINTS: list[tuple[type[BaseException], str]] = [
     (OperationTimeoutError, "the cluster is slow or a bookie is stuck; retry, or raise the timeout"),
     (LedgerFencedError, "another client recovered this ledger; this writer can write no more"),
     (LedgerExistsError, "choose another ledger id"),
+    (
+        ProtocolError,
+        "stored or received bytes do not parse; a ledger whose metadata is unreadable can still be removed "
+        "with `deleteledger LEDGER --force`, or its metadata restored",
+    ),
 ]
 
 

@@ -244,8 +244,12 @@ class BookieRegistry:
         self.store = store
         self._spawn = spawn
         self.root = root or store.ledgers_root
-        self._writable: dict[str, BookieServiceInfo | None] = {}
-        self._readonly: dict[str, BookieServiceInfo | None] = {}
+        # Only registrations that resolve (a readable BookieServiceInfo with a bookie-rpc endpoint): what is
+        # listed here is offered to placement, and a bookie nobody can connect to must never be chosen.
+        self._writable: dict[str, BookieServiceInfo] = {}
+        self._readonly: dict[str, BookieServiceInfo] = {}
+        self._unreadable: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        """Per list (writable, read-only): registered ids whose node does not resolve -> why."""
         self._listeners: list[Callable[[], None]] = []
         self._changed = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
@@ -286,15 +290,36 @@ class BookieRegistry:
         if not readonly:
             names = [n for n in names if n != layout.READONLY]
         old = self._readonly if readonly else self._writable
-        fresh: dict[str, BookieServiceInfo | None] = {n: old.get(n) for n in names}
+        old_unreadable = self._unreadable[readonly]
+        fresh: dict[str, BookieServiceInfo] = {}
+        unreadable: dict[str, str] = {}
         for n in names:
-            if fresh[n] is None:
-                fresh[n] = await self._read_info(f"{path}/{n}")
+            info = old.get(n)
+            if info is None:
+                # Unreadable ones are read again at every refresh: a set() on the node fires no children
+                # watch, so a repaired registration is noticed with the next membership change.
+                try:
+                    info = await self._read_info(f"{path}/{n}")
+                except ProtocolError as e:
+                    unreadable[n] = str(e)
+                    if old_unreadable.get(n) != unreadable[n]:  # once per node and reason, not per refresh
+                        log.warning(
+                            "bookie registration %s/%s is unreadable: %s; not used for new ensembles",
+                            path,
+                            n,
+                            e,
+                        )
+                    continue
+                if info is None:
+                    continue  # deleted between the listing and the read
+            fresh[n] = info
         if readonly:
             self._readonly = fresh
         else:
             self._writable = fresh
-        if fresh.keys() != old.keys():
+        self._unreadable[readonly].clear()
+        self._unreadable[readonly].update(unreadable)
+        if fresh.keys() != old.keys() or unreadable.keys() != old_unreadable.keys():
             for cb in list(self._listeners):
                 try:
                     cb()
@@ -304,13 +329,15 @@ class BookieRegistry:
             self._changed.notify_all()
 
     async def _read_info(self, path: str) -> BookieServiceInfo | None:
+        """The registration at `path`, None if there is none; `ProtocolError` if it does not resolve (bytes
+        that are no BookieServiceInfoFormat, or no bookie-rpc endpoint to connect to)."""
         try:
-            return BookieServiceInfo.decode((await self.store.get(path)).value)
+            info = BookieServiceInfo.decode((await self.store.get(path)).value)
         except MetadataNotFoundError:
             return None
-        except ProtocolError as e:
-            log.warning("bookie registration %s is unreadable: %s", path, e)
-            return None
+        if not any(ep.protocol == RPC_PROTOCOL for ep in info.endpoints):
+            raise ProtocolError(f"BookieServiceInfoFormat names no {RPC_PROTOCOL} endpoint to connect to")
+        return info
 
     async def registered_now(self) -> frozenset[str]:
         """Every registered bookie, writable or read-only: this view joined with the lists read from the store
@@ -329,10 +356,17 @@ class BookieRegistry:
         return frozenset(seen)
 
     def writable_bookies(self) -> frozenset[str]:
+        """Bookies registered writable whose registration resolves (the ones placement may choose)."""
         return frozenset(self._writable)
 
     def readonly_bookies(self) -> frozenset[str]:
+        """Bookies registered read-only whose registration resolves."""
         return frozenset(self._readonly)
+
+    def unreadable_bookies(self, *, readonly: bool = False) -> dict[str, str]:
+        """Ids registered under available/ (or available/readonly/) whose node does not resolve -> why. They
+        are in neither list above: nobody could connect to them."""
+        return dict(self._unreadable[readonly])
 
     def on_change(self, listener: Callable[[], None]) -> Callable[[], None]:
         self._listeners.append(listener)
@@ -343,7 +377,13 @@ class BookieRegistry:
         info = self._writable.get(bookie_id) or self._readonly.get(bookie_id)
         if info is None:
             for ro in (False, True):
-                info = await self._read_info(layout.bookie_path(self.root, bookie_id, readonly=ro))
+                path = layout.bookie_path(self.root, bookie_id, readonly=ro)
+                try:
+                    info = await self._read_info(path)
+                except ProtocolError as e:
+                    raise BookieUnavailableError(
+                        f"bookie {bookie_id}: registration {path} is unreadable: {e}"
+                    ) from e
                 if info is not None:
                     break
         if info is None:

@@ -42,6 +42,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -240,7 +241,7 @@ class ZooKeeperStore(MetadataStore):
             async with asyncio.timeout(options.connect_timeout_s):
                 await store._first_connect
         except (TimeoutError, MetadataSecurityError) as e:
-            await asyncio.to_thread(store._shutdown_client)
+            store._abandon_client()
             if isinstance(e, MetadataSecurityError):
                 raise
             tls = "; ".join(f"TLS with {s} failed: {why}" for s, why in store._tls_failures.items())
@@ -274,6 +275,16 @@ class ZooKeeperStore(MetadataStore):
     def _current_session_hex(self) -> str:
         cid = self.client.client_id
         return f"{cid[0]:x}" if cid else ""
+
+    def _abandon_client(self) -> None:
+        """Stop the never-connected kazoo client without waiting for it. A server that accepted TCP but does
+        not answer (SIGSTOPped, hung) holds kazoo's connection thread in its handshake for session_timeout_s
+        / hosts, and kazoo's stop() joins that thread: waiting here made a 2 s connect_timeout_s a 30 s one.
+        stop() marks the client stopped first, so the connection thread ends by itself when that handshake
+        times out and does not reconnect. A daemon thread of our own, not asyncio.to_thread: the loop's
+        default executor is joined when asyncio.run() ends, which would delay the exit by as much."""
+        self._closed = True
+        threading.Thread(target=self._shutdown_client, name="zk-abandon", daemon=True).start()
 
     def _shutdown_client(self) -> None:
         with contextlib.suppress(Exception):

@@ -41,6 +41,7 @@ from quorumlog.errors import (
     MetadataNotFoundError,
     NoSuchLedgerError,
     OperationTimeoutError,
+    ProtocolError,
     QuorumLogError,
 )
 from quorumlog.meta.cookie import delete_cookie, read_cookie
@@ -110,20 +111,33 @@ NO_SPARE = "no spare bookie"
 """How a reason that more bookies are needed starts (the CLI tells the operator to start one)."""
 
 
+UNREADABLE = "metadata unreadable"
+"""How the reason of a ledger skipped for its unparseable metadata starts (the CLI adds what to do)."""
+
+
 async def _ledgers_on(
     client: Client, bookie_id: str, only: Collection[int] | None = None
-) -> dict[int, LedgerMetadata]:
+) -> tuple[dict[int, LedgerMetadata], dict[int, str]]:
+    """The ledgers with a fragment on `bookie_id`, and the ledgers whose metadata cannot be parsed (id ->
+    reason): whether those name the bookie is unknown, so they are reported as failed, never silently passed
+    over -- and never allowed to stop the recovery of the others."""
     if only is None:
         ids = [lid async for lid in client.ledger_manager.list_ledgers()]
     else:
         ids = sorted(set(only))
     out = {}
+    unreadable = {}
     for lid in ids:
-        with contextlib.suppress(NoSuchLedgerError):
+        try:
             md = (await client.ledger_manager.read(lid)).value
-            if bookie_id in md.bookies():
-                out[lid] = md
-    return out
+        except NoSuchLedgerError:
+            continue
+        except ProtocolError as e:
+            unreadable[lid] = f"{UNREADABLE}, so it is not known whether it has a fragment on the bookie: {e}"
+            continue
+        if bookie_id in md.bookies():
+            out[lid] = md
+    return out, unreadable
 
 
 def _ensembles_with(md: LedgerMetadata, bookie_id: str) -> list[int]:
@@ -173,10 +187,11 @@ async def _move_off(
         raise InvalidArgumentError("give a bookie id, e.g. 127.0.0.1:3181")
     t0 = client.env.clock.monotonic_s()
     report = RecoveryReport(bookie_id, dry_run=dry_run)
-    first = await _ledgers_on(client, bookie_id, ledgers)
+    first, unreadable = await _ledgers_on(client, bookie_id, ledgers)
+    report.failed.update(unreadable)
     await _check_known(client, bookie_id, bool(first))
     if ledgers is not None:
-        for lid in sorted(set(ledgers) - set(first)):
+        for lid in sorted(set(ledgers) - set(first) - set(unreadable)):
             await client.ledger_manager.read(lid)  # NoSuchLedgerError for a ledger that does not exist
             raise InvalidArgumentError(
                 f"ledger {lid} has no fragment on bookie {bookie_id}: nothing to recover"
@@ -212,7 +227,12 @@ async def _move_off(
                 progress(done_count, total)
 
     for n in range(PASSES_MAX):
-        found = first if n == 0 else await _ledgers_on(client, bookie_id, ledgers)
+        if n == 0:
+            found = first
+        else:
+            found, unreadable = await _ledgers_on(client, bookie_id, ledgers)
+            for lid, reason in unreadable.items():
+                report.failed.setdefault(lid, reason)
         found = {lid: md for lid, md in found.items() if lid not in report.failed}
         if not found:
             break

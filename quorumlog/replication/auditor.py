@@ -19,6 +19,10 @@ What it owns (DESIGN.md §2 "Auto-recovery", docs/REPLICATION.md):
   bookie is not a lost one, and the lost-bookie audit covers dead ones.
 - While replication is disabled (`underreplication/disable`) nothing is marked; a skipped audit runs when it
   is enabled again.
+- A ledger whose metadata cannot be parsed (junk bytes in its znode, a format we do not read) is skipped and
+  reported -- one log line per audit naming each with its reason, and `stats.unreadable_ledgers` -- while
+  every other ledger is audited. BookKeeper 4.14's `BookieLedgerIndexer` fails the whole audit on any ledger
+  it cannot read, so one bad znode stops the re-replication of everything else; we do not copy that.
 
 The decisions themselves (which ledgers, which bookies) are `fragments.py`'s; this module does the I/O and
 the timing.
@@ -35,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from quorumlog.client.placement import RackAwarePlacement
 from quorumlog.env import cancel_and_wait
-from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, QuorumLogError
+from quorumlog.errors import MetadataNotFoundError, NoSuchLedgerError, ProtocolError, QuorumLogError
 from quorumlog.meta.ledger_metadata import LedgerMetadata
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication import metrics
@@ -50,6 +54,8 @@ __all__ = ["Auditor", "AuditorSettings"]
 log = logging.getLogger("quorumlog.replication.auditor")
 
 METADATA_READS_IN_FLIGHT_MAX = 16
+UNREADABLE_SHOWN_MAX = 10
+"""Unreadable ledgers named (with their reasons) in an audit's log line; the stats list them all."""
 
 
 READ_RETRY_S_MIN = 0.1  # backoff of a re-read after a watch fired while the store was unreachable
@@ -325,9 +331,12 @@ class Auditor:
                     self._schedule_bookie_audit(self._now())
 
     async def _all_metadata(self) -> list[LedgerMetadata]:
+        """The metadata of every ledger that can be read. Unreadable ones are skipped and reported: one bad
+        znode must not stop the audit of all the others (see the module docstring)."""
         lm = self.client.ledger_manager
         ids = [lid async for lid in lm.list_ledgers()]
         sem = asyncio.Semaphore(METADATA_READS_IN_FLIGHT_MAX)
+        unreadable: dict[int, str] = {}
 
         async def one(lid: int) -> LedgerMetadata | None:
             async with sem:
@@ -335,8 +344,29 @@ class Auditor:
                     return (await lm.read(lid)).value
                 except NoSuchLedgerError:
                     return None  # deleted while we listed
+                except ProtocolError as e:  # the store answered, with bytes that are no ledger metadata
+                    unreadable[lid] = str(e)
+                    return None
 
-        return [md for md in await asyncio.gather(*(one(i) for i in ids)) if md is not None]
+        mds = [md for md in await asyncio.gather(*(one(i) for i in ids)) if md is not None]
+        self._report_unreadable(unreadable)
+        return mds
+
+    def _report_unreadable(self, unreadable: dict[int, str]) -> None:
+        self.stats.unreadable_ledgers = sorted(unreadable)
+        metrics.UNREADABLE_LEDGERS.set(len(unreadable))
+        if not unreadable:
+            return
+        shown = sorted(unreadable)[:UNREADABLE_SHOWN_MAX]
+        more = len(unreadable) - len(shown)
+        # WARNING, once per audit: the audit itself went on, but these ledgers are not protected until an
+        # operator deletes (`deleteledger L --force`) or restores them.
+        log.warning(
+            "auditor: skipped %d ledger(s) whose metadata cannot be read (not audited, never marked): %s%s",
+            len(unreadable),
+            "; ".join(f"ledger {lid}: {unreadable[lid]}" for lid in shown),
+            f"; and {more} more" if more else "",
+        )
 
     def _lost_due(
         self, now: float, ignore_delay: bool, available: frozenset[str]

@@ -29,6 +29,10 @@ AUDITS = Counter("quorumlog_auditor_audits", "Audits run", ["kind"])
 PLACEMENT_VIOLATIONS = Gauge(
     "quorumlog_auditor_placement_violations", "Ledgers not spread over racks/zones at the last full check"
 )
+UNREADABLE_LEDGERS = Gauge(
+    "quorumlog_auditor_unreadable_ledgers",
+    "Ledgers whose metadata could not be parsed at the last audit (skipped, not audited)",
+)
 IS_AUDITOR = Gauge("quorumlog_auditor_elected", "1 while this process is the elected auditor")
 
 
@@ -59,6 +63,8 @@ class AuditorStats:
     audits_skipped_disabled: int = 0
     placement_violations: int = 0
     lost_bookies: list[str] = field(default_factory=list)
+    unreadable_ledgers: list[int] = field(default_factory=list)
+    """Ledgers skipped by the last audit because their metadata could not be parsed."""
     last_full_check_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:

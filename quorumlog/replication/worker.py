@@ -24,6 +24,9 @@ Rules it keeps:
 - Bounded: `entries_in_flight_max` copies in flight per ledger, `rate_mb_s` bytes per second across the
   worker (0: unbounded), `ledgers_in_parallel_max` ledgers at once.
 - While replication is disabled (`underreplication/disable`), no new ledger is taken.
+- A marked ledger whose metadata cannot be parsed (`UnreadableMetadataError`) is skipped: logged once at
+  ERROR, its mark kept, looked at again only every `retry_backoff_s_max` (it takes an operator to restore or
+  delete it), and it never holds a slot another ledger could use.
 - Keys (`quorumlog.meta.ledger_keys.keys_for`): the password stored in metadata; for a ledger that stores
   none, its master key unsealed with one of `recovery_keys`, or an operator-given `password` (`shell recover
   --password`, checked by a fencing read on a surviving bookie before anything is copied: a wrong master key
@@ -52,6 +55,7 @@ from quorumlog.errors import (
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    ProtocolError,
     QuorumLogError,
     UnauthorizedError,
 )
@@ -75,7 +79,14 @@ from quorumlog.replication.probe import entries_on_bookie
 if TYPE_CHECKING:
     from quorumlog.client.client import Client
 
-__all__ = ["Outcome", "ReplicationError", "ReplicationWorker", "Replicator", "WorkerSettings"]
+__all__ = [
+    "Outcome",
+    "ReplicationError",
+    "ReplicationWorker",
+    "Replicator",
+    "UnreadableMetadataError",
+    "WorkerSettings",
+]
 
 log = logging.getLogger("quorumlog.replication.worker")
 
@@ -88,6 +99,13 @@ class ReplicationError(QuorumLogError):
     """A ledger could not be re-replicated this time (it stays marked and is retried)."""
 
     retriable = True
+
+
+class UnreadableMetadataError(ReplicationError):
+    """The ledger's metadata cannot be parsed (junk bytes, an unknown format): nothing can be planned or
+    copied until an operator restores or deletes it, so waiting does not help. Its mark stays."""
+
+    retriable = False
 
 
 class _TargetFailed(ReplicationError):
@@ -185,6 +203,8 @@ class Replicator:
             vmd = await lm.read(ledger_id)
         except NoSuchLedgerError:
             return Outcome.GONE
+        except ProtocolError as e:
+            raise UnreadableMetadataError(f"metadata unreadable: {e}") from e
         suspects = frozenset(suspects)
         closed, open_ = await self._plan(vmd.value, suspects, force)
         if open_:
@@ -520,6 +540,8 @@ class ReplicationWorker:
         self._active: dict[int, asyncio.Task[None]] = {}
         self._not_before: dict[int, float] = {}
         self._failures: dict[int, int] = {}
+        self._unreadable: dict[int, str] = {}
+        """Marked ledgers whose metadata could not be parsed -> the reason last logged (logged once)."""
         self._slot_freed = asyncio.Event()
 
     def stop(self) -> None:
@@ -586,6 +608,7 @@ class ReplicationWorker:
                 return
             cleared = await self.urm.mark_replicated(lid, version=mark.version)
             self._failures.pop(lid, None)
+            self._unreadable.pop(lid, None)
             self._not_before.pop(lid, None)
             if outcome is Outcome.DONE:
                 self.stats.ledgers_replicated += 1
@@ -602,6 +625,26 @@ class ReplicationWorker:
             with contextlib.suppress(Exception):
                 await self.urm.release(lid)
             raise
+        except UnreadableMetadataError as e:
+            # Skipped, not retried soon: it takes an operator to restore or delete the metadata. Logged once
+            # per reason (not at every retry), and it never holds a slot another marked ledger could use.
+            reason = str(e)
+            if self._unreadable.get(lid) != reason:
+                self._unreadable[lid] = reason
+                self.stats.failures += 1
+                self.stats.last_error = f"ledger {lid}: {e}"
+                metrics.FAILURES.inc()
+                log.error(
+                    "ledger %d: skipped, its %s; its mark stays (restore the metadata, or delete the ledger "
+                    "with `quorumlog shell deleteledger %d --force`); looked at again every %.0f s",
+                    lid,
+                    reason,
+                    lid,
+                    self.settings.retry_backoff_s_max,
+                )
+            self._not_before[lid] = self.client.env.clock.monotonic_s() + self.settings.retry_backoff_s_max
+            with contextlib.suppress(Exception):
+                await self.urm.release(lid)
         except Exception as e:
             self.stats.failures += 1
             self.stats.last_error = f"ledger {lid}: {e}"

@@ -54,9 +54,16 @@ def listbookies(only_readonly: bool, only_writable: bool, as_json: bool) -> None
                 ids += [(b, "read-only") for b in sorted(readonly) if not only_writable]
                 if not (only_readonly or only_writable):
                     ids += [(b, "writable and read-only (conflicting registrations)") for b in sorted(both)]
-                return list(
+                rows = list(
                     await asyncio.gather(*(_bookie_row(b, state, registry.resolve, sc) for b, state in ids))
                 )
+                if not (only_readonly or only_writable):
+                    # Registered, but no client can resolve them, so none places a ledger there: neither
+                    # writable nor read-only, and shown so the operator finds the node to fix or delete.
+                    for ro in (False, True):
+                        for b, why in sorted(registry.unreadable_bookies(readonly=ro).items()):
+                            rows.append(_unreadable_row(b, ro, why))
+                return rows
             finally:
                 await registry.close()
 
@@ -90,6 +97,17 @@ async def _settle_registrations(registry: Any, session_timeout_s: float) -> froz
         with contextlib.suppress(TimeoutError):
             await registry.wait_for(lambda r: not in_both(r), timeout_s=2 * session_timeout_s)
     return in_both(registry)
+
+
+def _unreadable_row(bookie_id: str, readonly: bool, why: str) -> dict[str, Any]:
+    return {
+        "bookie_id": bookie_id,
+        "state": "unreadable (read-only registration)" if readonly else "unreadable",
+        "address": None,
+        "free_disk_bytes": None,
+        "total_disk_bytes": None,
+        "error": f"registration unreadable: {why}",
+    }
 
 
 async def _bookie_row(bookie_id: str, state: str, resolve: Any, sc: ShellContext) -> dict[str, Any]:

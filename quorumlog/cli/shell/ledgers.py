@@ -30,6 +30,9 @@ from quorumlog.cli.shell.group import (
     shell,
 )
 
+UNREADABLE = "UNREADABLE"
+"""The state `listledgers -m` shows for a ledger whose metadata does not parse (its `error` says why)."""
+
 
 def _metadata_dict(md: Any) -> dict[str, Any]:
     def show(v: bytes) -> str:
@@ -65,7 +68,7 @@ def listledgers(with_meta: bool, as_json: bool) -> None:
     sc = _ctx()
 
     async def body() -> list[Any]:
-        from quorumlog.errors import MetadataNotFoundError
+        from quorumlog.errors import NoSuchLedgerError, ProtocolError
         from quorumlog.meta.ledger_manager import LedgerManager
 
         async with sc.store() as store:
@@ -75,8 +78,14 @@ def listledgers(with_meta: bool, as_json: bool) -> None:
                 return ids
             out = []
             for i in ids:
-                with contextlib.suppress(MetadataNotFoundError):  # deleted while we listed
+                try:
                     out.append(_metadata_dict((await lm.read(i)).value))
+                except NoSuchLedgerError:  # deleted while we listed
+                    continue
+                except ProtocolError as e:
+                    # One ledger's junk bytes must not hide the whole cluster's list: shown in place, as the
+                    # dashboard does, and the rest as usual.
+                    out.append({"ledger_id": i, "state": UNREADABLE, "error": str(e)})
             return out
 
     result = run_async(body())
@@ -92,6 +101,9 @@ def listledgers(with_meta: bool, as_json: bool) -> None:
             "ledger id", "state", "E/W/A", "last entry", "length", "digest", title=f"{len(result)} ledger(s)"
         )
         for md in result:
+            if md["state"] == UNREADABLE:
+                table.add_row(str(md["ledger_id"]), UNREADABLE, "-", "-", "-", "-")
+                continue
             table.add_row(
                 str(md["ledger_id"]),
                 md["state"],
@@ -101,6 +113,14 @@ def listledgers(with_meta: bool, as_json: bool) -> None:
                 md["digest"],
             )
     _print(table)
+    if with_meta:
+        for md in result:
+            if md["state"] == UNREADABLE:
+                click.echo(
+                    f"ledger {md['ledger_id']}: metadata unreadable: {md['error']}; restore it, or "
+                    f"`deleteledger {md['ledger_id']} --force` removes it",
+                    err=True,
+                )
 
 
 @shell.command("ledgermetadata")
@@ -252,18 +272,34 @@ def deleteledger(ledger: int, force: bool, as_json: bool) -> None:
     ledger = _ledger_id(ledger)
     _confirm_or_force(force, f"Delete ledger {ledger}? Its entries cannot be read afterwards")
 
-    async def body() -> None:
+    async def body() -> str | None:
+        from quorumlog.errors import ProtocolError
         from quorumlog.meta.ledger_manager import LedgerManager
 
         async with sc.store() as store, sc.client(store) as client:
             # The client's delete succeeds for a ledger that does not exist (it is idempotent, for retries);
             # an operator's mistyped id must not read as "deleted".
-            await LedgerManager(store).read(ledger)
+            unreadable = None
+            try:
+                await LedgerManager(store).read(ledger)
+            except ProtocolError as e:
+                # The znode exists but holds no ledger metadata (junk bytes, an unknown format). Deleting it
+                # needs no parse -- BookKeeper's `deleteledger -force` does the same -- and it is often the
+                # only way to get rid of it.
+                unreadable = str(e)
             await client.delete_ledger(ledger)
+            return unreadable
 
-    run_async(body())
+    unreadable = run_async(body())
     if as_json:
-        print_json({"deleted": ledger})
+        # The key only when it applies: `{deleted}` is the documented answer scripts already parse.
+        print_json(
+            {"deleted": ledger}
+            if unreadable is None
+            else {"deleted": ledger, "metadata_unreadable": unreadable}
+        )
+    elif unreadable is not None:
+        click.echo(f"deleted ledger {ledger} (its metadata was unreadable: {unreadable})")
     else:
         click.echo(f"deleted ledger {ledger}")
 

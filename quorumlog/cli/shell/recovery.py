@@ -98,6 +98,9 @@ def _show_plan(report: dict[str, Any], as_json: bool) -> None:
         table.add_row(
             lid, ", ".join(map(str, firsts)), f"cannot: {reason}" if reason else "would re-replicate"
         )
+    for lid, reason in report["failed"].items():
+        if lid not in report["plan"]:  # unreadable metadata: which ensembles name the bookie is unknown
+            table.add_row(lid, "?", f"cannot: {reason}")
     _print(table)
     click.echo(
         f"dry run: nothing was changed ({len(report['plan'])} ledger(s) name {report['bookie']})", err=True
@@ -111,8 +114,18 @@ def _explain_failures(report: dict[str, Any]) -> None:
         click.echo(f"ledger {lid}: {reason}", err=True)
     if len(failed) > FAILURES_SHOWN_MAX:
         click.echo(f"... and {len(failed) - FAILURES_SHOWN_MAX} more (--json lists them all)", err=True)
-    from quorumlog.replication.admin import NO_SPARE
+    from quorumlog.replication.admin import NO_SPARE, UNREADABLE
 
+    unreadable = [lid for lid, reason in failed.items() if reason.startswith(UNREADABLE)]
+    if unreadable:
+        click.echo(
+            f"hint: ledger(s) {', '.join(unreadable[:FAILURES_SHOWN_MAX])} hold metadata that cannot be parsed "
+            "and were skipped; the others were handled. Restore their metadata, or remove them with "
+            "`deleteledger LEDGER --force` if they are garbage",
+            err=True,
+        )
+        if len(unreadable) == len(failed):
+            return
     if any(reason.startswith(NO_SPARE) for reason in failed.values()):
         click.echo(
             "hint: start another bookie (one not in those ensembles), then run this again; nothing was "
