@@ -38,8 +38,8 @@ PASSWORD_ENV = "QUORUMLOG_METADATA_PASSWORD"
 PASSWORD_FILE_BYTES_MAX = 4096
 """A password file larger than this is a mistake (a key or a certificate named by accident)."""
 
-_TLS_KEYS = frozenset({"tls", "tls_ca", "tls_cert", "tls_key", "tls_verify_hostname"})
-_AUTH_KEYS = frozenset({"user", "password_file"})
+TLS_KEYS = frozenset({"tls", "tls_ca", "tls_cert", "tls_key", "tls_verify_hostname"})
+AUTH_KEYS = frozenset({"user", "password_file"})
 _SECRET_KEYS = frozenset({"password", "passwd", "pass", "token", "secret"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -69,11 +69,11 @@ class MetadataSecurity:
                     f"metadata URI {_without_query(uri)!r}: a {key} in the URI would be logged and visible in "
                     f"`ps`; put it in a file named by password_file=, or in ${PASSWORD_ENV}"
                 )
-            if k.startswith("tls") and k not in _TLS_KEYS:
+            if k.startswith("tls") and k not in TLS_KEYS:
                 raise ConfigError(
-                    f"metadata URI option {key!r} is unknown; TLS options are {', '.join(sorted(_TLS_KEYS))}"
+                    f"metadata URI option {key!r} is unknown; TLS options are {', '.join(sorted(TLS_KEYS))}"
                 )
-            if k in _TLS_KEYS or k in _AUTH_KEYS:
+            if k in TLS_KEYS or k in AUTH_KEYS:
                 values[k] = raw
         ca, cert, key_file = values.get("tls_ca", ""), values.get("tls_cert", ""), values.get("tls_key", "")
         tls = _flag(values, "tls", default=bool(ca or cert or key_file))

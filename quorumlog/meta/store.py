@@ -539,12 +539,26 @@ async def open_cluster_store(uri: str, **options: float) -> MetadataStore:
     return await _open_store(uri, existing_cluster=True, options=options)
 
 
+def _check_query_keys(uri: str, query: str) -> None:
+    """Refuse an option the URI names that no part of the store reads: a typo (`op_timeout=2`, `sesion_...`)
+    silently ignored would leave the default in force while the user believes otherwise."""
+    from quorumlog.meta.security import AUTH_KEYS, TLS_KEYS
+
+    known = set(StoreOptions.__dataclass_fields__) | TLS_KEYS | AUTH_KEYS
+    for key, _ in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if key.lower() not in known:
+            raise InvalidArgumentError(
+                f"metadata URI {uri.partition('?')[0]!r}: unknown option {key!r} (known: {', '.join(sorted(known))})"
+            )
+
+
 async def _open_store(uri: str, *, existing_cluster: bool, options: dict[str, float]) -> MetadataStore:
     from quorumlog.meta.security import MetadataSecurity
 
     parsed = parse_uri(uri)
-    opts = StoreOptions.from_query(parsed.query, **options)
     security = MetadataSecurity.from_query(uri, parsed.query)
+    _check_query_keys(uri, parsed.query)
+    opts = StoreOptions.from_query(parsed.query, **options)
     if parsed.scheme in ("zk", "zk+hierarchical", "zookeeper"):
         from quorumlog.meta.zookeeper import ZooKeeperStore
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -81,6 +82,24 @@ async def test_unknown_scheme_is_a_clear_error() -> None:
         await open_store("file://host/path")
     with pytest.raises(MetadataStoreError):
         await open_store("zk:///ledgers")  # no host
+
+
+async def test_an_option_the_uri_names_that_nothing_reads_is_refused(tmp_path: Any) -> None:
+    """Found by probing: `?op_timeout=2` (for op_timeout_s) or `?bogus=1` was silently ignored, leaving the
+    default in force while the user believed otherwise."""
+    for uri in (
+        f"file://{tmp_path}/m?op_timeout=2",
+        "zk://127.0.0.1:1/ledgers?bogus=1",
+        "etcd://h:1/x?sesion_timeout_s=3",
+    ):
+        with pytest.raises(InvalidArgumentError, match="unknown option"):
+            await open_store(uri)
+    assert not (tmp_path / "m").exists()
+    store = await open_store(f"file://{tmp_path}/m?op_timeout_s=2&session_timeout_s=3")
+    try:
+        assert store.options.op_timeout_s == 2
+    finally:
+        await store.close()
 
 
 def test_ensembles_compare_equal_to_lists_as_the_api_documents() -> None:
