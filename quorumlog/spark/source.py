@@ -45,7 +45,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType, Tim
 
 from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncatedError, QuorumLogError
 from quorumlog.spark.commit import TaskLedger, delete_unlinked, link_ledgers
-from quorumlog.spark.connection import connect
+from quorumlog.spark.connection import connect, shared
 from quorumlog.spark.options import BASE_NAMES, SourceOptions, ddl_names, parse_options
 from quorumlog.spark.orphans import JOB_KEY, PARTITION_KEY, delete_orphans, find_orphans
 from quorumlog.spark.scan import (
@@ -377,12 +377,75 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.opts.start_timestamp_ms,
             self.opts.end_timestamp_ms,
         )
+        span = partition
+        while True:
+            done = span.first_entry - 1  # the last entry whose rows were handed to Spark
+            try:
+                for batch in read_span(
+                    self.opts.metadata, self.opts.password, span, rows, self.schema_json, self.json_fields
+                ):
+                    done = batch.column(1)[batch.num_rows - 1].as_py()  # entry_id of the last row
+                    yield batch
+                return
+            except (QuorumLogError, FileNotFoundError) as exc:
+                # Retention or a truncation may delete the segment between planning and this task (Kafka's
+                # source meets aged-out offsets in its tasks the same way): that is data loss, decided by
+                # fail_on_data_loss, not a stray NoSuchLedgerError. An offload may also have freed the
+                # ledger meanwhile: then the rest of the span is in the segment's file.
+                rest = self._after_read_failure(span, done + 1, exc)
+                if rest is None:
+                    return
+                span = rest
+
+    def _after_read_failure(self, span: Span, owed: int, exc: Exception) -> Span | None:
+        """What to do when reading `span` failed at entry `owed`: the rest of the span to read from the
+        segment's offloaded file, or None (the rest was truncated and fail_on_data_loss=false skips it).
+        Anything else raises: LogTruncatedError for records truncated under the task, else `exc`."""
+        opts = self.opts
+        assert opts.log is not None
+        name = opts.log
+
+        async def look(client: Any) -> tuple[Any, Any]:
+            store = (await client.namespace(opts.namespace).open_log(name)).log_store
+            md = (await store.read_log(opts.namespace, name)).value
+            seg = await store.read_segment(opts.namespace, name, span.seq)
+            return md, None if seg is None else seg.value
+
         try:
-            yield from read_span(
-                self.opts.metadata, self.opts.password, partition, rows, self.schema_json, self.json_fields
+            with shared(opts.metadata) as conn:
+                md, seg = conn.run(look)
+        except QuorumLogError as look_exc:
+            raise _explain(opts, look_exc) from exc
+        if Position(span.seq, owed, 0) < md.truncated_before:
+            lost = (
+                f"quorumlog {opts.target}: records of segment {span.seq} (ledger {span.ledger_id}), entries "
+                f"{owed}..{span.last_entry}, positions {span.seq}:{owed}:0 up to {span.seq}:{span.last_entry + 1}:0, "
+                f"were deleted by truncation or retention (the log now keeps records from {md.truncated_before}) "
+                f"after this micro-batch was planned and before its task read them ({type(exc).__name__}: {exc})"
             )
-        except QuorumLogError as exc:
-            raise _explain(self.opts, exc) from exc
+            if opts.fail_on_data_loss:
+                raise LogTruncatedError(lost + " (option fail_on_data_loss=false skips them)") from exc
+            log.warning("%s; skipping them (fail_on_data_loss=false)", lost)
+            return None
+        if (
+            seg is not None
+            and seg.ledger_id == span.ledger_id
+            and seg.offload is not None
+            and span.offload_uri is None
+        ):
+            return Span(
+                span.seq,
+                span.ledger_id,
+                owed,
+                span.last_entry,
+                False,
+                seg.offload.uri,
+                span.entry_bytes,
+                span.first_slot if owed == span.first_entry else 0,
+            )
+        if isinstance(exc, QuorumLogError):
+            raise _explain(opts, exc) from exc
+        raise exc
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # offsets live in Spark's checkpoint; the log keeps everything until retention removes it

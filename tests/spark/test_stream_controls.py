@@ -194,3 +194,40 @@ def test_fail_on_data_loss_false_skips_truncated_records_with_a_warning(
     assert key(from_truncated.initialOffset()) == (3, 0)
     with pytest.raises(LogTruncatedError):
         stream_reader(quorumlog_uri, "loss", start="1:0:0").initialOffset()
+
+
+def test_a_segment_truncated_after_planning_is_data_loss_in_the_task(
+    quorumlog_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention may delete a segment between latestOffset/partitions (driver) and the task's read. Kafka's
+    source meets aged-out offsets in its tasks too: with fail_on_data_loss the task fails with
+    LogTruncatedError naming what was lost (not a NoSuchLedgerError), without it it warns and skips them."""
+    write_log(quorumlog_uri, "inflight", 200)
+    strict = stream_reader(quorumlog_uri, "inflight")
+    lenient = stream_reader(quorumlog_uri, "inflight", fail_on_data_loss="false")
+    plans = []
+    for reader in (strict, lenient):
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        plans.append(reader.partitions(start, end))
+    assert {s.seq for s in plans[0]} >= {1, 2, 3}
+
+    async def truncate(client: Any) -> list[int]:
+        lg = await client.namespace("controls").open_log("inflight")
+        return await lg.truncate(before=Position(3, 0, 0))
+
+    with connect(quorumlog_uri) as conn:
+        assert conn.run(truncate)  # segments 1 and 2, with their ledgers
+
+    def rows(reader: StreamReader, spans: list[Any]) -> list[bytes]:
+        return [p for span in spans for batch in reader.read(span) for p in batch.column(4).to_pylist()]
+
+    with pytest.raises(LogTruncatedError, match=r"segment 1 .*entries 0\.\..*fail_on_data_loss=false"):
+        rows(strict, plans[0])
+    with caplog.at_level(logging.WARNING, logger="quorumlog.spark.source"):
+        kept = rows(lenient, plans[1])
+    assert "records of segment 1 " in caplog.text and "records of segment 2 " in caplog.text
+    assert "skipping them (fail_on_data_loss=false)" in caplog.text
+    expected = [b"%06d" % i + b"x" * (RECORD - 6) for i in range(200)]
+    assert kept and kept == expected[-len(kept) :]  # the kept segments, whole and in order
+    assert rows(strict, [s for s in plans[0] if s.seq >= 3]) == kept
