@@ -225,6 +225,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.lac_floor: dict[int, int] = {}
         self.latest_seen: tuple[int, int] | None = None  # for reportLatestOffset (progress' latestOffset)
         self.lag: tuple[int, int] | None = None  # (records, bytes) after the last planned end offset
+        self.warned_past_end: set[tuple[int, int]] = set()  # offsets past the log's end, warned about once
 
     def _view(self, *, stats: bool = False) -> LogView:
         try:
@@ -269,6 +270,60 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("%s; starting at %s instead (fail_on_data_loss=false)", exc, kept)
             return _offset(kept.segment, kept.entry)
         return _offset(start.segment, start.entry)
+
+    def _earliest(self, lv: LogView) -> tuple[int, int]:
+        """The offset of the oldest record kept. A partial truncation hides the records before it, as from
+        the streams API; the slot part of the point is applied to the first entry (offsets count whole
+        entries), through `head_floor`."""
+        assert lv.metadata is not None
+        first = lv.segments[0].seq if lv.segments else lv.metadata.next_seq
+        kept = lv.metadata.truncated_before
+        if (kept.segment, kept.entry) > (first, 0):
+            self.head_floor = kept
+            return kept.segment, kept.entry
+        return first, 0
+
+    def _past_end(self, at: tuple[int, int], lv: LogView) -> str | None:
+        """Why offset `at` cannot belong to this log, or None. A source offset only ever names entries that
+        existed: a segment at or before the log node's `next_seq` (its start only, for `next_seq` itself),
+        and within a closed segment at most the entry after its last. Anything further means the log was
+        deleted and created again (or its metadata set back) since the query read up to there. An open
+        segment's LAC read may answer less than an earlier one, so it is never taken as evidence."""
+        md = lv.metadata
+        assert md is not None
+        seq, entry = at
+        if seq > md.next_seq or (seq == md.next_seq and entry > 0):
+            return f"the log has no segment {seq} (its next segment will be {md.next_seq})"
+        for seg in lv.segments:
+            if seg.seq == seq and not seg.open and entry > seg.last_entry + 1:
+                return f"segment {seq} is closed with entries 0..{seg.last_entry}"
+        return None
+
+    def _resume_from(self, at: tuple[int, int], lv: LogView) -> tuple[int, int] | None:
+        """None if `at` is an offset of this log; else, for an offset past its end, the earliest offset kept
+        (fail_on_data_loss=false, with a WARNING once per offset) or LogTruncatedError (true). Kafka's source
+        does the same when a topic was re-created under a checkpointed query (its offsets went back)."""
+        why = self._past_end(at, lv)
+        if why is None:
+            return None
+        message = (
+            f"quorumlog {self.opts.target}: the stream's offset {at[0]}:{at[1]} is past the end of the log "
+            f"({why}): the log was deleted and created again, or its metadata set back, after this query "
+            "read up to there, so what it read is gone and the new records are not after that offset"
+        )
+        if self.opts.fail_on_data_loss:
+            raise LogTruncatedError(
+                message + " (option fail_on_data_loss=false restarts from the oldest record kept)"
+            )
+        earliest = self._earliest(lv)
+        if at not in self.warned_past_end:
+            self.warned_past_end.add(at)
+            log.warning(
+                "%s; restarting from the oldest record kept, %d:%d (fail_on_data_loss=false)",
+                message,
+                *earliest,
+            )
+        return earliest
 
     def _latest(self, start: tuple[int, int], lv: LogView | None = None) -> tuple[int, int]:
         """The furthest offset readable now. A fully read closed segment S is written as (S + 1, 0), so an
@@ -323,6 +378,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         records, size = self._limits(limit)
         lv = self._view(stats=records is not None or size is not None)
         begin = _key(start)
+        # An offset past the end of the log would otherwise never see new data (nothing is ever after it).
+        # The end returned is then below Spark's start; partitions() reads that batch from the earliest.
+        begin = self._resume_from(begin, lv) or begin
         latest = self._latest(begin, lv)
         self.latest_seen = latest
         if self.target is not None:
@@ -341,9 +399,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         lo, hi = _key(start), _key(end)
+        lv: LogView | None = None
         if hi <= lo:
-            return []
-        lv = self._view()
+            # Nothing to read, unless `start` is past the end of a re-created log: latestOffset then ended
+            # this batch in the new log, which is read from its earliest record (fail_on_data_loss=false).
+            lv = self._view()
+            resumed = self._resume_from(lo, lv)
+            if resumed is None or hi <= resumed:
+                return []
+            lo = resumed
+        else:
+            lv = self._view()
+            if self._resume_from(lo, lv) is not None:
+                # Both ends belong to a log that is gone (a batch planned before the log was re-created):
+                # read nothing; the next batch starts from this end, which latestOffset resumes.
+                return []
         assert lv.metadata is not None
         kept = lv.metadata.truncated_before
         present = {seg.seq for seg in lv.segments}

@@ -231,3 +231,42 @@ def test_a_segment_truncated_after_planning_is_data_loss_in_the_task(
     expected = [b"%06d" % i + b"x" * (RECORD - 6) for i in range(200)]
     assert kept and kept == expected[-len(kept) :]  # the kept segments, whole and in order
     assert rows(strict, [s for s in plans[0] if s.seq >= 3]) == kept
+
+
+def test_an_offset_past_the_end_of_a_recreated_log_fails_or_restarts_from_the_earliest(
+    quorumlog_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A query checkpointed at the end of a log that is then deleted and created again with fewer segments
+    resumes from an offset past the new log's end. It used to wait there for ever and skip the new log's
+    records; like Kafka's source with a re-created topic it must fail (fail_on_data_loss=true) or warn and
+    read the new log from its earliest record (false)."""
+    first = stream_reader(quorumlog_uri, "recreated")
+    write_log(quorumlog_uri, "recreated", 200)
+    start = first.initialOffset()
+    checkpointed = first.latestOffset(start, None)
+    assert key(checkpointed)[0] >= 4
+
+    async def recreate(client: Any) -> None:
+        await client.namespace("controls").delete_log("recreated")
+
+    with connect(quorumlog_uri) as conn:
+        conn.run(recreate)
+    write_log(quorumlog_uri, "recreated", 20)  # one segment
+    fresh = [b"%06d" % i + b"x" * (RECORD - 6) for i in range(20)]
+
+    strict = stream_reader(quorumlog_uri, "recreated")  # the restarted query
+    with pytest.raises(LogTruncatedError, match=r"past the end of the log.*fail_on_data_loss=false"):
+        strict.latestOffset(checkpointed, None)
+    with pytest.raises(LogTruncatedError, match="past the end of the log"):
+        strict.partitions(checkpointed, checkpointed)
+
+    lenient = stream_reader(quorumlog_uri, "recreated", fail_on_data_loss="false")
+    with caplog.at_level(logging.WARNING, logger="quorumlog.spark.source"):
+        end = lenient.latestOffset(checkpointed, None)
+        assert end != checkpointed  # new data: Spark runs a batch
+        assert batch_payloads(lenient, checkpointed, end) == fresh
+    assert caplog.text.count("past the end of the log") == 1
+    assert "restarting from the oldest record kept, 1:0" in caplog.text
+    assert lenient.latestOffset(end, None) == end  # and on from there as usual
+    # A batch planned wholly before the re-creation (both ends gone) reads nothing; the next one resumes.
+    assert lenient.partitions(checkpointed, {"segment": key(checkpointed)[0] + 1, "entry": 0}) == []
