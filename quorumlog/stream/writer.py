@@ -400,10 +400,10 @@ class LogWriter:
         for payload in payloads:
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
-            size = RECORD_OVERHEAD_BYTES + len(payload)
+            size = RECORD_OVERHEAD_BYTES + _payload_bytes(payload)
             if HEADER_BYTES + size > settings.batch_max_bytes:
                 raise TooManyRequestsError(
-                    f"record of {len(payload)} bytes does not fit in a batch "
+                    f"record of {_payload_bytes(payload)} bytes does not fit in a batch "
                     f"(batch_max_bytes={settings.batch_max_bytes})"
                 )
             total += size
@@ -414,9 +414,11 @@ class LogWriter:
             )
 
     def _enqueue(self, payload: bytes) -> asyncio.Future[Position]:
+        # bytes(payload) below copies a memoryview's nbytes, whatever its item size: the size counted here
+        # must be the same, or a batch could grow past batch_max_bytes (and the frame limit).
         assert self._md is not None
         settings = self._md.value.settings
-        size = RECORD_OVERHEAD_BYTES + len(payload)
+        size = RECORD_OVERHEAD_BYTES + _payload_bytes(payload)
         if self._batch.size_bytes + size > settings.batch_max_bytes:
             self._seal_batch()
         fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
@@ -621,3 +623,10 @@ class LogWriter:
         for fut in batch.futures:
             if not fut.done():
                 fut.set_exception(err)
+
+
+def _payload_bytes(payload: bytes | bytearray | memoryview) -> int:
+    """A payload's size in bytes. len() of a memoryview counts its items, which are wider than a byte for a
+    typed array (array('q') gives 8 bytes an item): admission by len() let such a record past
+    batch_max_bytes and pending_bytes_max, and the oversized batch then failed the writer."""
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)

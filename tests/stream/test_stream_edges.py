@@ -3,13 +3,14 @@ sizes of typed memoryviews, a writer of a deleted log, settings and reader argum
 
 from __future__ import annotations
 
+import array
 import asyncio
 import logging
 
 import pytest
 
 from quorumlog import Client
-from quorumlog.errors import ClientClosedError
+from quorumlog.errors import ClientClosedError, TooManyRequestsError
 from quorumlog.testing.cluster import LocalCluster
 
 SMALL = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "batch_max_bytes": 4096, "roll_bytes": 4096}
@@ -62,3 +63,28 @@ async def test_a_ledger_tail_fails_promptly_when_its_client_is_closed(
                 await asyncio.wait_for(pending, 5)
         assert "long poll failed" not in caplog.text
         await w.close()
+
+
+async def test_a_typed_memoryview_is_admitted_by_its_bytes_not_its_items(client: Client) -> None:
+    """len() of an array('q') view counts 8-byte items: admission by len() let a 4.8 MB record past a 1 MiB
+    batch and a 2 MB pending bound, and the oversized batch then failed the writer and an unrelated record."""
+    log = await client.namespace("ns").create_log("views", batch_max_bytes=4 << 20)
+    writer = await log.open_writer(pending_bytes_max=2_000_000)
+    small = writer.write(b"small record written first")
+    huge = memoryview(array.array("q", range(600_000)))  # 600,000 items, 4,800,000 bytes
+    with pytest.raises(TooManyRequestsError, match="4800000 bytes does not fit in a batch"):
+        writer.write(huge)
+    fits_a_batch = memoryview(array.array("q", range(300_000)))  # 2.4 MB: under the batch, over pending
+    with pytest.raises(TooManyRequestsError, match="pending_bytes_max=2000000"):
+        writer.write(fits_a_batch)
+    with pytest.raises(TooManyRequestsError):
+        await writer.write_many([b"a", fits_a_batch])
+    view = memoryview(array.array("q", range(1000)))
+    pos = await writer.write(view)
+    assert (await small) < pos
+    assert await writer.write(b"after") > pos  # the writer is alive
+    await writer.close()
+    reader = await log.open_reader()
+    got = [(await asyncio.wait_for(anext(reader), 10)).payload for _ in range(3)]
+    await reader.close()
+    assert got == [b"small record written first", view.tobytes(), b"after"]
