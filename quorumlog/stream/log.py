@@ -20,12 +20,18 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from quorumlog.errors import LogNotFoundError, MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
+from quorumlog.errors import (
+    LogNotFoundError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuorumLogError,
+)
 from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
 from quorumlog.stream.position import Position, check_count, check_position
 from quorumlog.stream.reader import LogReader
-from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter
+from quorumlog.stream.writer import CAS_RETRIES_MAX, STREAM_PASSWORD, LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +64,23 @@ class Namespace:
         """
         check_name("log", name)
         try:
-            segments = await self.log_store.segments(self.name, name)
             md = (await self.log_store.read_log(self.name, name)).value
+            # Fence the live writer first, as DistributedLog's deleteLog does: bookies do not learn that a
+            # ledger's metadata was deleted, so a writer appending to the open segment would otherwise have
+            # its records acknowledged into a deleted ledger until its next roll -- even after the name was
+            # re-created. A fenced ledger refuses its next add (WriterFencedError for the writer). The
+            # recovery costs a fencing read per bookie and the re-add of any unconfirmed tail. A roll between
+            # the read of the log node and the fence would leave the new segment unfenced: read the node
+            # again until its open segment is one already fenced (a fenced writer cannot roll: closing its
+            # fenced ledger fails).
+            fenced: set[int] = set()
+            for _ in range(CAS_RETRIES_MAX):
+                if md.open_segment is None or md.open_segment.ledger_id in fenced:
+                    break
+                await _fence_ledger(self.client, md.open_segment.ledger_id, f"{self.name}/{name}")
+                fenced.add(md.open_segment.ledger_id)
+                md = (await self.log_store.read_log(self.name, name)).value
+            segments = await self.log_store.segments(self.name, name)
         except LogNotFoundError:
             return
         for seg in segments:
@@ -228,6 +249,25 @@ class Subscription:
     async def position(self) -> Position | None:
         """The committed position, or None if nothing was committed yet."""
         return await self.log.log_store.subscription_position(self.log.namespace, self.log.name, self.name)
+
+
+async def _fence_ledger(client: Any, ledger_id: int, log_name: str) -> None:
+    """Recover (fence and close) a segment's ledger so that its writer can add nothing more. Best effort: a
+    ledger never created is fine, and a recovery that fails (too few bookies reachable) must not make the log
+    impossible to delete; it is logged, and that writer then fails at its next roll instead."""
+    try:
+        handle = await client.open_ledger(ledger_id, password=STREAM_PASSWORD, recovery=True)
+        await handle.close()
+    except NoSuchLedgerError:
+        pass
+    except QuorumLogError as exc:
+        log.warning(
+            "deleting log %s: could not fence its open segment's ledger %d (%s); its writer may have records "
+            "acknowledged until its next segment roll",
+            log_name,
+            ledger_id,
+            exc,
+        )
 
 
 async def _delete_ledger(client: Any, ledger_id: int) -> None:

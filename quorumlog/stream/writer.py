@@ -588,7 +588,8 @@ class LogWriter:
                 err = exc if isinstance(exc, QuorumLogError) else QuorumLogError(str(exc))
                 if isinstance(exc, LedgerFencedError):
                     err = WriterFencedError(
-                        f"writer of log {self._ns}/{self._name} was fenced: a newer writer recovered segment {seq}"
+                        f"writer of log {self._ns}/{self._name} was fenced: segment {seq} was recovered by a "
+                        "newer writer, or the log was deleted"
                     )
                 self._fail(err)
                 self._fail_batch(batch, err)

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from quorumlog import Client
-from quorumlog.errors import ClientClosedError, TooManyRequestsError
+from quorumlog.errors import ClientClosedError, TooManyRequestsError, WriterFencedError
 from quorumlog.testing.cluster import LocalCluster
 
 SMALL = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "batch_max_bytes": 4096, "roll_bytes": 4096}
@@ -88,3 +88,29 @@ async def test_a_typed_memoryview_is_admitted_by_its_bytes_not_its_items(client:
     got = [(await asyncio.wait_for(anext(reader), 10)).payload for _ in range(3)]
     await reader.close()
     assert got == [b"small record written first", view.tobytes(), b"after"]
+
+
+async def test_delete_log_fences_the_live_writer_before_the_name_is_created_again(
+    cluster: LocalCluster, client: Client
+) -> None:
+    """Bookies do not learn that a ledger's metadata was deleted: a writer of a deleted log kept having its
+    records acknowledged into its deleted segment ledger until its next roll, even after the name was
+    re-created. delete_log now fences the open segment first (DistributedLog's deleteLog fences too)."""
+    async with await Client.connect(cluster.uri, explicit_lac_interval_s=0.02) as other:
+        old = await other.namespace("ns").create_log("reborn", **SMALL)
+        stale = await old.open_writer()
+        await stale.write(b"old-0")
+        ns = client.namespace("ns")
+        await ns.delete_log("reborn")
+        with pytest.raises(WriterFencedError, match="the log was deleted"):
+            await asyncio.wait_for(stale.write(b"stale-after-delete"), 10)
+        with pytest.raises(WriterFencedError):  # and at once for every later write
+            stale.write(b"stale-later")
+        log = await ns.create_log("reborn", **SMALL)
+        async with await log.open_writer() as fresh:
+            acked = await fresh.write_many([b"new-%d" % i for i in range(10)])
+        reader = await log.open_reader()
+        got = [(await asyncio.wait_for(anext(reader), 10)).payload for _ in acked]
+        await reader.close()
+        assert got == [b"new-%d" % i for i in range(10)]
+        assert [s.seq for s in await log.segments()] == [1]
