@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from quorumlog.errors import (
+    InvalidArgumentError,
     LogNotFoundError,
     MetadataNotFoundError,
     MetadataVersionError,
@@ -31,7 +32,7 @@ from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
 from quorumlog.stream.position import Position, check_count, check_position
 from quorumlog.stream.reader import LogReader
-from quorumlog.stream.writer import CAS_RETRIES_MAX, STREAM_PASSWORD, LogWriter
+from quorumlog.stream.writer import CAS_RETRIES_MAX, STREAM_PASSWORD, WRITER_OPTIONS, LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,14 @@ class Log:
         return (await self.metadata()).settings
 
     async def open_writer(self, **options: Any) -> LogWriter:
-        """Become the log's only writer, fencing any previous one (its next write fails)."""
+        """Become the log's only writer, fencing any previous one (its next write fails). Options:
+        `pending_bytes_max` (int > 0, bytes written but not yet acknowledged)."""
+        unknown = sorted(set(options) - set(WRITER_OPTIONS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown open_writer options {unknown}; known: {sorted(WRITER_OPTIONS)} (log settings such "
+                "as batch_max_bytes belong to create_log)"
+            )
         writer = LogWriter(self, **options)
         await writer._open()
         return writer

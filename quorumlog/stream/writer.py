@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PENDING_BYTES_MAX_DEFAULT = 64 << 20
+WRITER_OPTIONS = ("pending_bytes_max",)  # what open_writer takes (the log's settings are create_log's)
 CAS_RETRIES_MAX = 16
 # After a roll that could not create its ledger, the writer stays on its segment at least this long.
 ROLL_RETRY_S = 1.0
@@ -167,6 +169,12 @@ class LogWriter:
     """Use `await log.open_writer()`; `async with` closes it."""
 
     def __init__(self, log_: Log, *, pending_bytes_max: int = PENDING_BYTES_MAX_DEFAULT) -> None:
+        # Checked here, at the call: a str compared with the pending byte count at the first write, a bare
+        # TypeError from inside write().
+        given: object = pending_bytes_max  # (typed as int, but callers may pass anything)
+        if not isinstance(given, numbers.Integral) or isinstance(given, bool) or given <= 0:
+            raise InvalidArgumentError(f"pending_bytes_max must be an int > 0, not {given!r:.60}")
+        pending_bytes_max = int(given)
         self._log = log_
         self._client = log_.client
         self._store = log_.log_store

@@ -10,7 +10,14 @@ import logging
 import pytest
 
 from quorumlog import Client
-from quorumlog.errors import ClientClosedError, TooManyRequestsError, WriterFencedError
+from quorumlog.errors import (
+    ClientClosedError,
+    InvalidArgumentError,
+    LogNotFoundError,
+    TooManyRequestsError,
+    WriterFencedError,
+)
+from quorumlog.proto.entry import DigestType
 from quorumlog.testing.cluster import LocalCluster
 
 SMALL = {"ensemble_size": 3, "write_quorum": 2, "ack_quorum": 2, "batch_max_bytes": 4096, "roll_bytes": 4096}
@@ -114,3 +121,69 @@ async def test_delete_log_fences_the_live_writer_before_the_name_is_created_agai
         await reader.close()
         assert got == [b"new-%d" % i for i in range(10)]
         assert [s.seq for s in await log.segments()] == [1]
+
+
+NAN = float("nan")
+BAD_SETTINGS = [
+    {"ensemble_size": "3"},
+    {"ensemble_size": 3.5},
+    {"ensemble_size": True, "write_quorum": True, "ack_quorum": True},
+    {"digest": "CRC32C"},
+    {"digest": 1},
+    {"linger_s": "0.1"},
+    {"linger_s": NAN},
+    {"roll_bytes": NAN},
+    {"roll_bytes": (1 << 30) + 0.5},
+    {"roll_age_s": float("inf")},
+    {"retention_max_bytes": "5"},
+    {"retention_max_age_s": NAN},
+    {"retention_max_age_s": 10**400},
+]
+
+
+@pytest.mark.parametrize(
+    "settings", BAD_SETTINGS, ids=lambda d: ",".join(f"{k}={v!r:.12}" for k, v in d.items())
+)
+async def test_bad_log_settings_are_refused_at_the_call_and_nothing_is_stored(
+    client: Client, settings: dict[str, object]
+) -> None:
+    """A wrong type gave a bare TypeError/AttributeError, or was stored and made the log unusable (E=3.5,
+    E=True); NaN passed every range check."""
+    ns = client.namespace("settings")
+    with pytest.raises(InvalidArgumentError, match=next(iter(settings))):
+        await ns.create_log("bad", **settings)
+    with pytest.raises(LogNotFoundError):
+        await ns.open_log("bad")
+    with pytest.raises(InvalidArgumentError, match=next(iter(settings))):
+        await ns.set_defaults(**settings)
+    log = await ns.create_log("good")  # the defaults were not changed either
+    assert await log.settings() == await (await client.namespace("other").create_log("x")).settings()
+
+
+async def test_retention_and_writer_options_are_checked_at_the_call(client: Client) -> None:
+    log = await client.namespace("settings").create_log("l", digest=DigestType.CRC32, ensemble_size=3)
+    before = await log.settings()
+    for kwargs in ({"max_age_s": NAN}, {"max_age_s": float("inf")}, {"max_bytes": True}):
+        with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
+            await log.set_retention(**kwargs)  # type: ignore[arg-type]
+    assert await log.settings() == before
+    for options, match in (
+        ({"bogus": 1}, "unknown open_writer options"),
+        ({"batch_max_bytes": 8192}, "belong to create_log"),
+        ({"pending_bytes_max": "100"}, "pending_bytes_max"),
+        ({"pending_bytes_max": 0}, "pending_bytes_max"),
+        ({"pending_bytes_max": 1.5}, "pending_bytes_max"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=match):
+            await log.open_writer(**options)
+    assert (await log.metadata()).writer_epoch == 0  # no writer was opened, nothing fenced
+    async with await log.open_writer(pending_bytes_max=numpy_int(1 << 20)) as writer:
+        assert await writer.write(b"x")
+    await log.set_retention(max_age_s=numpy_int(60), max_bytes=1 << 30)
+    assert (await log.settings()).retention_max_age_s == 60.0
+
+
+def numpy_int(value: int) -> object:
+    import numpy
+
+    return numpy.int64(value)
