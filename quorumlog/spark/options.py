@@ -133,10 +133,19 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
     fail_on_data_loss = _boolean(opts, "fail_on_data_loss", True)
     json_schema = opts.get("json_schema") or None
     if json_schema is not None:
-        clash = sorted(set(ddl_names(json_schema)) & set(BASE_NAMES))
+        names = ddl_names(json_schema)
+        clash = sorted(set(names) & set(BASE_NAMES))
         if clash:
             raise InvalidArgumentError(
                 f"quorumlog: json_schema columns {clash} clash with the source's own columns {list(BASE_NAMES)}"
+            )
+        # Spark resolves column names case-insensitively; a name twice was accepted here and then failed
+        # inside every task, in the JVM's Arrow loader.
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidArgumentError(
+                f"quorumlog: option 'json_schema' names column(s) {twice} more than once (names are "
+                f"case-insensitive): {json_schema!r}"
             )
     return SourceOptions(
         metadata=metadata,

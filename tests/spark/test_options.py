@@ -78,6 +78,12 @@ def test_stream_and_partition_options_have_kafka_like_defaults() -> None:
         ({"metadata": URI, "ledgers": "1,x"}, "option 'ledgers'"),
         ({"metadata": URI, "ledgers": "1", "start": "1:0:0"}, "with 'ledgers' use start_timestamp"),
         ({"metadata": URI, "log": "l", "json_schema": "payload STRING"}, "clash"),
+        # A name twice failed only in the tasks, in the JVM's Arrow loader (Spark's names ignore case).
+        (
+            {"metadata": URI, "log": "l", "json_schema": "i LONG, i STRING"},
+            "names column(s) ['i'] more than once",
+        ),
+        ({"metadata": URI, "log": "l", "json_schema": "`A` LONG, a STRING"}, "more than once"),
         ({"metadata": URI, "log": "l", "partition_bytes_max": "0"}, "partition_bytes_max"),
         (
             {"metadata": URI, "log": "l", "min_partitions": "two"},
