@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 
 from quorumlog import Position
 from quorumlog.client.ledger_handle import LedgerHandle
-from quorumlog.errors import LogTruncatedError
+from quorumlog.errors import InvalidArgumentError, LogTruncatedError
 from quorumlog.spark import stream_lag
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import parse_options
@@ -270,3 +270,26 @@ def test_an_offset_past_the_end_of_a_recreated_log_fails_or_restarts_from_the_ea
     assert lenient.latestOffset(end, None) == end  # and on from there as usual
     # A batch planned wholly before the re-creation (both ends gone) reads nothing; the next one resumes.
     assert lenient.partitions(checkpointed, {"segment": key(checkpointed)[0] + 1, "entry": 0}) == []
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        "not json",
+        None,
+        5,
+        [1, 0],
+        {"seg": 1},
+        {"segment": "x", "entry": 0},
+        {"segment": 1, "entry": 0.5},
+        {"segment": True, "entry": 0},
+        {"segment": -5, "entry": 0},
+        {"segment": 1, "entry": -1},
+        '{"segment": 1}',
+    ],
+)
+def test_stream_lag_refuses_a_malformed_offset(offset: Any) -> None:
+    """Malformed offsets gave json.JSONDecodeError, KeyError, TypeError or ValueError, and negative numbers
+    were taken; all are InvalidArgumentError, before any connection is made."""
+    with pytest.raises(InvalidArgumentError, match="stream_lag: offset"):
+        stream_lag("file:///nonexistent/metadata", "controls", "admit", offset)
