@@ -142,6 +142,11 @@ class Log:
         check_position("start", start)
         check_position("end", end, optional=True)
         check_count("start_timestamp_ms", start_timestamp_ms, kind=float)  # (time.time() * 1000 is a float)
+        if start_timestamp_ms is not None and start != Position.HEAD:
+            # Both say where to begin; the timestamp won and `start` was dropped without a word.
+            raise InvalidArgumentError(
+                f"open_reader: give start ({start}) or start_timestamp_ms ({start_timestamp_ms}), not both"
+            )
         reader = LogReader(self, start, start_timestamp_ms, end)
         await reader._pin_start()
         return reader

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from quorumlog import Client
+from quorumlog import Client, Position
 from quorumlog.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -187,3 +187,22 @@ def numpy_int(value: int) -> object:
     import numpy
 
     return numpy.int64(value)
+
+
+async def test_open_reader_refuses_a_start_with_a_timestamp_and_a_nan_timestamp(client: Client) -> None:
+    """start_timestamp_ms silently overrode start, and NaN was taken as a timestamp (it compares false with
+    every record's time)."""
+    log = await client.namespace("args").create_log("r")
+    async with await log.open_writer() as writer:
+        positions = await writer.write_many([b"a", b"b", b"c"])
+    for kwargs in (
+        {"start": positions[1], "start_timestamp_ms": 0},
+        {"start": Position.TAIL, "start_timestamp_ms": 0},
+        {"start_timestamp_ms": NAN},
+        {"start_timestamp_ms": float("inf")},
+    ):
+        with pytest.raises(InvalidArgumentError, match="start_timestamp_ms"):
+            await log.open_reader(**kwargs)  # type: ignore[arg-type]
+    reader = await log.open_reader(start=Position.HEAD, start_timestamp_ms=0)  # HEAD is the default: fine
+    assert (await asyncio.wait_for(anext(reader), 10)).payload == b"a"
+    await reader.close()
