@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -723,7 +724,27 @@ def _payload(plan: WritePlan, row: Any) -> bytes:
             return bytes(value)
         return str(value).encode()
     doc = {name: _jsonable(row[i]) for i, name in enumerate(plan.column_names)}
-    return json.dumps(doc, separators=(",", ":")).encode()
+    try:
+        # allow_nan=False: json.dumps writes NaN and Infinity as bare tokens, which are not JSON; readers of
+        # the log (this source's json_schema included) would then fail or guess.
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        bad = sorted(name for name, value in doc.items() if _has_non_finite(value))
+        raise InvalidArgumentError(
+            f"quorumlog {plan.opts.target}: a row has NaN or infinity in column(s) {bad}, which JSON cannot "
+            "hold; replace them first (e.g. with null: F.when(F.isnan(c), None).otherwise(c)), or write a "
+            "'payload' column of your own encoding"
+        ) from None
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def _jsonable(value: Any) -> Any:
