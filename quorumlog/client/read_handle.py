@@ -579,6 +579,10 @@ class LedgerHandle:
                     continue
                 try:
                     _, polled = poll.result()
+                except ClientClosedError:
+                    # The client (or this handle) was closed: no retry can succeed. Retrying here kept a
+                    # tail (and a stream reader in it) waiting for ever, logging a warning every 0.2 s.
+                    raise
                 except QuorumLogError as e:
                     if self.is_closed:
                         continue

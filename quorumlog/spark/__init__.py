@@ -53,10 +53,32 @@ def stream_lag(metadata: str, namespace: str, log: str, offset: Any) -> dict[str
     lag Kafka's source reports there is computed here instead."""
     import json
 
+    from quorumlog.errors import InvalidArgumentError
     from quorumlog.spark.options import parse_options
     from quorumlog.spark.scan import backlog, view
 
-    at = json.loads(offset) if isinstance(offset, str | bytes) else offset
+    def bad(why: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"stream_lag: offset {offset!r:.100} {why}; expected a source offset such as "
+            '{"segment": 3, "entry": 12} (a dict or its JSON text)'
+        )
+
+    at = offset
+    if isinstance(offset, str | bytes):
+        try:
+            at = json.loads(offset)
+        except ValueError:
+            raise bad("is not JSON") from None
+    if not isinstance(at, dict):
+        raise bad("is not an object")
+    parts = []
+    for name in ("segment", "entry"):
+        value = at.get(name)
+        # Offsets are written by this source as JSON ints: anything else (a str, a bool, a float, a
+        # negative number) is not one of its offsets, and int() on it gave an untyped error or a guess.
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise bad(f"needs {name!r} as an int >= 0, got {value!r:.40}")
+        parts.append(value)
     opts = parse_options({"metadata": metadata, "namespace": namespace, "log": log})
-    records, size = backlog(view(opts, stats=True), (int(at["segment"]), int(at["entry"])))
+    records, size = backlog(view(opts, stats=True), (parts[0], parts[1]))
     return {"records": records, "bytes": size}

@@ -96,6 +96,13 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
             "quorumlog: option 'metadata' (the metadata URI, e.g. file:///… or zk://host:2181/ledgers) is required"
         )
     log = opts.get("log") or None
+    if opts.get("path", "").strip():
+        # load(path) / save(path): a log is named by option 'log', never by a path, and a path given here was
+        # silently ignored (the read then came from whatever 'log' said, or failed with another message).
+        raise InvalidArgumentError(
+            f"quorumlog: a path ({opts['path']!r}) names no log; use option 'log' (and 'namespace') or "
+            "'ledgers', with load() / save() without a path"
+        )
     ledgers_text = opts.get("ledgers", "").strip()
     if (log is None) == (not ledgers_text):
         raise InvalidArgumentError("quorumlog: give exactly one of option 'log' or option 'ledgers'")
@@ -104,9 +111,11 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
         try:
             ledgers = tuple(int(x) for x in ledgers_text.split(",") if x.strip())
         except ValueError:
+            ledgers = ()
+        if not ledgers or any(i < 0 for i in ledgers):  # " , " named no ledger and read nothing
             raise InvalidArgumentError(
                 f"quorumlog: option 'ledgers' must be comma-separated ledger ids, got {ledgers_text!r}"
-            ) from None
+            )
     namespace = opts.get("namespace", "default")
     start = _position(opts, "start") or Position.HEAD
     end = _position(opts, "end")
@@ -133,11 +142,31 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
     fail_on_data_loss = _boolean(opts, "fail_on_data_loss", True)
     json_schema = opts.get("json_schema") or None
     if json_schema is not None:
-        clash = sorted(set(ddl_names(json_schema)) & set(BASE_NAMES))
+        names = ddl_names(json_schema)
+        clash = sorted(set(names) & set(BASE_NAMES))
         if clash:
             raise InvalidArgumentError(
                 f"quorumlog: json_schema columns {clash} clash with the source's own columns {list(BASE_NAMES)}"
             )
+        # Spark resolves column names case-insensitively; a name twice was accepted here and then failed
+        # inside every task, in the JVM's Arrow loader.
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidArgumentError(
+                f"quorumlog: option 'json_schema' names column(s) {twice} more than once (names are "
+                f"case-insensitive): {json_schema!r}"
+            )
+    start_timestamp_ms = _timestamp(opts, "start_timestamp")
+    end_timestamp_ms = _timestamp(opts, "end_timestamp")
+    if (
+        start_timestamp_ms is not None
+        and end_timestamp_ms is not None
+        and end_timestamp_ms < start_timestamp_ms
+    ):
+        raise InvalidArgumentError(  # as for positions: an inverted range is a mistake, not an empty read
+            f"quorumlog: option 'end_timestamp' ({opts['end_timestamp']}) is before option 'start_timestamp' "
+            f"({opts['start_timestamp']}); start is inclusive and end exclusive"
+        )
     return SourceOptions(
         metadata=metadata,
         namespace=namespace,
@@ -146,8 +175,8 @@ def parse_options(raw: Mapping[str, str], *, default_min_partitions: int | None 
         password=password,
         start=start,
         end=end,
-        start_timestamp_ms=_timestamp(opts, "start_timestamp"),
-        end_timestamp_ms=_timestamp(opts, "end_timestamp"),
+        start_timestamp_ms=start_timestamp_ms,
+        end_timestamp_ms=end_timestamp_ms,
         json_schema=json_schema,
         partition_bytes_max=partition_bytes_max,
         min_partitions=min_partitions,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -45,7 +46,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType, Tim
 
 from quorumlog.errors import InvalidArgumentError, LogNotFoundError, LogTruncatedError, QuorumLogError
 from quorumlog.spark.commit import TaskLedger, delete_unlinked, link_ledgers
-from quorumlog.spark.connection import connect
+from quorumlog.spark.connection import connect, shared
 from quorumlog.spark.options import BASE_NAMES, SourceOptions, ddl_names, parse_options
 from quorumlog.spark.orphans import JOB_KEY, PARTITION_KEY, delete_orphans, find_orphans
 from quorumlog.spark.scan import (
@@ -225,6 +226,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.lac_floor: dict[int, int] = {}
         self.latest_seen: tuple[int, int] | None = None  # for reportLatestOffset (progress' latestOffset)
         self.lag: tuple[int, int] | None = None  # (records, bytes) after the last planned end offset
+        self.warned_past_end: set[tuple[int, int]] = set()  # offsets past the log's end, warned about once
 
     def _view(self, *, stats: bool = False) -> LogView:
         try:
@@ -269,6 +271,60 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("%s; starting at %s instead (fail_on_data_loss=false)", exc, kept)
             return _offset(kept.segment, kept.entry)
         return _offset(start.segment, start.entry)
+
+    def _earliest(self, lv: LogView) -> tuple[int, int]:
+        """The offset of the oldest record kept. A partial truncation hides the records before it, as from
+        the streams API; the slot part of the point is applied to the first entry (offsets count whole
+        entries), through `head_floor`."""
+        assert lv.metadata is not None
+        first = lv.segments[0].seq if lv.segments else lv.metadata.next_seq
+        kept = lv.metadata.truncated_before
+        if (kept.segment, kept.entry) > (first, 0):
+            self.head_floor = kept
+            return kept.segment, kept.entry
+        return first, 0
+
+    def _past_end(self, at: tuple[int, int], lv: LogView) -> str | None:
+        """Why offset `at` cannot belong to this log, or None. A source offset only ever names entries that
+        existed: a segment at or before the log node's `next_seq` (its start only, for `next_seq` itself),
+        and within a closed segment at most the entry after its last. Anything further means the log was
+        deleted and created again (or its metadata set back) since the query read up to there. An open
+        segment's LAC read may answer less than an earlier one, so it is never taken as evidence."""
+        md = lv.metadata
+        assert md is not None
+        seq, entry = at
+        if seq > md.next_seq or (seq == md.next_seq and entry > 0):
+            return f"the log has no segment {seq} (its next segment will be {md.next_seq})"
+        for seg in lv.segments:
+            if seg.seq == seq and not seg.open and entry > seg.last_entry + 1:
+                return f"segment {seq} is closed with entries 0..{seg.last_entry}"
+        return None
+
+    def _resume_from(self, at: tuple[int, int], lv: LogView) -> tuple[int, int] | None:
+        """None if `at` is an offset of this log; else, for an offset past its end, the earliest offset kept
+        (fail_on_data_loss=false, with a WARNING once per offset) or LogTruncatedError (true). Kafka's source
+        does the same when a topic was re-created under a checkpointed query (its offsets went back)."""
+        why = self._past_end(at, lv)
+        if why is None:
+            return None
+        message = (
+            f"quorumlog {self.opts.target}: the stream's offset {at[0]}:{at[1]} is past the end of the log "
+            f"({why}): the log was deleted and created again, or its metadata set back, after this query "
+            "read up to there, so what it read is gone and the new records are not after that offset"
+        )
+        if self.opts.fail_on_data_loss:
+            raise LogTruncatedError(
+                message + " (option fail_on_data_loss=false restarts from the oldest record kept)"
+            )
+        earliest = self._earliest(lv)
+        if at not in self.warned_past_end:
+            self.warned_past_end.add(at)
+            log.warning(
+                "%s; restarting from the oldest record kept, %d:%d (fail_on_data_loss=false)",
+                message,
+                *earliest,
+            )
+        return earliest
 
     def _latest(self, start: tuple[int, int], lv: LogView | None = None) -> tuple[int, int]:
         """The furthest offset readable now. A fully read closed segment S is written as (S + 1, 0), so an
@@ -323,6 +379,9 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         records, size = self._limits(limit)
         lv = self._view(stats=records is not None or size is not None)
         begin = _key(start)
+        # An offset past the end of the log would otherwise never see new data (nothing is ever after it).
+        # The end returned is then below Spark's start; partitions() reads that batch from the earliest.
+        begin = self._resume_from(begin, lv) or begin
         latest = self._latest(begin, lv)
         self.latest_seen = latest
         if self.target is not None:
@@ -341,9 +400,21 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         lo, hi = _key(start), _key(end)
+        lv: LogView | None = None
         if hi <= lo:
-            return []
-        lv = self._view()
+            # Nothing to read, unless `start` is past the end of a re-created log: latestOffset then ended
+            # this batch in the new log, which is read from its earliest record (fail_on_data_loss=false).
+            lv = self._view()
+            resumed = self._resume_from(lo, lv)
+            if resumed is None or hi <= resumed:
+                return []
+            lo = resumed
+        else:
+            lv = self._view()
+            if self._resume_from(lo, lv) is not None:
+                # Both ends belong to a log that is gone (a batch planned before the log was re-created):
+                # read nothing; the next batch starts from this end, which latestOffset resumes.
+                return []
         assert lv.metadata is not None
         kept = lv.metadata.truncated_before
         present = {seg.seq for seg in lv.segments}
@@ -377,12 +448,75 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.opts.start_timestamp_ms,
             self.opts.end_timestamp_ms,
         )
+        span = partition
+        while True:
+            done = span.first_entry - 1  # the last entry whose rows were handed to Spark
+            try:
+                for batch in read_span(
+                    self.opts.metadata, self.opts.password, span, rows, self.schema_json, self.json_fields
+                ):
+                    done = batch.column(1)[batch.num_rows - 1].as_py()  # entry_id of the last row
+                    yield batch
+                return
+            except (QuorumLogError, FileNotFoundError) as exc:
+                # Retention or a truncation may delete the segment between planning and this task (Kafka's
+                # source meets aged-out offsets in its tasks the same way): that is data loss, decided by
+                # fail_on_data_loss, not a stray NoSuchLedgerError. An offload may also have freed the
+                # ledger meanwhile: then the rest of the span is in the segment's file.
+                rest = self._after_read_failure(span, done + 1, exc)
+                if rest is None:
+                    return
+                span = rest
+
+    def _after_read_failure(self, span: Span, owed: int, exc: Exception) -> Span | None:
+        """What to do when reading `span` failed at entry `owed`: the rest of the span to read from the
+        segment's offloaded file, or None (the rest was truncated and fail_on_data_loss=false skips it).
+        Anything else raises: LogTruncatedError for records truncated under the task, else `exc`."""
+        opts = self.opts
+        assert opts.log is not None
+        name = opts.log
+
+        async def look(client: Any) -> tuple[Any, Any]:
+            store = (await client.namespace(opts.namespace).open_log(name)).log_store
+            md = (await store.read_log(opts.namespace, name)).value
+            seg = await store.read_segment(opts.namespace, name, span.seq)
+            return md, None if seg is None else seg.value
+
         try:
-            yield from read_span(
-                self.opts.metadata, self.opts.password, partition, rows, self.schema_json, self.json_fields
+            with shared(opts.metadata) as conn:
+                md, seg = conn.run(look)
+        except QuorumLogError as look_exc:
+            raise _explain(opts, look_exc) from exc
+        if Position(span.seq, owed, 0) < md.truncated_before:
+            lost = (
+                f"quorumlog {opts.target}: records of segment {span.seq} (ledger {span.ledger_id}), entries "
+                f"{owed}..{span.last_entry}, positions {span.seq}:{owed}:0 up to {span.seq}:{span.last_entry + 1}:0, "
+                f"were deleted by truncation or retention (the log now keeps records from {md.truncated_before}) "
+                f"after this micro-batch was planned and before its task read them ({type(exc).__name__}: {exc})"
             )
-        except QuorumLogError as exc:
-            raise _explain(self.opts, exc) from exc
+            if opts.fail_on_data_loss:
+                raise LogTruncatedError(lost + " (option fail_on_data_loss=false skips them)") from exc
+            log.warning("%s; skipping them (fail_on_data_loss=false)", lost)
+            return None
+        if (
+            seg is not None
+            and seg.ledger_id == span.ledger_id
+            and seg.offload is not None
+            and span.offload_uri is None
+        ):
+            return Span(
+                span.seq,
+                span.ledger_id,
+                owed,
+                span.last_entry,
+                False,
+                seg.offload.uri,
+                span.entry_bytes,
+                span.first_slot if owed == span.first_entry else 0,
+            )
+        if isinstance(exc, QuorumLogError):
+            raise _explain(opts, exc) from exc
+        raise exc
 
     def commit(self, end: dict[str, Any]) -> None:
         pass  # offsets live in Spark's checkpoint; the log keeps everything until retention removes it
@@ -590,7 +724,27 @@ def _payload(plan: WritePlan, row: Any) -> bytes:
             return bytes(value)
         return str(value).encode()
     doc = {name: _jsonable(row[i]) for i, name in enumerate(plan.column_names)}
-    return json.dumps(doc, separators=(",", ":")).encode()
+    try:
+        # allow_nan=False: json.dumps writes NaN and Infinity as bare tokens, which are not JSON; readers of
+        # the log (this source's json_schema included) would then fail or guess.
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    except ValueError:
+        bad = sorted(name for name, value in doc.items() if _has_non_finite(value))
+        raise InvalidArgumentError(
+            f"quorumlog {plan.opts.target}: a row has NaN or infinity in column(s) {bad}, which JSON cannot "
+            "hold; replace them first (e.g. with null: F.when(F.isnan(c), None).otherwise(c)), or write a "
+            "'payload' column of your own encoding"
+        ) from None
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def _jsonable(value: Any) -> Any:

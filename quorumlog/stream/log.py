@@ -20,12 +20,19 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from quorumlog.errors import LogNotFoundError, MetadataNotFoundError, MetadataVersionError, NoSuchLedgerError
+from quorumlog.errors import (
+    InvalidArgumentError,
+    LogNotFoundError,
+    MetadataNotFoundError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+    QuorumLogError,
+)
 from quorumlog.stream.log_store import LogStore
 from quorumlog.stream.metadata import LogMetadata, LogSettings, SegmentInfo, SegmentState, check_name
 from quorumlog.stream.position import Position, check_count, check_position
 from quorumlog.stream.reader import LogReader
-from quorumlog.stream.writer import CAS_RETRIES_MAX, LogWriter
+from quorumlog.stream.writer import CAS_RETRIES_MAX, STREAM_PASSWORD, WRITER_OPTIONS, LogWriter
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +65,23 @@ class Namespace:
         """
         check_name("log", name)
         try:
-            segments = await self.log_store.segments(self.name, name)
             md = (await self.log_store.read_log(self.name, name)).value
+            # Fence the live writer first, as DistributedLog's deleteLog does: bookies do not learn that a
+            # ledger's metadata was deleted, so a writer appending to the open segment would otherwise have
+            # its records acknowledged into a deleted ledger until its next roll -- even after the name was
+            # re-created. A fenced ledger refuses its next add (WriterFencedError for the writer). The
+            # recovery costs a fencing read per bookie and the re-add of any unconfirmed tail. A roll between
+            # the read of the log node and the fence would leave the new segment unfenced: read the node
+            # again until its open segment is one already fenced (a fenced writer cannot roll: closing its
+            # fenced ledger fails).
+            fenced: set[int] = set()
+            for _ in range(CAS_RETRIES_MAX):
+                if md.open_segment is None or md.open_segment.ledger_id in fenced:
+                    break
+                await _fence_ledger(self.client, md.open_segment.ledger_id, f"{self.name}/{name}")
+                fenced.add(md.open_segment.ledger_id)
+                md = (await self.log_store.read_log(self.name, name)).value
+            segments = await self.log_store.segments(self.name, name)
         except LogNotFoundError:
             return
         for seg in segments:
@@ -95,7 +117,14 @@ class Log:
         return (await self.metadata()).settings
 
     async def open_writer(self, **options: Any) -> LogWriter:
-        """Become the log's only writer, fencing any previous one (its next write fails)."""
+        """Become the log's only writer, fencing any previous one (its next write fails). Options:
+        `pending_bytes_max` (int > 0, bytes written but not yet acknowledged)."""
+        unknown = sorted(set(options) - set(WRITER_OPTIONS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown open_writer options {unknown}; known: {sorted(WRITER_OPTIONS)} (log settings such "
+                "as batch_max_bytes belong to create_log)"
+            )
         writer = LogWriter(self, **options)
         await writer._open()
         return writer
@@ -113,6 +142,11 @@ class Log:
         check_position("start", start)
         check_position("end", end, optional=True)
         check_count("start_timestamp_ms", start_timestamp_ms, kind=float)  # (time.time() * 1000 is a float)
+        if start_timestamp_ms is not None and start != Position.HEAD:
+            # Both say where to begin; the timestamp won and `start` was dropped without a word.
+            raise InvalidArgumentError(
+                f"open_reader: give start ({start}) or start_timestamp_ms ({start_timestamp_ms}), not both"
+            )
         reader = LogReader(self, start, start_timestamp_ms, end)
         await reader._pin_start()
         return reader
@@ -228,6 +262,25 @@ class Subscription:
     async def position(self) -> Position | None:
         """The committed position, or None if nothing was committed yet."""
         return await self.log.log_store.subscription_position(self.log.namespace, self.log.name, self.name)
+
+
+async def _fence_ledger(client: Any, ledger_id: int, log_name: str) -> None:
+    """Recover (fence and close) a segment's ledger so that its writer can add nothing more. Best effort: a
+    ledger never created is fine, and a recovery that fails (too few bookies reachable) must not make the log
+    impossible to delete; it is logged, and that writer then fails at its next roll instead."""
+    try:
+        handle = await client.open_ledger(ledger_id, password=STREAM_PASSWORD, recovery=True)
+        await handle.close()
+    except NoSuchLedgerError:
+        pass
+    except QuorumLogError as exc:
+        log.warning(
+            "deleting log %s: could not fence its open segment's ledger %d (%s); its writer may have records "
+            "acknowledged until its next segment roll",
+            log_name,
+            ledger_id,
+            exc,
+        )
 
 
 async def _delete_ledger(client: Any, ledger_id: int) -> None:

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
+import numbers
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
@@ -53,6 +55,17 @@ def check_name(kind: str, name: str) -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+_INT_SETTINGS = (
+    "ensemble_size",
+    "write_quorum",
+    "ack_quorum",
+    "roll_bytes",
+    "batch_max_bytes",
+    "retention_max_bytes",
+)
+_FLOAT_SETTINGS = ("roll_age_s", "linger_s", "retention_max_age_s")
 
 
 @dataclass(frozen=True)
@@ -99,10 +112,39 @@ class LogSettings:
         return cls(**known)
 
     def with_overrides(self, **overrides: Any) -> LogSettings:
+        """These settings with `overrides` applied (None keeps a setting); every value is checked
+        (`InvalidArgumentError`), so nothing wrong is ever stored."""
         unknown = set(overrides) - set(self.__dataclass_fields__)
         if unknown:
             raise InvalidArgumentError(f"unknown log settings: {sorted(unknown)}")
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+        return replace(self, **{k: _checked_setting(k, v) for k, v in overrides.items() if v is not None})
+
+
+def _checked_setting(name: str, value: Any) -> Any:
+    """A setting given by a caller (create_log, set_defaults, set_retention), checked for its type before
+    the range checks of LogSettings: a str, a float or a bool where a count belongs was stored as given and
+    made the log unusable (or failed later with a bare TypeError or AttributeError), and NaN passes every
+    `<` test. Numbers are stored as plain int/float, so numpy's numbers (accepted by the numeric ABCs) still
+    encode as JSON. (Stored settings are not re-checked when read: a log written by an older build must stay
+    readable, and deletable.)"""
+    if name == "digest":
+        if not isinstance(value, DigestType):
+            names = ", ".join(d.name for d in DigestType)
+            raise InvalidArgumentError(f"digest must be a DigestType ({names}), not {value!r:.60}")
+        return value
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a number, not {type(value).__name__} {value!r:.60}")
+    if name in _INT_SETTINGS:
+        if not isinstance(value, numbers.Integral):
+            raise InvalidArgumentError(f"{name} must be an int, not {value!r:.60}")
+        return int(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise InvalidArgumentError(f"{name} must be a finite number of seconds, not {value!r:.60}")
+    return seconds
 
 
 class SegmentState(StrEnum):

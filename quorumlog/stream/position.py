@@ -11,6 +11,7 @@ Two sentinels: `Position.HEAD` sorts before every record (start of the log, even
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 from dataclasses import dataclass
@@ -96,5 +97,17 @@ def check_count(name: str, value: object, *, kind: type = int) -> None:
     if value is None:
         return
     ok = isinstance(value, numbers.Real if kind is float else numbers.Integral)
-    if not ok or isinstance(value, bool) or value < 0:  # type: ignore[operator]
+    # NaN is no number of anything: it passes `< 0` and every later comparison is false (a reader from
+    # start_timestamp_ms=NaN, a retention age of NaN), so it is refused like a negative value.
+    if not ok or isinstance(value, bool) or not _finite(value) or value < 0:  # type: ignore[operator]
         raise InvalidArgumentError(f"{name} must be None or a {kind.__name__} >= 0, not {value!r:.60}")
+
+
+def _finite(value: object) -> bool:
+    """Whether a real number is finite (an int always is, however large: math.isfinite would overflow)."""
+    if isinstance(value, numbers.Integral):
+        return True
+    try:
+        return math.isfinite(value)  # type: ignore[arg-type]
+    except (OverflowError, TypeError, ValueError):
+        return False

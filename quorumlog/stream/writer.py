@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PENDING_BYTES_MAX_DEFAULT = 64 << 20
+WRITER_OPTIONS = ("pending_bytes_max",)  # what open_writer takes (the log's settings are create_log's)
 CAS_RETRIES_MAX = 16
 # After a roll that could not create its ledger, the writer stays on its segment at least this long.
 ROLL_RETRY_S = 1.0
@@ -167,6 +169,12 @@ class LogWriter:
     """Use `await log.open_writer()`; `async with` closes it."""
 
     def __init__(self, log_: Log, *, pending_bytes_max: int = PENDING_BYTES_MAX_DEFAULT) -> None:
+        # Checked here, at the call: a str compared with the pending byte count at the first write, a bare
+        # TypeError from inside write().
+        given: object = pending_bytes_max  # (typed as int, but callers may pass anything)
+        if not isinstance(given, numbers.Integral) or isinstance(given, bool) or given <= 0:
+            raise InvalidArgumentError(f"pending_bytes_max must be an int > 0, not {given!r:.60}")
+        pending_bytes_max = int(given)
         self._log = log_
         self._client = log_.client
         self._store = log_.log_store
@@ -400,10 +408,10 @@ class LogWriter:
         for payload in payloads:
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise InvalidArgumentError(f"payload must be bytes, not {type(payload).__name__}")
-            size = RECORD_OVERHEAD_BYTES + len(payload)
+            size = RECORD_OVERHEAD_BYTES + _payload_bytes(payload)
             if HEADER_BYTES + size > settings.batch_max_bytes:
                 raise TooManyRequestsError(
-                    f"record of {len(payload)} bytes does not fit in a batch "
+                    f"record of {_payload_bytes(payload)} bytes does not fit in a batch "
                     f"(batch_max_bytes={settings.batch_max_bytes})"
                 )
             total += size
@@ -414,9 +422,11 @@ class LogWriter:
             )
 
     def _enqueue(self, payload: bytes) -> asyncio.Future[Position]:
+        # bytes(payload) below copies a memoryview's nbytes, whatever its item size: the size counted here
+        # must be the same, or a batch could grow past batch_max_bytes (and the frame limit).
         assert self._md is not None
         settings = self._md.value.settings
-        size = RECORD_OVERHEAD_BYTES + len(payload)
+        size = RECORD_OVERHEAD_BYTES + _payload_bytes(payload)
         if self._batch.size_bytes + size > settings.batch_max_bytes:
             self._seal_batch()
         fut: asyncio.Future[Position] = asyncio.get_running_loop().create_future()
@@ -586,7 +596,8 @@ class LogWriter:
                 err = exc if isinstance(exc, QuorumLogError) else QuorumLogError(str(exc))
                 if isinstance(exc, LedgerFencedError):
                     err = WriterFencedError(
-                        f"writer of log {self._ns}/{self._name} was fenced: a newer writer recovered segment {seq}"
+                        f"writer of log {self._ns}/{self._name} was fenced: segment {seq} was recovered by a "
+                        "newer writer, or the log was deleted"
                     )
                 self._fail(err)
                 self._fail_batch(batch, err)
@@ -621,3 +632,10 @@ class LogWriter:
         for fut in batch.futures:
             if not fut.done():
                 fut.set_exception(err)
+
+
+def _payload_bytes(payload: bytes | bytearray | memoryview) -> int:
+    """A payload's size in bytes. len() of a memoryview counts its items, which are wider than a byte for a
+    typed array (array('q') gives 8 bytes an item): admission by len() let such a record past
+    batch_max_bytes and pending_bytes_max, and the oversized batch then failed the writer."""
+    return payload.nbytes if isinstance(payload, memoryview) else len(payload)

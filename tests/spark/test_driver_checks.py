@@ -275,3 +275,31 @@ def test_sink_commit_over_a_next_seq_behind_the_segments_is_refused(quorumlog_ur
     with connect(quorumlog_uri) as conn:
         assert conn.run(state) == (before, 2, [b"0", b"1", b"2"])
         assert not conn.run(ledger_exists)
+
+
+def test_rows_written_as_json_refuse_nan_and_infinity(quorumlog_uri: str) -> None:
+    """json.dumps wrote NaN and Infinity as bare tokens, which are not JSON: such a row is refused, naming
+    its columns, and the task's ledger is deleted as for any failed task."""
+    from pyspark.sql.types import DoubleType, StructField, StructType
+
+    from quorumlog.spark.source import _write_plan, write_task
+
+    opts = parse_options({"metadata": quorumlog_uri, "namespace": "checks", "log": "nan", "create": "true"})
+    schema = StructType([StructField(n, DoubleType()) for n in ("x", "y", "z")])
+    plan = _write_plan(opts, schema, False)
+    with pytest.raises(InvalidArgumentError, match=r"NaN or infinity in column\(s\) \['y', 'z'\]"):
+        write_task(plan, iter([(1.5, 2.0, 3.0), (1.5, float("nan"), float("-inf"))]))
+    written = write_task(plan, iter([(1.5, 2.0, None)]))
+    assert written.task is not None and written.task.records == 1
+
+    async def payloads(client: Any) -> list[bytes]:
+        assert written.task is not None
+        handle = await client.open_ledger(written.task.ledger_id, password=opts.password, recovery=False)
+        from quorumlog.stream.records import decode_batch
+
+        entries = await handle.read(0, handle.last_add_confirmed)
+        await handle.close()
+        return [p for e in entries for _, p in decode_batch(e.payload).records]
+
+    with connect(quorumlog_uri) as conn:
+        assert [json.loads(p) for p in conn.run(payloads)] == [{"x": 1.5, "y": 2.0, "z": None}]

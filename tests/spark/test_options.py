@@ -76,8 +76,22 @@ def test_stream_and_partition_options_have_kafka_like_defaults() -> None:
         ({"metadata": URI, "log": "l", "start": "soon"}, "option 'start'"),
         ({"metadata": URI, "log": "l", "start_timestamp": "yesterday"}, "option 'start_timestamp'"),
         ({"metadata": URI, "ledgers": "1,x"}, "option 'ledgers'"),
+        # Each of these was accepted and read nothing, or was ignored.
+        ({"metadata": URI, "ledgers": " , "}, "option 'ledgers' must be comma-separated ledger ids"),
+        ({"metadata": URI, "ledgers": "1,-2"}, "option 'ledgers'"),
+        ({"metadata": URI, "log": "l", "path": "/no/such/path"}, "a path ('/no/such/path') names no log"),
+        (
+            {"metadata": URI, "log": "l", "start_timestamp": "2030-01-01", "end_timestamp": "2020-01-01"},
+            "option 'end_timestamp' (2020-01-01) is before option 'start_timestamp'",
+        ),
         ({"metadata": URI, "ledgers": "1", "start": "1:0:0"}, "with 'ledgers' use start_timestamp"),
         ({"metadata": URI, "log": "l", "json_schema": "payload STRING"}, "clash"),
+        # A name twice failed only in the tasks, in the JVM's Arrow loader (Spark's names ignore case).
+        (
+            {"metadata": URI, "log": "l", "json_schema": "i LONG, i STRING"},
+            "names column(s) ['i'] more than once",
+        ),
+        ({"metadata": URI, "log": "l", "json_schema": "`A` LONG, a STRING"}, "more than once"),
         ({"metadata": URI, "log": "l", "partition_bytes_max": "0"}, "partition_bytes_max"),
         (
             {"metadata": URI, "log": "l", "min_partitions": "two"},

@@ -16,7 +16,7 @@ from pyspark.sql.types import StructType
 
 from quorumlog import Position
 from quorumlog.client.ledger_handle import LedgerHandle
-from quorumlog.errors import LogTruncatedError
+from quorumlog.errors import InvalidArgumentError, LogTruncatedError
 from quorumlog.spark import stream_lag
 from quorumlog.spark.connection import connect
 from quorumlog.spark.options import parse_options
@@ -194,3 +194,102 @@ def test_fail_on_data_loss_false_skips_truncated_records_with_a_warning(
     assert key(from_truncated.initialOffset()) == (3, 0)
     with pytest.raises(LogTruncatedError):
         stream_reader(quorumlog_uri, "loss", start="1:0:0").initialOffset()
+
+
+def test_a_segment_truncated_after_planning_is_data_loss_in_the_task(
+    quorumlog_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Retention may delete a segment between latestOffset/partitions (driver) and the task's read. Kafka's
+    source meets aged-out offsets in its tasks too: with fail_on_data_loss the task fails with
+    LogTruncatedError naming what was lost (not a NoSuchLedgerError), without it it warns and skips them."""
+    write_log(quorumlog_uri, "inflight", 200)
+    strict = stream_reader(quorumlog_uri, "inflight")
+    lenient = stream_reader(quorumlog_uri, "inflight", fail_on_data_loss="false")
+    plans = []
+    for reader in (strict, lenient):
+        start = reader.initialOffset()
+        end = reader.latestOffset(start, None)
+        plans.append(reader.partitions(start, end))
+    assert {s.seq for s in plans[0]} >= {1, 2, 3}
+
+    async def truncate(client: Any) -> list[int]:
+        lg = await client.namespace("controls").open_log("inflight")
+        return await lg.truncate(before=Position(3, 0, 0))
+
+    with connect(quorumlog_uri) as conn:
+        assert conn.run(truncate)  # segments 1 and 2, with their ledgers
+
+    def rows(reader: StreamReader, spans: list[Any]) -> list[bytes]:
+        return [p for span in spans for batch in reader.read(span) for p in batch.column(4).to_pylist()]
+
+    with pytest.raises(LogTruncatedError, match=r"segment 1 .*entries 0\.\..*fail_on_data_loss=false"):
+        rows(strict, plans[0])
+    with caplog.at_level(logging.WARNING, logger="quorumlog.spark.source"):
+        kept = rows(lenient, plans[1])
+    assert "records of segment 1 " in caplog.text and "records of segment 2 " in caplog.text
+    assert "skipping them (fail_on_data_loss=false)" in caplog.text
+    expected = [b"%06d" % i + b"x" * (RECORD - 6) for i in range(200)]
+    assert kept and kept == expected[-len(kept) :]  # the kept segments, whole and in order
+    assert rows(strict, [s for s in plans[0] if s.seq >= 3]) == kept
+
+
+def test_an_offset_past_the_end_of_a_recreated_log_fails_or_restarts_from_the_earliest(
+    quorumlog_uri: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A query checkpointed at the end of a log that is then deleted and created again with fewer segments
+    resumes from an offset past the new log's end. It used to wait there for ever and skip the new log's
+    records; like Kafka's source with a re-created topic it must fail (fail_on_data_loss=true) or warn and
+    read the new log from its earliest record (false)."""
+    first = stream_reader(quorumlog_uri, "recreated")
+    write_log(quorumlog_uri, "recreated", 200)
+    start = first.initialOffset()
+    checkpointed = first.latestOffset(start, None)
+    assert key(checkpointed)[0] >= 4
+
+    async def recreate(client: Any) -> None:
+        await client.namespace("controls").delete_log("recreated")
+
+    with connect(quorumlog_uri) as conn:
+        conn.run(recreate)
+    write_log(quorumlog_uri, "recreated", 20)  # one segment
+    fresh = [b"%06d" % i + b"x" * (RECORD - 6) for i in range(20)]
+
+    strict = stream_reader(quorumlog_uri, "recreated")  # the restarted query
+    with pytest.raises(LogTruncatedError, match=r"past the end of the log.*fail_on_data_loss=false"):
+        strict.latestOffset(checkpointed, None)
+    with pytest.raises(LogTruncatedError, match="past the end of the log"):
+        strict.partitions(checkpointed, checkpointed)
+
+    lenient = stream_reader(quorumlog_uri, "recreated", fail_on_data_loss="false")
+    with caplog.at_level(logging.WARNING, logger="quorumlog.spark.source"):
+        end = lenient.latestOffset(checkpointed, None)
+        assert end != checkpointed  # new data: Spark runs a batch
+        assert batch_payloads(lenient, checkpointed, end) == fresh
+    assert caplog.text.count("past the end of the log") == 1
+    assert "restarting from the oldest record kept, 1:0" in caplog.text
+    assert lenient.latestOffset(end, None) == end  # and on from there as usual
+    # A batch planned wholly before the re-creation (both ends gone) reads nothing; the next one resumes.
+    assert lenient.partitions(checkpointed, {"segment": key(checkpointed)[0] + 1, "entry": 0}) == []
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        "not json",
+        None,
+        5,
+        [1, 0],
+        {"seg": 1},
+        {"segment": "x", "entry": 0},
+        {"segment": 1, "entry": 0.5},
+        {"segment": True, "entry": 0},
+        {"segment": -5, "entry": 0},
+        {"segment": 1, "entry": -1},
+        '{"segment": 1}',
+    ],
+)
+def test_stream_lag_refuses_a_malformed_offset(offset: Any) -> None:
+    """Malformed offsets gave json.JSONDecodeError, KeyError, TypeError or ValueError, and negative numbers
+    were taken; all are InvalidArgumentError, before any connection is made."""
+    with pytest.raises(InvalidArgumentError, match="stream_lag: offset"):
+        stream_lag("file:///nonexistent/metadata", "controls", "admit", offset)
