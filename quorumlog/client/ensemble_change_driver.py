@@ -90,18 +90,19 @@ async def commit_ensemble_change(
     # the store leaves the answer to the caller (METADATA.md). Here it is found by reading what is stored,
     # as after a lost race, for as long as one metadata operation may take: a writer whose store blinks
     # during its change goes on, as BookKeeper's does (its ZooKeeper client retries connection loss).
-    ambiguous_until = client.env.clock.monotonic_s() + client.store.options.op_timeout_s
+    ambiguous_until: float | None = None  # from the first such failure on
     for _ in range(METADATA_CAS_ATTEMPTS_MAX):
         try:
             written = await client.ledger_manager.write(candidate, version=base.version)
         except MetadataVersionError:
             stored = await client.ledger_manager.read(ledger_id)
         except MetadataStoreError as exc:
-            if (
-                isinstance(exc, MetadataNotFoundError)
-                or not exc.retriable
-                or client.env.clock.monotonic_s() >= ambiguous_until
-            ):
+            if isinstance(exc, MetadataNotFoundError) or not exc.retriable:
+                raise
+            now_s = client.env.clock.monotonic_s()
+            if ambiguous_until is None:
+                ambiguous_until = now_s + client.store.options.op_timeout_s
+            elif now_s >= ambiguous_until:
                 raise
             log.warning(
                 "ledger %d: the ensemble change's metadata write may not have landed (%s); reading it back",

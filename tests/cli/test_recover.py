@@ -172,19 +172,24 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                 assert leaving in (await client.get_ledger_metadata(w.ledger_id)).bookies()  # nothing moved
 
                 url = f"http://127.0.0.1:{http_port}"
+
+                async def decommission_with(bookie: str, tokens: Any, *more: str) -> Any:
+                    return await asyncio.to_thread(
+                        sh,
+                        cluster,
+                        "decommission",
+                        bookie,
+                        "--force",
+                        "--http",
+                        url,
+                        "--http-token-file",
+                        str(tokens),
+                        *more,
+                    )
+
                 # Another bookie's admin API: it was made read-only and left so, and the command then waited
                 # for the named bookie in vain. Now it is refused before anything changes.
-                wrong = await asyncio.to_thread(
-                    sh,
-                    cluster,
-                    "decommission",
-                    others[0],
-                    "--force",
-                    "--http",
-                    url,
-                    "--http-token-file",
-                    str(token_file),
-                )
+                wrong = await decommission_with(others[0], token_file)
                 assert_clean_error(wrong, 2)
                 assert f"is bookie {leaving}'s, not {others[0]}'s: nothing was changed" in wrong.stderr, (
                     wrong.stderr
@@ -195,17 +200,7 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                 )
 
                 # A file with no token is a clean error, before anything is asked or changed.
-                bad_file = await asyncio.to_thread(
-                    sh,
-                    cluster,
-                    "decommission",
-                    leaving,
-                    "--force",
-                    "--http",
-                    url,
-                    "--http-token-file",
-                    str(empty_file),
-                )
+                bad_file = await decommission_with(leaving, empty_file)
                 assert_clean_error(bad_file, 2)
                 assert f"--http-token-file {empty_file} holds no token" in bad_file.stderr, bad_file.stderr
                 assert leaving in client.registry.writable_bookies()
@@ -217,18 +212,7 @@ def test_decommission_makes_a_live_bookie_read_only_before_draining_it(cluster: 
                 assert "refused to make it read-only: 401" in no_token.stderr, no_token.stderr
                 assert leaving in client.registry.writable_bookies()
 
-                done = await asyncio.to_thread(
-                    sh,
-                    cluster,
-                    "decommission",
-                    leaving,
-                    "--force",
-                    "--http",
-                    url,
-                    "--http-token-file",
-                    str(token_file),
-                    "--json",
-                )
+                done = await decommission_with(leaving, token_file, "--json")
                 assert done.returncode == 0, done.stderr
                 report = json.loads(done.stdout)
                 assert report["made_read_only"] and report["failed"] == {} and report["cookie_deleted"]

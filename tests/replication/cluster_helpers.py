@@ -41,6 +41,17 @@ async def process_cluster(bookies: int, metadata_uri: str | None = None) -> Asyn
         shutil.rmtree(base, ignore_errors=True)
 
 
+@contextlib.asynccontextmanager
+async def cluster_and_client(bookies: int) -> AsyncIterator[tuple[LocalCluster, Client]]:
+    """In-process bookies (no journal sync) and a client of their cluster, both closed at the end."""
+    async with LocalCluster(bookies, processes=False, journal_sync=False) as cluster:
+        client = await Client.connect(cluster.uri)
+        try:
+            yield cluster, client
+        finally:
+            await client.close()
+
+
 async def write_ledgers(
     client: Client, count: int, entries: int, size: int, *, leave_open: int = 0
 ) -> tuple[dict[int, int], list[WriteHandle]]:

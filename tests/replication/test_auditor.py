@@ -9,9 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
 from quorumlog.client.client import Client
 from quorumlog.meta.underreplication import UnderReplicationManager
 from quorumlog.replication import admin
@@ -20,23 +17,12 @@ from quorumlog.replication.fragments import replace_in_fragment
 from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.replication.verify import verify_ledger
 from quorumlog.replication.worker import WorkerSettings
-from quorumlog.testing.cluster import LocalCluster
-from tests.replication.cluster_helpers import PW, payload, wait_until, write_ledgers
+from tests.replication.cluster_helpers import PW, cluster_and_client, payload, wait_until, write_ledgers
 
 WAIT_S = 60.0
 """How long to wait for something that must happen (an audit, a mark, a repair). Milliseconds to a few seconds
 on an idle machine; 10 s deadlines failed at load average 8-10, where bookies, client, auditor and worker
 share one starved event loop. What is checked once it happened does not depend on it."""
-
-
-@contextlib.asynccontextmanager
-async def cluster_and_client(bookies: int) -> AsyncIterator[tuple[LocalCluster, Client]]:
-    async with LocalCluster(bookies, processes=False, journal_sync=False) as cluster:
-        client = await Client.connect(cluster.uri)
-        try:
-            yield cluster, client
-        finally:
-            await client.close()
 
 
 def settings(*, worker: bool, delay_s: int = 0, placement: str = "random") -> AutoRecoverySettings:

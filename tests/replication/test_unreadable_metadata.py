@@ -10,9 +10,7 @@ mark stays), and `recover` reports it in `failed` while handling every other led
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -25,21 +23,11 @@ from quorumlog.replication.auditor import AuditorSettings
 from quorumlog.replication.service import AutoRecovery, AutoRecoverySettings
 from quorumlog.replication.worker import WorkerSettings
 from quorumlog.testing.cluster import LocalCluster
-from tests.replication.cluster_helpers import wait_until, write_ledgers
+from tests.replication.cluster_helpers import cluster_and_client, wait_until, write_ledgers
 
 WAIT_S = 60.0
 """A deadline for what must happen (marks, repairs); seconds on an idle machine, see test_auditor.py."""
 JUNK = b"\x00\xffgarbage, not a ledger"
-
-
-@contextlib.asynccontextmanager
-async def cluster_and_client(bookies: int) -> AsyncIterator[tuple[LocalCluster, Client]]:
-    async with LocalCluster(bookies, processes=False, journal_sync=False) as cluster:
-        client = await Client.connect(cluster.uri)
-        try:
-            yield cluster, client
-        finally:
-            await client.close()
 
 
 async def _on(client: Client, ledgers: list[int], bookie_id: str) -> list[int]:
