@@ -400,21 +400,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         lo, hi = _key(start), _key(end)
-        lv: LogView | None = None
+        lv = self._view()
+        resumed = self._resume_from(lo, lv)
         if hi <= lo:
             # Nothing to read, unless `start` is past the end of a re-created log: latestOffset then ended
             # this batch in the new log, which is read from its earliest record (fail_on_data_loss=false).
-            lv = self._view()
-            resumed = self._resume_from(lo, lv)
             if resumed is None or hi <= resumed:
                 return []
             lo = resumed
-        else:
-            lv = self._view()
-            if self._resume_from(lo, lv) is not None:
-                # Both ends belong to a log that is gone (a batch planned before the log was re-created):
-                # read nothing; the next batch starts from this end, which latestOffset resumes.
-                return []
+        elif resumed is not None:
+            # Both ends belong to a log that is gone (a batch planned before the log was re-created): read
+            # nothing; the next batch starts from this end, which latestOffset resumes.
+            return []
         assert lv.metadata is not None
         kept = lv.metadata.truncated_before
         present = {seg.seq for seg in lv.segments}
